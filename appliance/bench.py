@@ -1,0 +1,538 @@
+"""`appliance bench`: a closed-loop load generator for OpenAI-compatible streaming chat servers.
+
+Reports tokens/s, TTFT, end-to-end and inter-token latency per concurrency level, optionally
+side by side with a peer server measured in the same invocation under the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+
+Arrival = Literal["together", "staggered"]
+
+# Staggered arrival: worker i starts i * STAGGER_S after the level opens (people reaching
+# their keyboards one by one rather than a thundering herd).
+STAGGER_S = 0.25
+CHARS_PER_TOKEN = 4  # rough English average, good enough to size the long paste
+
+DEFAULT_SYSTEM = (
+    "You are a helpful assistant for a small office. Answer clearly and concisely, "
+    "use plain language, and say so when you are not sure. Keep answers short unless "
+    "the user asks for detail."
+)
+
+PROMPTS: tuple[str, ...] = (
+    "What is the difference between a list and a tuple in Python?",
+    "Write a short polite email declining a meeting invitation.",
+    "Explain what DNS does in two sentences.",
+    "Give me three tips for writing clear commit messages.",
+    "How do I convert Celsius to Fahrenheit?",
+    "Summarise the plot of Romeo and Juliet in one paragraph.",
+    "What does HTTP status code 404 mean?",
+    "Suggest a name for a team wiki page about onboarding.",
+    "How can I find the largest files on a Linux disk?",
+    "What is a good way to structure a weekly status report?",
+    "Explain recursion to a beginner with a small example.",
+    "What are the pros and cons of working from home?",
+    "Write a SQL query that counts orders per customer.",
+    "How do I make a strong password that I can remember?",
+    "What is the capital of Australia, and why not Sydney?",
+    "Rewrite this sentence to be more formal: we gotta ship it by friday.",
+)
+
+_LONG_SENTENCES = (
+    "The quarterly report covers revenue, costs and headcount across all regional offices.",
+    "Several teams noted that the new ticketing process reduced response times noticeably.",
+    "Facilities requested budget for replacing the ageing printers on the second floor.",
+    "The security review recommended rotating shared credentials every ninety days.",
+    "Customer feedback highlighted slow delivery in the northern region during winter.",
+    "Training sessions for the accounting software will continue through next month.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What every request of a level sends; `model` is per server (see resolve_model)."""
+
+    model: str = "default"
+    system: str = DEFAULT_SYSTEM
+    prompts: tuple[str, ...] = PROMPTS
+    max_tokens: int = 64
+    temperature: float = 0.0
+    long_prompt_tokens: int = 0  # 0 = no extra long-paste client
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One streamed request; times are time.perf_counter() seconds."""
+
+    t_start: float
+    t_end: float = 0.0
+    status: int = 0  # HTTP status, 0 = no response (connection error, timeout)
+    token_times: list[float] = field(default_factory=list)  # each non-empty content chunk
+    usage_tokens: int | None = None
+    done: bool = False  # saw `data: [DONE]`
+    reason: str = ""  # why it failed; empty when it succeeded
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and not self.reason
+
+    @property
+    def rejected(self) -> bool:
+        # 429/503 are the server shedding load on purpose: counted apart from real failures.
+        return self.status in (429, 503)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else len(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.t_start if self.token_times else None
+
+    @property
+    def gaps(self) -> list[float]:
+        """Inter-token latency per chunk (a chunk may carry more than one token)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """All requests of one server at one concurrency level (possibly several rounds merged)."""
+
+    label: str
+    concurrency: int
+    wall_s: float
+    results: list[RequestResult]
+    long_results: list[RequestResult] = field(default_factory=list)
+    itl_during_long: list[float] = field(default_factory=list)  # short-stream gaps, s
+
+    @classmethod
+    def merge(cls, parts: list[LevelResult]) -> LevelResult:
+        first = parts[0]
+        return cls(
+            first.label, first.concurrency, sum(p.wall_s for p in parts),
+            [r for p in parts for r in p.results], [r for p in parts for r in p.long_results],
+            [g for p in parts for g in p.itl_during_long],
+        )
+
+    @property
+    def completed(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(1 for r in self.results if r.rejected)
+
+    @property
+    def num_failed(self) -> int:
+        """Failures other than rejections."""
+        return sum(1 for r in self.results if not r.ok and not r.rejected)
+
+    @property
+    def failure_reasons(self) -> Counter[str]:
+        return Counter(r.reason for r in self.results if not r.ok)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.completed)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def requests_per_min(self) -> float:
+        return len(self.completed) * 60.0 / self.wall_s if self.wall_s > 0 else 0.0
+
+    def ttfts(self) -> list[float]:
+        return [t for r in self.completed if (t := r.ttft) is not None]
+
+    def latencies(self) -> list[float]:
+        return [r.t_end - r.t_start for r in self.completed]
+
+    def itls(self) -> list[float]:
+        return [g for r in self.completed for g in r.gaps]
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON-able numbers; latencies in ms, None where nothing was measured."""
+        long_ttfts = [t for r in self.long_results if r.ok and (t := r.ttft) is not None]
+        return {
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "requests": len(self.results),
+            "completed": len(self.completed),
+            "rejected": self.num_rejected,
+            "failed": self.num_failed,
+            "failure_reasons": dict(self.failure_reasons),
+            "completion_tokens": self.completion_tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "requests_per_min": round(self.requests_per_min, 2),
+            "ttft_ms_p50": _ms(percentile(self.ttfts(), 50)),
+            "ttft_ms_p95": _ms(percentile(self.ttfts(), 95)),
+            "e2e_ms_p50": _ms(percentile(self.latencies(), 50)),
+            "e2e_ms_p95": _ms(percentile(self.latencies(), 95)),
+            "itl_ms_p50": _ms(percentile(self.itls(), 50)),
+            "itl_ms_p95": _ms(percentile(self.itls(), 95)),
+            "itl_ms_p95_during_long": _ms(percentile(self.itl_during_long, 95)),
+            "long_ttft_ms_p50": _ms(percentile(long_ttfts, 50)),
+            "long_failed": sum(1 for r in self.long_results if not r.ok),
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
+
+
+def base_url(url: str) -> str:
+    """Server root from any of `host:port`, `.../v1` or `.../v1/chat/completions`."""
+    url = url.rstrip("/")
+    for suffix in ("/chat/completions", "/v1"):
+        url = url.removesuffix(suffix)
+    return url
+
+
+def long_document(n_tokens: int) -> str:
+    # A fresh nonce up front defeats prefix caching, so every round pays the full prefill.
+    parts = [f"Document {uuid.uuid4().hex}."]
+    size, i = len(parts[0]), 0
+    while size < n_tokens * CHARS_PER_TOKEN:
+        parts.append(_LONG_SENTENCES[i % len(_LONG_SENTENCES)])
+        size += len(parts[-1]) + 1
+        i += 1
+    return " ".join(parts)
+
+
+async def resolve_model(url: str, timeout: float = 10.0) -> str:
+    """First id from GET /v1/models; "default" when the server does not say."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            resp = await client.get(base_url(url) + "/v1/models")
+            resp.raise_for_status()
+            return str(resp.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, LookupError, TypeError):
+        return "default"
+
+
+async def _request(
+    client: httpx.AsyncClient, endpoint: str, workload: Workload, user: str, timeout: float,
+    first_token: asyncio.Event | None = None,
+) -> RequestResult:
+    body = {
+        "model": workload.model, "stream": True, "stream_options": {"include_usage": True},
+        "max_tokens": workload.max_tokens, "temperature": workload.temperature,
+        "messages": [{"role": "system", "content": workload.system},
+                     {"role": "user", "content": user}],
+    }
+    headers = {"X-Session-Id": f"bench-{uuid.uuid4()}"}
+    res = RequestResult(t_start=time.perf_counter())
+    try:
+        # httpx timeouts are per read; asyncio.timeout bounds the whole request.
+        async with asyncio.timeout(timeout):
+            async with client.stream("POST", endpoint, json=body, headers=headers) as resp:
+                res.status = resp.status_code
+                if resp.status_code != 200:
+                    await resp.aread()
+                    res.reason = f"http {resp.status_code}"
+                    return res
+                await _read_stream(resp, res, first_token)
+    except TimeoutError:
+        res.reason = "timeout"
+    except httpx.HTTPError as e:
+        res.reason = type(e).__name__
+    finally:
+        res.t_end = time.perf_counter()
+    if not res.reason and not res.done:
+        res.reason = "stream ended without [DONE]"
+    return res
+
+
+async def _read_stream(
+    resp: httpx.Response, res: RequestResult, first_token: asyncio.Event | None
+) -> None:
+    async for line in resp.aiter_lines():
+        # SSE: blank lines separate events, ':' lines are keep-alive comments.
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            res.done = True
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            res.reason = "bad json in stream"
+            return
+        if not isinstance(event, dict):
+            continue
+        if "error" in event:
+            err = event["error"]
+            kind = (err.get("type") or err.get("code")) if isinstance(err, dict) else None
+            res.reason = f"stream error: {kind or 'error'}"
+            return
+        if isinstance(usage := event.get("usage"), dict):
+            if isinstance(n := usage.get("completion_tokens"), int):
+                res.usage_tokens = n
+        choices = event.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        delta = first.get("delta") if isinstance(first, dict) else None
+        content = delta.get("content") if isinstance(delta, dict) else None
+        # A role-only or empty delta is not a token: TTFT starts at the first visible text.
+        if isinstance(content, str) and content:
+            res.token_times.append(time.perf_counter())
+            if first_token is not None:
+                first_token.set()
+
+
+async def measure(
+    url: str, concurrency: int, requests: int, workload: Workload, *,
+    label: str = "appliance", timeout: float = 300.0, arrival: Arrival = "together",
+    stagger_s: float = STAGGER_S,
+) -> LevelResult:
+    """Run `requests` streamed requests through `concurrency` closed-loop workers."""
+    endpoint = base_url(url) + "/v1/chat/completions"
+    limits = httpx.Limits(max_connections=concurrency + 2,
+                          max_keepalive_connections=concurrency + 2)
+    results: list[RequestResult] = []
+    long_results: list[RequestResult] = []
+    gate, first_token = asyncio.Event(), asyncio.Event()
+    next_index = 0  # shared counter; safe without a lock: only awaits switch tasks
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, http2=False,
+                                 trust_env=False) as client:
+        async def worker(i: int) -> None:
+            nonlocal next_index
+            await gate.wait()
+            if arrival == "staggered":
+                await asyncio.sleep(i * stagger_s)
+            while next_index < requests:
+                k, next_index = next_index, next_index + 1
+                prompt = workload.prompts[k % len(workload.prompts)]
+                results.append(await _request(client, endpoint, workload, prompt, timeout,
+                                              first_token))
+
+        async def long_client() -> None:
+            # Paste once the short streams are decoding, so the prefill lands mid-output.
+            await first_token.wait()
+            doc = long_document(workload.long_prompt_tokens)
+            prompt = "Summarise the following document in three sentences.\n\n" + doc
+            long_results.append(await _request(client, endpoint, workload, prompt, timeout))
+
+        workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
+        paster = asyncio.create_task(long_client()) if workload.long_prompt_tokens else None
+        t0 = time.perf_counter()
+        gate.set()
+        await asyncio.gather(*workers)
+        wall = time.perf_counter() - t0
+        first_token.set()  # all short requests failed: let the paste run anyway, then finish
+        if paster is not None:
+            await paster
+
+    during: list[float] = []
+    for lr in long_results:
+        # A gap belongs to the long request's flight if the stalled token arrived within it.
+        for r in results:
+            if r.ok:
+                t = r.token_times
+                during += [b - a for a, b in zip(t, t[1:]) if lr.t_start < b <= lr.t_end]
+    return LevelResult(label, concurrency, wall, results, long_results, during)
+
+
+def _concurrency_list(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") \
+            from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return levels
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return x
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--url", default="http://127.0.0.1:8080", help="server base URL (…/v1 also accepted)")
+    a("--compare", metavar="URL", help="a second server measured in the same run")
+    a("--label", default="appliance", help="name of --url in the report")
+    a("--compare-label", default="peer", help="name of --compare in the report")
+    a("--concurrency", type=_concurrency_list, default=[1, 4, 8, 16],
+      help="comma-separated concurrency levels (default 1,4,8,16)")
+    a("--requests", type=_positive_int, default=None,
+      help="requests per level per server per round (default max(2*concurrency, 8))")
+    a("--max-tokens", type=_positive_int, default=64)
+    a("--temperature", type=float, default=0.0)
+    a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
+    a("--model", default=None, help="model name (default: first id of GET /v1/models)")
+    a("--timeout", type=_positive_float, default=300.0, help="seconds per request")
+    a("--json", metavar="PATH", help="also write the results as JSON")
+    a("--rounds", type=_positive_int, default=1,
+      help="repeat each level, alternating server order per round (A B, B A, ...)")
+    a("--arrival", choices=("together", "staggered"), default="together")
+    a("--long-prompt-tokens", type=_positive_int, default=0, metavar="N",
+      help="one extra client pastes a ~N-token document during each level")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `appliance bench`.
+
+    Exit codes: 0 every server completed requests, 1 one completed none (down, or always
+    rejecting), 2 bad arguments, 130 interrupted (what was measured is still printed).
+    """
+    targets = [(args.label, args.url)]
+    if args.compare:
+        if args.compare_label == args.label:
+            print("bench: --label and --compare-label must differ", file=sys.stderr)
+            return 2
+        targets.append((args.compare_label, args.compare))
+    # Filled in as levels finish, so Ctrl-C still reports everything measured so far.
+    done: dict[int, dict[str, LevelResult]] = {}
+    models: dict[str, str] = {}
+    interrupted = False
+    try:
+        asyncio.run(_run(args, targets, models, done))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted; results so far:")
+    labels = [lb for lb, _ in targets]
+    print(format_report(done, labels))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(_json_report(args, targets, models, done), f, indent=2)
+            f.write("\n")
+    if interrupted:
+        return 130
+    completed = [sum(len(lv[lb].completed) for lv in done.values() if lb in lv) for lb in labels]
+    return 0 if all(completed) else 1
+
+
+async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models: dict[str, str],
+               done: dict[int, dict[str, LevelResult]]) -> None:
+    for lb, url in targets:
+        models[lb] = args.model or await resolve_model(url)
+    base = Workload(system=args.system, max_tokens=args.max_tokens,
+                    temperature=args.temperature, long_prompt_tokens=args.long_prompt_tokens)
+    for c in args.concurrency:
+        n = args.requests or max(2 * c, 8)
+        parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
+        for rnd in range(args.rounds):
+            # Alternate who goes first so neither server always gets the cooler machine.
+            order = targets if rnd % 2 == 0 else targets[::-1]
+            for lb, url in order:
+                wl = replace(base, model=models[lb])
+                parts[lb].append(await measure(url, c, n, wl, label=lb, timeout=args.timeout,
+                                               arrival=args.arrival))
+                done[c] = {k: LevelResult.merge(v) for k, v in parts.items() if v}
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 3) if num is not None and den else None
+
+
+def _ratios(level: dict[str, LevelResult], a: str, b: str) -> dict[str, float | None]:
+    """tokens/s a/b and TTFT p50 b/a: both > 1 when `a` is the better server."""
+    ttft_a, ttft_b = percentile(level[a].ttfts(), 50), percentile(level[b].ttfts(), 50)
+    return {"tokens_per_s": _ratio(level[a].tokens_per_s, level[b].tokens_per_s),
+            "ttft_p50": _ratio(ttft_b, ttft_a)}
+
+
+_COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5),
+            ("tok/s", "tokens_per_s", 8), ("req/min", "requests_per_min", 8),
+            ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8),
+            ("e2e50", "e2e_ms_p50", 8), ("e2e95", "e2e_ms_p95", 8),
+            ("itl50", "itl_ms_p50", 7), ("itl95", "itl_ms_p95", 7),
+            ("itl95@long", "itl_ms_p95_during_long", 11)]
+
+
+def _cell(v: Any, width: int) -> str:
+    if v is None:
+        return "-".rjust(width)
+    return (f"{v:.1f}" if isinstance(v, float) else str(v)).rjust(width)
+
+
+def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> str:
+    """Fixed-width table; latencies in ms. Ratio row: tok/s = A/B, ttft50 = B/A (>1 = A wins)."""
+    lw = max(len(lb) for lb in labels + ["ratio"])
+    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in _COLUMNS)
+             + "   (times in ms)"]
+    notes: list[str] = []
+    for c, level in done.items():
+        for lb in labels:
+            if lb not in level:
+                continue
+            s = level[lb].summary()
+            cells = "".join(_cell(s[k], w) for _, k, w in _COLUMNS)
+            lines.append(f"{c:>4}  {lb.ljust(lw)}{cells}")
+            if s["failure_reasons"]:
+                why = ", ".join(f"{r} x{n}" for r, n in s["failure_reasons"].items())
+                notes.append(f"  c={c} {lb}: {why}")
+        if len(labels) == 2 and all(lb in level for lb in labels):
+            r = _ratios(level, *labels)
+            by_column = {"tokens_per_s": r["tokens_per_s"], "ttft_ms_p50": r["ttft_p50"]}
+            cells = "".join(f"{v:.2f}x".rjust(w) if (v := by_column.get(k)) is not None
+                            else " " * w for _, k, w in _COLUMNS)
+            lines.append(f"{c:>4}  {'ratio'.ljust(lw)}{cells}".rstrip())
+    if len(labels) == 2:
+        lines.append(f"ratio: tok/s = {labels[0]}/{labels[1]}, "
+                     f"ttft50 = {labels[1]}/{labels[0]} (>1 = {labels[0]} is better)")
+    if notes:
+        lines += ["failures:"] + notes
+    return "\n".join(lines)
+
+
+def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
+                 models: dict[str, str], done: dict[int, dict[str, LevelResult]]) -> dict:
+    labels = [lb for lb, _ in targets]
+    levels = []
+    for c, level in done.items():
+        entry: dict[str, Any] = {"concurrency": c,
+                                 "results": {lb: lv.summary() for lb, lv in level.items()}}
+        if len(labels) == 2 and all(lb in level for lb in labels):
+            entry["ratio"] = _ratios(level, *labels)
+        levels.append(entry)
+    return {
+        "servers": [{"label": lb, "url": url, "model": models.get(lb)} for lb, url in targets],
+        "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "rounds": args.rounds, "arrival": args.arrival,
+                     "long_prompt_tokens": args.long_prompt_tokens,
+                     "requests": args.requests, "timeout": args.timeout},
+        "percentiles": "linear interpolation between closest ranks",
+        "levels": levels,
+    }

@@ -1,0 +1,179 @@
+"""One frozen configuration for the whole process.
+
+Precedence, lowest first: defaults < TOML file (--config, or /etc/appliance/appliance.toml
+when present) < APPLIANCE_* environment variables < command-line flags. Every value is
+validated once here; a bad one stops start-up with a ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+SYSTEM_CONFIG = Path("/etc/appliance/appliance.toml")
+ENV_PREFIX = "APPLIANCE_"
+
+
+class ConfigError(Exception):
+    """A configuration problem; str() is the one line shown to the user."""
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _port(v: int) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0-65535"
+
+
+def _cpus(v: str) -> str | None:
+    try:
+        parse_cpu_list(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _opt(help: str, check: Callable[[Any], str | None] | None = None) -> dict[str, Any]:
+    return {"help": help, "check": check}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = field(default="0.0.0.0", metadata=_opt("address to listen on"))
+    port: int = field(default=8080, metadata=_opt("TCP port", _port))
+    model: str = field(default="", metadata=_opt("GGUF file; empty = resolve from models_dir"))
+    models_dir: str = field(default="models", metadata=_opt("where GGUF files live"))
+    model_name: str = field(default="", metadata=_opt("model id shown in the API; empty = file stem"))
+    slots: int = field(default=8, metadata=_opt("sequences decoded together (batch width)", _positive))
+    ctx_per_slot: int = field(default=2048, metadata=_opt("context limit of one conversation, tokens", _positive))
+    threads: int = field(default=0, metadata=_opt("llama.cpp threads; 0 = one per pinned core", _non_negative))
+    cpus: str = field(default="", metadata=_opt("cores to pin to, e.g. '0-3' or '0,2'; empty = all allowed", _cpus))
+    batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
+    max_wait_ms: int = field(default=30, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
+    min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
+    max_queue: int = field(default=64, metadata=_opt("requests waiting for a slot before 429", _non_negative))
+    queue_timeout_s: float = field(default=120.0, metadata=_opt("longest wait for a slot before 503", _positive))
+    max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
+    default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
+    request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))
+    grace_s: float = field(default=30.0, metadata=_opt("on SIGTERM, how long running streams may finish", _non_negative))
+    web_dir: str = field(default="", metadata=_opt("chat page directory; empty = the bundled web/"))
+    log_level: str = field(default="info", metadata=_opt("logging level", _one_of("debug", "info", "warning", "error")))
+
+    @property
+    def seq_window(self) -> int:
+        return self.min_batch or self.slots
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]; '' -> []."""
+    cpus: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        if not (lo.isdigit() and (not hi or hi.isdigit())):
+            raise ValueError(f"must be a CPU list like '0-3' or '0,2', got {text!r}")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise ValueError(f"range {part!r} is reversed")
+        cpus.extend(range(a, b + 1))
+    return sorted(set(cpus))
+
+
+def _coerce(name: str, raw: Any, from_text: bool) -> Any:
+    """Convert raw to the field's type; text (env, CLI) is parsed, TOML types must match."""
+    ftype = FIELDS[name].type  # a string under `from __future__ import annotations`
+    try:
+        if ftype == "int":
+            if isinstance(raw, bool) or not (isinstance(raw, int) or from_text):
+                raise ValueError
+            value: Any = int(raw)
+        elif ftype == "float":
+            if isinstance(raw, bool) or not (isinstance(raw, (int, float)) or from_text):
+                raise ValueError
+            value = float(raw)
+        else:
+            if not isinstance(raw, str):
+                raise ValueError
+            value = raw
+    except ValueError:
+        raise ConfigError(f"config key '{name}': expected {ftype}, got {raw!r}") from None
+    check = FIELDS[name].metadata.get("check")
+    problem = check(value) if check else None
+    if problem:
+        raise ConfigError(f"config key '{name}': {problem} (got {raw!r})")
+    return value
+
+
+def load(
+    cli: Mapping[str, Any] | None = None,
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Config, dict[str, str]]:
+    """Build the effective Config and, per key, where its value came from."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources = {name: "default" for name in FIELDS}
+
+    path = Path(config_file) if config_file else (SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None)
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as e:
+            raise ConfigError(f"config file {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
+        # Accept a flat file or an [appliance] table.
+        if set(data) == {"appliance"} and isinstance(data["appliance"], dict):
+            data = data["appliance"]
+        for key, raw in data.items():
+            if key not in FIELDS:
+                raise ConfigError(f"config file {path}: unknown key '{key}'")
+            values[key] = _coerce(key, raw, from_text=False)
+            sources[key] = f"file {path}"
+
+    for env_key, raw in environ.items():
+        if not env_key.startswith(ENV_PREFIX):
+            continue
+        key = env_key[len(ENV_PREFIX):].lower()
+        if key not in FIELDS:
+            raise ConfigError(f"environment variable {env_key}: unknown key '{key}'")
+        values[key] = _coerce(key, raw, from_text=True)
+        sources[key] = f"env {env_key}"
+
+    for key, raw in (cli or {}).items():
+        if raw is None:
+            continue
+        if key not in FIELDS:
+            raise ConfigError(f"unknown config key '{key}'")
+        values[key] = _coerce(key, raw, from_text=isinstance(raw, str))
+        sources[key] = "command line"
+
+    cfg = Config(**values)
+    if cfg.default_max_tokens > cfg.max_tokens_limit:
+        raise ConfigError("config key 'default_max_tokens': must be <= max_tokens_limit")
+    return cfg, sources
+
+
+def describe(cfg: Config, sources: Mapping[str, str]) -> str:
+    """Every effective value and where it came from, one per line."""
+    width = max(map(len, FIELDS))
+    lines = []
+    for name in FIELDS:
+        lines.append(f"{name:<{width}}  {getattr(cfg, name)!r:<24} # {sources.get(name, 'default')}")
+    return "\n".join(lines)

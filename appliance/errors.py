@@ -1,0 +1,62 @@
+"""Errors that carry their HTTP status and OpenAI error type, so one function renders them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApplianceError(Exception):
+    status = 500
+    type = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after  # seconds, sent as Retry-After
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class BadRequest(ApplianceError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(BadRequest):
+    def __init__(self, message: str, *, param: str | None = "messages") -> None:
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class NotFound(ApplianceError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class QueueFull(ApplianceError):
+    """The bounded queue is full: tell the client to come back soon (429)."""
+
+    status = 429
+    type = "rate_limit_error"
+
+
+class Unavailable(ApplianceError):
+    """Loading, draining, or no slot within the queue timeout (503)."""
+
+    status = 503
+    type = "server_unavailable"
+
+
+class EngineFailure(ApplianceError):
+    status = 500
+    type = "server_error"

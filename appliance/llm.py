@@ -1,0 +1,224 @@
+"""A thin wrapper over llama.cpp's low-level C API (the only llama_cpp user).
+
+One model, one context with a unified KV cache shared by many sequences. Everything but
+`Tokenizer` must be called from the engine thread, which owns the context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence as Seq
+
+import llama_cpp as C
+import numpy as np
+
+from .sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+_llama_log = logging.getLogger("llama.cpp")
+_LEVELS = {0: logging.CRITICAL, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at INFO (every tensor on load); keep it at DEBUG unless it warns.
+    lvl = _LEVELS.get(level, logging.DEBUG)
+    if lvl < logging.WARNING:
+        lvl = logging.DEBUG
+    if _llama_log.isEnabledFor(lvl):
+        _llama_log.log(lvl, "%s", text.decode("utf-8", "replace").rstrip())
+
+
+C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+class LLMError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSpec:
+    n_ctx: int  # total KV cells shared by all sequences (kv_unified)
+    n_seq_max: int  # distinct sequence ids
+    n_batch: int  # most tokens in one llama_decode call
+    threads: int
+
+
+class Tokenizer:
+    """Read-only vocabulary access; safe to call from any thread (llama-server does too)."""
+
+    def __init__(self, model: C.llama_model_p) -> None:
+        self._vocab = C.llama_model_get_vocab(model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        tmpl = C.llama_model_chat_template(model, None)
+        self.chat_template: str | None = tmpl.decode() if tmpl else None
+        self.bos_text = self.token_text(C.llama_vocab_bos(self._vocab))
+        self.eos_text = self.token_text(C.llama_vocab_eos(self._vocab))
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as shown to users (special tokens render empty)."""
+        p = self._pieces.get(token)
+        if p is None:
+            p = self._to_piece(token, special=False)
+            self._pieces[token] = p
+        return p
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._to_piece(token, special=True).decode("utf-8", "replace")
+
+    def _to_piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def detokenize(self, tokens: Seq[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+
+class Sampler:
+    """A llama.cpp sampler chain for one sequence; frees itself with the sequence."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        self._chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(self._chain, s)  # noqa: E731
+        if params.has_penalties:
+            add(C.llama_sampler_init_penalties(
+                n_vocab, params.penalty_last_n, params.repeat_penalty,
+                params.frequency_penalty, params.presence_penalty))
+        if params.greedy:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(C.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(C.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(C.llama_sampler_init_min_p(params.min_p, 1))
+            add(C.llama_sampler_init_temp(params.temperature))
+            seed = C.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+            add(C.llama_sampler_init_dist(seed))
+
+    def free(self) -> None:
+        if self._chain:
+            C.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:
+        self.free()
+
+
+class LLM:
+    """The model and its one context. Engine thread only."""
+
+    def __init__(self, path: Path, spec: ContextSpec) -> None:
+        C.llama_backend_init()
+        mparams = C.llama_model_default_params()
+        mparams.use_extra_bufts = False
+        self.model = C.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise LLMError(f"llama.cpp could not load {path} (not a supported GGUF model?)")
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = spec.n_ctx
+        cparams.n_batch = spec.n_batch
+        cparams.n_ubatch = spec.n_batch
+        cparams.n_seq_max = spec.n_seq_max
+        cparams.n_threads = spec.threads
+        cparams.n_threads_batch = spec.threads
+        cparams.kv_unified = True  # one cell pool: sequences share budget and prefixes
+        cparams.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            C.llama_model_free(self.model)
+            raise LLMError(f"llama.cpp could not create a context of {spec.n_ctx} tokens")
+        self.spec = spec
+        self.n_ctx = C.llama_n_ctx(self.ctx)
+        self.mem = C.llama_get_memory(self.ctx)
+        self.tokenizer = Tokenizer(self.model)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
+        self._batch = C.llama_batch_init(spec.n_batch, 0, 1)
+        self._cap = spec.n_batch
+
+    # -- decoding ------------------------------------------------------------------------
+    def decode(self, tokens: Seq[int], pos: Seq[int], seq: Seq[int], logits: Seq[bool]) -> None:
+        """One llama_decode over a mixed batch; row i of the batch is token i."""
+        n = len(tokens)
+        if n > self._cap:
+            raise LLMError(f"batch of {n} tokens exceeds n_batch {self._cap}")
+        b = self._batch
+        tok, ps, nseq, sid, out = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            ps[i] = pos[i]
+            nseq[i] = 1
+            sid[i][0] = seq[i]
+            out[i] = logits[i]
+        b.n_tokens = n
+        rc = C.llama_decode(self.ctx, b)
+        if rc != 0:
+            # 1 = no room in the KV cache; negative = a real error. Either way the batch's
+            # tokens are not in the cache: the engine fails the sequences involved.
+            raise LLMError(f"llama_decode returned {rc}" + (" (KV cache full)" if rc == 1 else ""))
+
+    def sample(self, sampler: Sampler, row: int) -> int:
+        """Sample from the logits of batch row `row` (must have had logits=True)."""
+        return int(C.llama_sampler_sample(sampler._chain, self.ctx, row))
+
+    def logits(self, row: int) -> np.ndarray:
+        ptr = C.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.tokenizer.n_vocab,)).copy()
+
+    def new_sampler(self, params: SamplingParams) -> Sampler:
+        return Sampler(params, self.tokenizer.n_vocab)
+
+    # -- KV cache ------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Drop positions [p0, p1) of a sequence (-1 = open end)."""
+        C.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Let dst share src's cells [p0, p1): no copy of data in a unified cache."""
+        C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.mem, seq))
+
+    def seq_state(self, seq: int) -> bytes:
+        size = C.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return bytes(buf[:n])
+
+    def set_seq_state(self, seq: int, data: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return C.llama_state_seq_set_data(self.ctx, buf, len(data), seq) > 0
+
+    def close(self) -> None:
+        if self.ctx:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ctx)
+            C.llama_model_free(self.model)
+            self.ctx = None
+            self.model = None

@@ -1,0 +1,99 @@
+"""Chat messages -> prompt tokens: the GGUF's own Jinja chat template in a sandbox, and the
+rule for conversations longer than the context (keep the system prompt and the newest turns).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import BadRequest, ContextLengthExceeded
+
+# Used only when a GGUF carries no template: every Qwen2.5 model speaks ChatML.
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    # Hugging Face's templates expect tojson without HTML escaping and with unicode kept.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        # Sandboxed and immutable: a GGUF's template is data from the internet, not code.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
+        self._template = env.from_string(source or CHATML)
+        self._specials = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._specials)
+        except TemplateError as e:
+            raise BadRequest(f"the model's chat template rejected these messages: {e}", param="messages") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    tokens: list[int]
+    dropped_messages: int  # oldest turns left out so the conversation fits the context
+
+
+def build_prompt(
+    messages: list[dict[str, Any]],
+    template: ChatTemplate,
+    tokenize: Callable[[str], list[int]],
+    limit: int,
+) -> Prompt:
+    """Render and tokenize; if longer than `limit` tokens, drop the oldest non-system
+    messages (whole turns: the kept history starts with a user message) until it fits.
+    Only a final message that cannot fit even alone with the system prompt is an error."""
+
+    def encode(msgs: list[dict[str, Any]]) -> list[int]:
+        return tokenize(template.render(msgs))
+
+    tokens = encode(messages)
+    if len(tokens) <= limit:
+        return Prompt(tokens, 0)
+
+    n_sys = 0
+    while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
+        n_sys += 1
+    system, rest = messages[:n_sys], messages[n_sys:]
+
+    def keep_from(k: int) -> list[dict[str, Any]]:
+        # Drop rest[:k], then keep dropping until the history starts with a user turn.
+        while k < len(rest) - 1 and rest[k]["role"] != "user":
+            k += 1
+        return system + rest[k:]
+
+    last_only = encode(system + rest[-1:])
+    if len(last_only) > limit:
+        raise ContextLengthExceeded(
+            f"the last message does not fit: with the system prompt it is {len(last_only)} tokens, "
+            f"and this server allows {limit} prompt tokens per conversation")
+    # Fewest dropped messages that fit; token count shrinks as k grows, so binary search.
+    lo, hi = 1, len(rest) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(encode(keep_from(mid))) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = keep_from(lo)
+    return Prompt(encode(kept), len(messages) - len(kept))

@@ -1,0 +1,28 @@
+"""Per-request sampling parameters, already validated by the API layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 512
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 40  # 0 = off; llama-server's default, and it keeps top_p's sort cheap
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0  # 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64  # tokens the penalties look back over
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -1,0 +1,147 @@
+"""Which sequences run in the next decode step (pure policy: no llama.cpp, injected clock).
+
+Each step carries one token for every generating sequence first, then fills the rest of
+the token budget with prompt chunks, shortest remaining prompt first. When the engine is
+idle, the first arrival opens a short admission window so requests that arrive together
+are prefilled together.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import QueueFull, Unavailable
+from .sequence import Sequence, State
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    slots: int  # sequences in the running batch
+    batch_tokens: int  # tokens per llama_decode call
+    kv_tokens: int  # KV cells shared by all running sequences
+    ctx_limit: int  # tokens (prompt + output) one sequence may hold
+    max_wait_s: float = 0.03  # admission window when idle
+    min_batch: int = 0  # close the window once this many wait (0 = slots)
+    max_queue: int = 64
+    queue_timeout_s: float = 120.0
+
+
+@dataclass(slots=True)
+class Step:
+    decode: list[Sequence] = field(default_factory=list)  # one token each
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, n prompt tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.decode) + sum(n for _, n in self.prefill)
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.decode) + len(self.prefill)
+
+
+class Scheduler:
+    def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_ids = list(range(limits.slots - 1, -1, -1))  # pop() gives 0 first
+        self._reserved = 0  # sum of kv_reserve over running sequences
+
+    # -- intake --------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.limits.max_queue:
+            raise QueueFull(f"the server is busy: {len(self.waiting)} requests are queued", retry_after=2)
+        seq.state = State.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # -- the step ------------------------------------------------------------------------
+    def expired(self) -> list[tuple[Sequence, Unavailable | None, bool]]:
+        """Remove cancelled sequences and those that waited too long for a slot.
+        Returns (seq, error to report or None for a plain cancel, was it waiting)."""
+        now, out = self.clock(), []
+        if any(s.cancelled for s in self.running):
+            for s in [s for s in self.running if s.cancelled]:
+                out.append((s, None, False))
+        keep: deque[Sequence] = deque()
+        for s in self.waiting:
+            if s.cancelled:
+                out.append((s, None, True))
+            elif now - s.arrival > self.limits.queue_timeout_s:
+                out.append((s, Unavailable(
+                    f"no slot became free within {self.limits.queue_timeout_s:g} s", retry_after=5), True))
+            else:
+                keep.append(s)
+        self.waiting = keep
+        return out
+
+    def window_open_until(self) -> float | None:
+        """When idle with a young queue, the time the admission window closes."""
+        if self.running or not self.waiting:
+            return None
+        want = min(self.limits.min_batch or self.limits.slots, self.limits.slots)
+        closes = self.waiting[0].arrival + self.limits.max_wait_s
+        if len(self.waiting) < want and self.clock() < closes:
+            return closes
+        return None
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences into free slots (FIFO) while the KV budget allows."""
+        if self.window_open_until() is not None:
+            return []
+        admitted = []
+        now = self.clock()
+        while self.waiting and self._free_ids:
+            seq = self.waiting[0]
+            need = seq.kv_reserve(self.limits.ctx_limit)
+            if self.running and self._reserved + need > self.limits.kv_tokens:
+                break  # head of line waits for cache space; FIFO keeps it fair
+            self.waiting.popleft()
+            seq.seq_id = self._free_ids.pop()
+            seq.state = State.PREFILL
+            seq.admitted_at = now
+            self._reserved += need
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def schedule(self) -> Step:
+        """Plan one decode step over the running sequences (call admit() first)."""
+        step = Step()
+        for s in self.running:
+            if s.state is State.DECODE:
+                step.decode.append(s)
+        budget = self.limits.batch_tokens - len(step.decode)
+        # Short prompts first keeps time-to-first-token low for short questions; a long
+        # paste still advances whenever budget is left.
+        prefilling = sorted((s for s in self.running if s.state is State.PREFILL),
+                            key=lambda s: (s.prefill_left, s.arrival))
+        for s in prefilling:
+            if budget <= 0:
+                break
+            n = min(s.prefill_left, budget)
+            step.prefill.append((s, n))
+            budget -= n
+        return step
+
+    def release(self, seq: Sequence) -> None:
+        """Finish a running sequence and give its slot back (idempotent)."""
+        if seq.state is State.FINISHED:
+            return  # NOTE: a cancel racing a normal finish must not free the slot twice
+        was_running = seq.state is not State.WAITING
+        seq.state = State.FINISHED
+        if was_running:
+            self.running.remove(seq)
+            self._reserved -= seq.kv_reserve(self.limits.ctx_limit)
+            self._free_ids.append(seq.seq_id)
+
+    @property
+    def n_free_slots(self) -> int:
+        return len(self._free_ids)

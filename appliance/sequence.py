@@ -1,0 +1,75 @@
+"""A request's life inside the engine, and the events it sends back to its HTTP stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any, Callable
+
+from .errors import ApplianceError
+from .sampling import SamplingParams
+
+
+class State(Enum):
+    WAITING = auto()  # queued for a slot
+    PREFILL = auto()  # has a slot; prompt partly in the KV cache
+    DECODE = auto()  # generating one token per step
+    FINISHED = auto()
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float  # engine clock, s
+    sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
+    client: str = ""
+    state: State = State.WAITING
+    seq_id: int = -1  # llama.cpp sequence id while it holds a slot
+    n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
+    output: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    finish_reason: str = ""
+    # Engine-side helpers (sampler chain, text stream) live here so a finished sequence
+    # takes them with it.
+    sampler: Any = field(default=None, repr=False)
+    text: Any = field(default=None, repr=False)
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def prefill_left(self) -> int:
+        return max(0, len(self.prompt) - self.n_cached)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    def kv_reserve(self, ctx_limit: int) -> int:
+        """KV cells this sequence may come to hold: admission keeps the sum within budget,
+        so a decode never runs out of cache mid-answer."""
+        return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
+
+
+# Events, delivered on the asyncio loop to the request's sink.
+@dataclass(slots=True)
+class Delta:
+    text: str
+
+
+@dataclass(slots=True)
+class Done:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Failed:
+    error: ApplianceError

@@ -1,0 +1,270 @@
+"""appliance.bench against fake OpenAI-compatible streaming servers run by uvicorn in threads."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from appliance import bench
+
+NUM_CHUNKS = 6  # content chunks per fake reply
+USAGE_TOKENS = 7  # reported by the usage chunk; differs from NUM_CHUNKS on purpose
+FAST_FIRST_S = 0.03  # sleep before the first non-empty chunk
+FAST_GAP_S = 0.005
+LONG_PREFILL_S = 0.3  # the fake "prefill" of a long paste, which stalls every other stream
+
+
+def _chunk(delta: dict, usage: dict | None = None) -> str:
+    choices = [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]
+    body = {"id": "c1", "object": "chat.completion.chunk", "model": "fake-model",
+            "choices": choices, "usage": usage}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def make_app(first_s: float, gap_s: float) -> Starlette:
+    # One engine lock, like a single-batch CPU server: a long prefill holds it and every
+    # other stream's next token waits, which is exactly what --long-prompt-tokens measures.
+    engine = asyncio.Lock()
+    seen: dict[str, list] = {"session_ids": [], "bodies": []}
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
+
+    async def chat(request: Request) -> StreamingResponse:
+        body = await request.json()
+        seen["session_ids"].append(request.headers.get("x-session-id", ""))
+        seen["bodies"].append(body)
+        is_long = len(body["messages"][-1]["content"]) > 2000
+
+        async def events() -> AsyncIterator[str]:
+            yield _chunk({"role": "assistant", "content": ""})  # must not count as a token
+            yield ": keep-alive\n\n"
+            if is_long:
+                async with engine:
+                    await asyncio.sleep(LONG_PREFILL_S)
+            await asyncio.sleep(first_s)
+            for i in range(NUM_CHUNKS):
+                if i:
+                    await asyncio.sleep(gap_s)
+                async with engine:
+                    yield _chunk({"content": f"tok{i} "})
+                yield ": keep-alive\n\n"
+            yield _chunk({"content": None})
+            yield _chunk({}, usage={"prompt_tokens": 20, "completion_tokens": USAGE_TOKENS,
+                                    "total_tokens": 20 + USAGE_TOKENS})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def busy(request: Request) -> JSONResponse:
+        return JSONResponse({"error": {"message": "queue full", "type": "overloaded"}},
+                            status_code=429)
+
+    async def broken(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            yield _chunk({"role": "assistant", "content": ""})
+            yield _chunk({"content": "partial"})
+            yield 'data: {"error": {"message": "engine died", "type": "server_error"}}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/busy/v1/chat/completions", busy, methods=["POST"]),
+        Route("/broken/v1/chat/completions", broken, methods=["POST"]),
+    ])
+    app.state.seen = seen
+    return app
+
+
+class FakeServer:
+    def __init__(self, first_s: float, gap_s: float) -> None:
+        self.app = make_app(first_s, gap_s)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "fake server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+    @property
+    def seen(self) -> dict[str, list]:
+        return self.app.state.seen
+
+
+@pytest.fixture(scope="module")
+def fast() -> Iterator[FakeServer]:
+    with FakeServer(FAST_FIRST_S, FAST_GAP_S) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def slow() -> Iterator[FakeServer]:
+    with FakeServer(FAST_FIRST_S * 10, FAST_GAP_S * 10) as server:
+        yield server
+
+
+def _measure(url: str, concurrency: int, requests: int, long_prompt_tokens: int = 0,
+             arrival: bench.Arrival = "together", stagger_s: float = 0.0) -> bench.LevelResult:
+    workload = bench.Workload(model="fake-model", max_tokens=16,
+                              long_prompt_tokens=long_prompt_tokens)
+    return asyncio.run(bench.measure(url, concurrency, requests, workload, timeout=10,
+                                     arrival=arrival, stagger_s=stagger_s))
+
+
+@pytest.mark.parametrize("concurrency,requests", [(1, 3), (4, 10)])
+def test_measure_counts_tokens_and_skips_empty_first_delta(
+    fast: FakeServer, concurrency: int, requests: int
+) -> None:
+    level = _measure(fast.url, concurrency, requests)
+    assert len(level.results) == requests
+    assert len(level.completed) == requests
+    assert level.num_failed == level.num_rejected == 0
+    # usage.completion_tokens wins over the chunk count; chunks still time every token.
+    assert level.completion_tokens == requests * USAGE_TOKENS
+    assert all(len(r.token_times) == NUM_CHUNKS for r in level.results)
+    # The empty role delta arrives at once; TTFT must wait for the first real content.
+    assert min(level.ttfts()) >= FAST_FIRST_S
+    assert len(level.itls()) == requests * (NUM_CHUNKS - 1)
+    assert level.tokens_per_s > 0 and level.requests_per_min > 0
+    s = level.summary()
+    assert s["ttft_ms_p50"] <= s["ttft_ms_p95"] <= s["e2e_ms_p95"]
+    assert s["concurrency"] == concurrency
+
+
+def test_request_shape(fast: FakeServer) -> None:
+    before = len(fast.seen["bodies"])
+    _measure(fast.url + "/v1/", 2, 2)  # a URL that already ends with /v1 is accepted
+    bodies, sessions = fast.seen["bodies"][before:], fast.seen["session_ids"][before:]
+    assert len(bodies) == 2
+    body = bodies[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 16 and body["temperature"] == 0.0
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert all(s.startswith("bench-") for s in sessions) and len(set(sessions)) == 2
+    # Prompts are cycled, so concurrent requests differ.
+    assert bodies[0]["messages"][1]["content"] != bodies[1]["messages"][1]["content"]
+
+
+def test_429_counts_as_rejected(fast: FakeServer) -> None:
+    level = _measure(fast.url + "/busy", 2, 4)
+    assert level.num_rejected == 4
+    assert level.num_failed == 0 and not level.completed
+    assert level.failure_reasons == {"http 429": 4}
+    assert level.summary()["ttft_ms_p50"] is None
+
+
+def test_error_event_mid_stream_counts_failed(fast: FakeServer) -> None:
+    level = _measure(fast.url + "/broken", 1, 2)
+    assert level.num_failed == 2 and level.num_rejected == 0 and not level.completed
+    assert level.failure_reasons == {"stream error: server_error": 2}
+
+
+def test_connection_refused_is_a_failure_not_a_crash() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens here now
+    level = _measure(f"http://127.0.0.1:{port}", 2, 3)
+    assert level.num_failed == 3 and level.failure_reasons == {"ConnectError": 3}
+
+
+def test_long_paste_stalls_short_streams(fast: FakeServer) -> None:
+    level = _measure(fast.url, 2, 8, long_prompt_tokens=1000)
+    assert len(level.completed) == 8
+    assert len(level.long_results) == 1 and level.long_results[0].ok
+    assert level.itl_during_long, "short streams overlapped the long paste"
+    # The fake's prefill holds the engine for 300 ms; normal gaps are ~5 ms.
+    stalled = bench.percentile(level.itl_during_long, 95)
+    normal = bench.percentile(level.itls(), 50)
+    assert stalled is not None and normal is not None
+    assert stalled > LONG_PREFILL_S / 2 > normal
+    long_prompt = fast.seen["bodies"][-1]["messages"][1]["content"]
+    assert len(long_prompt) >= 1000 * bench.CHARS_PER_TOKEN
+
+
+def test_staggered_arrival_completes(fast: FakeServer) -> None:
+    level = _measure(fast.url, 3, 6, arrival="staggered", stagger_s=0.02)
+    assert len(level.completed) == 6
+
+
+def test_run_compare_prints_table_and_writes_json(
+    fast: FakeServer, slow: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out_path = tmp_path / "bench.json"
+    args = parser.parse_args([
+        "--url", fast.url, "--compare", slow.url + "/v1", "--label", "ours",
+        "--compare-label", "theirs", "--concurrency", "1,2", "--requests", "2",
+        "--rounds", "2", "--max-tokens", "8", "--json", str(out_path),
+    ])
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert "ours" in out and "theirs" in out and "ratio" in out
+    assert len(re.findall(r"\d+\.\d\dx", out)) == 4  # tok/s and TTFT ratio cells per level
+
+    report = json.loads(out_path.read_text())
+    assert [s["label"] for s in report["servers"]] == ["ours", "theirs"]
+    assert all(s["model"] == "fake-model" for s in report["servers"])
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    for lv in report["levels"]:
+        ours, theirs = lv["results"]["ours"], lv["results"]["theirs"]
+        assert ours["completed"] == theirs["completed"] == 4  # 2 requests x 2 rounds
+        assert theirs["ttft_ms_p50"] > ours["ttft_ms_p50"]  # the slow fake sleeps 10x longer
+        assert lv["ratio"]["tokens_per_s"] > 1 and lv["ratio"]["ttft_p50"] > 1
+
+
+def test_run_returns_nonzero_when_nothing_completes(
+    fast: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--url", fast.url + "/busy", "--concurrency", "1",
+                              "--requests", "2", "--model", "m"])
+    assert bench.run(args) == 1
+    out = capsys.readouterr().out
+    assert "http 429 x2" in out
+
+
+def test_percentile_linear_interpolation() -> None:
+    assert bench.percentile([], 50) is None
+    assert bench.percentile([3.0], 95) == 3.0
+    assert bench.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert bench.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+
+
+def test_base_url_normalisation() -> None:
+    for url in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/",
+                "http://h:1/v1/chat/completions"):
+        assert bench.base_url(url) == "http://h:1"
