@@ -58,7 +58,8 @@ class Config:
     models_dir: str = field(default="models", metadata=_opt("where GGUF files live"))
     model_name: str = field(default="", metadata=_opt("model id shown in the API; empty = file stem"))
     slots: int = field(default=8, metadata=_opt("sequences decoded together (batch width)", _positive))
-    ctx_per_slot: int = field(default=2048, metadata=_opt("context limit of one conversation, tokens", _positive))
+    ctx_per_slot: int = field(default=4096, metadata=_opt("context limit of one conversation, tokens", _positive))
+    kv_tokens: int = field(default=16384, metadata=_opt("KV cache cells shared by all sequences (12 KiB each in f16)", _positive))
     threads: int = field(default=0, metadata=_opt("llama.cpp threads; 0 = one per pinned core", _non_negative))
     cpus: str = field(default="", metadata=_opt("cores to pin to, e.g. '0-3' or '0,2'; empty = all allowed", _cpus))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
@@ -73,9 +74,6 @@ class Config:
     web_dir: str = field(default="", metadata=_opt("chat page directory; empty = the bundled web/"))
     log_level: str = field(default="info", metadata=_opt("logging level", _one_of("debug", "info", "warning", "error")))
 
-    @property
-    def seq_window(self) -> int:
-        return self.min_batch or self.slots
 
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
@@ -165,8 +163,14 @@ def load(
         sources[key] = "command line"
 
     cfg = Config(**values)
-    if cfg.default_max_tokens > cfg.max_tokens_limit:
-        raise ConfigError("config key 'default_max_tokens': must be <= max_tokens_limit")
+    for key, ok, why in (
+        ("default_max_tokens", cfg.default_max_tokens <= cfg.max_tokens_limit, "must be <= max_tokens_limit"),
+        ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),
+        ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
+        ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
+    ):
+        if not ok:
+            raise ConfigError(f"config key '{key}': {why} (got {getattr(cfg, key)})")
     return cfg, sources
 
 

@@ -1,0 +1,134 @@
+"""`appliance serve | config | pull | models | bench`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import config as config_mod
+from .config import FIELDS, Config, ConfigError
+
+log = logging.getLogger("appliance")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default /etc/appliance/appliance.toml if present)")
+    g = p.add_argument_group("settings (also APPLIANCE_<NAME> environment variables)")
+    for name, f in FIELDS.items():
+        # Values stay text here; config.load parses and validates them in one place.
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar=str(f.type).upper(),
+                       default=None, help=f"{f.metadata['help']} (default {f.default!r})")
+
+
+def _load_config(args: argparse.Namespace) -> tuple[Config, dict[str, str]]:
+    cli = {name: getattr(args, name, None) for name in FIELDS}
+    return config_mod.load(cli, args.config)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from . import model_files
+    from .serve import serve
+
+    cfg, _ = _load_config(args)
+    _setup_logging(cfg.log_level)
+    try:
+        path = model_files.resolve(cfg.model, Path(cfg.models_dir))
+    except model_files.ModelFileError as e:
+        print(f"appliance: {e}", file=sys.stderr)
+        return 1
+    return serve(cfg, path)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg, sources = _load_config(args)
+    print(config_mod.describe(cfg, sources))
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from . import model_files
+
+    cfg, _ = _load_config(args)
+    _setup_logging(cfg.log_level)
+    try:
+        path = model_files.pull(Path(cfg.models_dir), revision=args.revision)
+    except model_files.ModelFileError as e:
+        print(f"appliance: {e}", file=sys.stderr)
+        return 1
+    print(f"downloaded {path}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from . import model_files
+
+    cfg, _ = _load_config(args)
+    models_dir = Path(cfg.models_dir)
+    rows = model_files.list_models(models_dir)
+    if not rows:
+        print(f"no GGUF files in {models_dir}/")
+    for path, size, status in rows:
+        print(f"{path}  {size / 2**20:8.1f} MiB  {status}")
+    print("bundled model parts installed: " + ("yes" if model_files.bundled_available() else
+                                                "no (scripts/setup.sh bundled-model)"))
+    try:
+        print(f"would serve: {model_files.resolve(cfg.model, models_dir, assemble=False)}")
+    except model_files.ModelFileError as e:
+        print(f"would serve: {e}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description="A CPU-only LLM chat appliance for a LAN.")
+    sub = parser.add_subparsers(dest="command")
+    commands: dict[str, Any] = {
+        "serve": (cmd_serve, "start the server (the default command)"),
+        "config": (cmd_config, "print every effective setting and where it came from"),
+        "pull": (cmd_pull, "download the official Qwen2.5-0.5B-Instruct Q4_K_M GGUF into models/"),
+        "models": (cmd_models, "list model files and which one would be served"),
+    }
+    for name, (func, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text)
+        _add_config_flags(p)
+        p.set_defaults(func=func)
+        if name == "pull":
+            p.add_argument("--revision", default=None, help="a branch, tag or commit of the model repository")
+    from . import bench
+
+    p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")
+    bench.add_arguments(p)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(f"appliance: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Wire config -> engine -> app, and run uvicorn with a graceful drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from . import cpu
+from .config import Config
+from .engine import Engine
+from .openai_api import ServerLimits
+from .scheduler import Limits
+from .server import App, create_app
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(cfg: Config, model_path: Path) -> Engine:
+    cpus = cpu.choose_cpus(cfg)
+    threads = cpu.choose_threads(cfg, cpus)
+    limits = Limits(
+        slots=cfg.slots, batch_tokens=cfg.batch_tokens, kv_tokens=cfg.kv_tokens, ctx_limit=cfg.ctx_per_slot,
+        max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
+        queue_timeout_s=cfg.queue_timeout_s)
+
+    def load() -> Any:
+        from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
+
+        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=cfg.slots, n_batch=cfg.batch_tokens, threads=threads)
+        log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s",
+                 model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus)
+        return LLM(model_path, spec)
+
+    return Engine(load, limits, request_timeout_s=cfg.request_timeout_s, pin=lambda: cpu.pin_current_thread(cpus))
+
+
+class _Server(uvicorn.Server):
+    """On the first SIGTERM/SIGINT: stop admitting (/health says draining), let running
+    streams finish within the grace period, then shut down. A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.grace_s = grace_s
+        self._draining = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._draining:
+            return super().handle_exit(sig, frame)
+        self._draining = True
+        log.info("signal %d: draining (grace %.0f s)", sig, self.grace_s)
+        self.engine.drain()
+        asyncio.get_event_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_s
+        while self.engine.n_active and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)  # let the last events reach their streams
+        self.should_exit = True
+
+
+def serve(cfg: Config, model_path: Path) -> int:
+    engine = build_engine(cfg, model_path)
+    limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
+                          ctx_limit=cfg.ctx_per_slot)
+    web = Path(cfg.web_dir) if cfg.web_dir else None
+    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web))
+    ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
+                          timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
+    server = _Server(ucfg, engine, cfg.grace_s)
+    server.run()
+    return 0

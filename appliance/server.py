@@ -1,0 +1,190 @@
+"""The Starlette app: routes, SSE streaming, the chat page, health and metrics.
+
+It talks to the engine only through prepare/submit/cancel and never touches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from . import openai_api as api
+from .engine import Engine, EngineState, Handle
+from .errors import ApplianceError, EngineFailure, NotFound
+from .sequence import Delta, Done, Failed
+
+log = logging.getLogger(__name__)
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+def error_response(err: ApplianceError) -> JSONResponse:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class App:
+    """State shared by the routes: the engine and what the API says about the model."""
+
+    def __init__(self, engine: Engine, model_id: str, limits: api.ServerLimits, web_dir: Path | None = None) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.limits = limits
+        self.web_dir = web_dir or WEB_DIR
+        self.created = int(time.time())
+
+    # -- routes --------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        e = self.engine
+        body: dict[str, Any] = {"status": e.state.value}
+        if e.state is EngineState.FAILED:
+            body["error"] = e.load_error
+        if e.state in (EngineState.READY, EngineState.DRAINING):
+            running = len(e.sched.running)
+            body.update({
+                "model": self.model_id,
+                "slots": {"total": e.limits.slots, "busy": running, "idle": e.limits.slots - running},
+                "queue": len(e.sched.waiting),
+                "engine": {
+                    "steps": e.stats.steps,
+                    "peak_seqs_per_step": e.stats.peak_seqs_per_step,
+                    "prompt_tokens_received": e.stats.prompt_tokens_received,
+                    "prompt_tokens_computed": e.stats.prompt_tokens_computed,
+                    "generated_tokens": e.stats.generated_tokens,
+                    "finished": dict(e.stats.finished),
+                },
+            })
+        return JSONResponse(body, status_code=200 if e.state is EngineState.READY else 503)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(api.models_list(self.model_id, self.created))
+
+    async def chat(self, request: Request) -> Response:
+        data = api.parse_json(await request.body())
+        req = api.parse_chat_request(data, self.limits, request.headers.get("x-session-id"))
+        prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
+        client = request.client.host if request.client else ""
+        handle = self.engine.submit(prompt.tokens, req.params, client)
+        session = req.session_id or api.new_session_id()
+        headers = {"X-Session-Id": session}
+        extra: dict[str, Any] = {}
+        if prompt.dropped_messages:
+            headers["X-Dropped-Messages"] = str(prompt.dropped_messages)
+            extra["dropped_messages"] = prompt.dropped_messages
+        cid, created = api.new_id(), int(time.time())
+        if req.stream:
+            headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(self._stream(handle, req, cid, created, extra),
+                                     media_type="text/event-stream", headers=headers)
+        return await self._complete(request, handle, cid, created, extra, headers)
+
+    async def _stream(self, handle: Handle, req: api.ChatRequest, cid: str, created: int,
+                      extra: dict[str, Any]) -> AsyncIterator[bytes]:
+        model = self.model_id
+        try:
+            yield api.sse(api.chunk(cid, created, model, {"role": "assistant", "content": ""}, **extra))
+            async for ev in handle.events():
+                if isinstance(ev, Delta):
+                    yield api.sse(api.chunk(cid, created, model, {"content": ev.text}))
+                elif isinstance(ev, Done):
+                    yield api.sse(api.chunk(cid, created, model, {}, _reason(ev)))
+                    if req.include_usage:
+                        yield api.sse(api.usage_chunk(cid, created, model,
+                                                      api.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
+                    yield api.sse("[DONE]")
+                elif isinstance(ev, Failed):
+                    # The 200 is already sent: the error travels as one event, then we close.
+                    yield api.sse(ev.error.body())
+        finally:
+            handle.cancel()  # no-op after Done; frees the slot if the client went away
+
+    async def _complete(self, request: Request, handle: Handle, cid: str, created: int,
+                        extra: dict[str, Any], headers: dict[str, str]) -> Response:
+        async def collect() -> tuple[str, Done | Failed]:
+            parts: list[str] = []
+            async for ev in handle.events():
+                if isinstance(ev, Delta):
+                    parts.append(ev.text)
+                else:
+                    return "".join(parts), ev
+            raise EngineFailure("the engine ended the request without an answer")
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work = asyncio.ensure_future(collect())
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                handle.cancel()  # the client left: free its slot at the next step
+                work.cancel()
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)
+        text, end = work.result()
+        if isinstance(end, Failed):
+            return error_response(end.error)
+        use = api.usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens)
+        return JSONResponse(api.completion(cid, created, self.model_id, text, _reason(end), use, **extra),
+                            headers=headers)
+
+    async def index(self, request: Request) -> Response:
+        return FileResponse(self.web_dir / "index.html")
+
+
+def _reason(done: Done) -> str:
+    return "stop" if done.finish_reason == "cancelled" else done.finish_reason
+
+
+async def _appliance_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApplianceError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+    err = ApplianceError(str(exc.detail))
+    err.status, err.type = exc.status_code, "invalid_request_error"
+    return error_response(err)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response(EngineFailure("internal error; see the server log"))
+
+
+def create_app(app_state: App) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # The HTTP server is up before the model loads: /health says "loading" meanwhile.
+        app_state.engine.start(asyncio.get_running_loop())
+        yield
+        await asyncio.to_thread(app_state.engine.stop)
+
+    routes = [
+        Route("/health", app_state.health),
+        Route("/v1/models", app_state.models),
+        Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
+        Route("/", app_state.index),
+        Mount("/", StaticFiles(directory=app_state.web_dir), name="web"),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error, Exception: _unexpected},
+    )
