@@ -1,0 +1,98 @@
+"""A small fake model behind the engine's Model protocol, and a fake clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from appliance.sampling import SamplingParams
+
+EOS = 0
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+class FakeTokenizer:
+    """One token per character; token = ord(char). Token 0 ends the answer."""
+
+    chat_template = None  # the engine falls back to ChatML
+    bos_text = ""
+    eos_text = ""
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def piece(self, token: int) -> bytes:
+        return chr(token).encode() if token else b""
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+
+@dataclass
+class FakeSampler:
+    n: int = 0
+    freed: bool = False
+
+    def free(self) -> None:
+        self.freed = True
+
+
+@dataclass
+class FakeModel:
+    """Answers each sequence with the letters of `reply`, then EOS.
+
+    Records every decode call so tests can check what the scheduler put in a step. `gate`
+    (when set) makes decode wait, so a test can act while a step is in flight.
+    """
+
+    reply: str = "abcdefghij"
+    fail_on_call: int = -1  # decode call index that raises
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    calls: list[tuple[list[int], list[int], list[int], list[bool]]] = field(default_factory=list)
+    kv: dict[int, list[int]] = field(default_factory=dict)  # seq -> positions held
+    gate: threading.Event | None = None
+    delay: float = 0.0  # seconds per decode call, like a real (slow) model
+    closed: bool = False
+
+    def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None:
+        if self.gate is not None:
+            self.gate.wait(5)
+        if self.delay:
+            time.sleep(self.delay)
+        self.calls.append((list(tokens), list(pos), list(seq), list(logits)))
+        if len(self.calls) - 1 == self.fail_on_call:
+            raise RuntimeError("injected decode failure")
+        for p, s in zip(pos, seq):
+            held = self.kv.setdefault(s, [])
+            assert p == len(held), f"seq {s}: position {p} after {len(held)} cached"
+            held.append(p)
+        self._last = (pos, seq)
+
+    def new_sampler(self, params: SamplingParams) -> FakeSampler:
+        return FakeSampler()
+
+    def sample(self, sampler: FakeSampler, row: int) -> int:
+        n = sampler.n
+        sampler.n += 1
+        return ord(self.reply[n]) if n < len(self.reply) else EOS
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        if p0 <= 0 and p1 < 0:
+            self.kv.pop(seq, None)
+        else:
+            held = self.kv.get(seq, [])
+            self.kv[seq] = [p for p in held if not (p >= max(p0, 0) and (p1 < 0 or p < p1))]
+
+    def close(self) -> None:
+        self.closed = True

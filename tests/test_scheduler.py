@@ -1,0 +1,190 @@
+"""The scheduling policy alone: fake clock, no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.errors import QueueFull, Unavailable
+from appliance.sampling import SamplingParams
+from appliance.scheduler import Limits, Scheduler
+from appliance.sequence import Sequence, State
+from fakes import FakeClock
+
+
+def make(clock: FakeClock, **kw: object) -> Scheduler:
+    base = dict(slots=4, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.05,
+                max_queue=8, queue_timeout_s=10.0)
+    base.update(kw)
+    return Scheduler(Limits(**base), clock)  # type: ignore[arg-type]
+
+
+_rid = iter(range(1, 10_000))
+
+
+def seq(clock: FakeClock, n_prompt: int = 10, max_tokens: int = 16) -> Sequence:
+    return Sequence(rid=next(_rid), prompt=list(range(1, n_prompt + 1)),
+                    params=SamplingParams(max_tokens=max_tokens), arrival=clock())
+
+
+def run_step(s: Scheduler) -> None:
+    """Apply a step the way the engine does: prefill advances, completed prompts decode."""
+    step = s.schedule()
+    for q in step.decode:
+        q.n_cached += 1
+    for q, n in step.prefill:
+        q.n_cached += n
+        if q.prefill_left == 0:
+            q.state = State.DECODE
+
+
+def test_window_admits_together_what_arrives_together() -> None:
+    clock = FakeClock()
+    s = make(clock)
+    a = seq(clock)
+    s.add(a)
+    assert s.admit() == []  # window open: the engine is idle and only one waits
+    assert s.window_open_until() == pytest.approx(clock() + 0.05)
+    clock.advance(0.02)
+    b = seq(clock)
+    s.add(b)
+    assert s.admit() == []
+    clock.advance(0.031)  # the window (opened by a) closes
+    assert s.admit() == [a, b]
+    step = s.schedule()
+    assert [q for q, _ in step.prefill] == [a, b]
+
+
+def test_window_closes_early_when_min_batch_wait() -> None:
+    clock = FakeClock()
+    s = make(clock, min_batch=2)
+    s.add(seq(clock))
+    assert s.admit() == []
+    s.add(seq(clock))
+    assert len(s.admit()) == 2  # no clock advance needed
+
+
+def test_running_batch_admits_newcomer_at_next_step_without_window() -> None:
+    clock = FakeClock()
+    s = make(clock, max_wait_s=10.0)
+    a = seq(clock)
+    s.add(a)
+    clock.advance(10.1)
+    assert s.admit() == [a]
+    run_step(s)
+    b = seq(clock)
+    s.add(b)
+    assert s.window_open_until() is None  # busy engine: no window
+    assert s.admit() == [b]
+    step = s.schedule()
+    assert a in step.decode and (b, b.n_prompt) in step.prefill
+
+
+def test_decode_tokens_first_and_budget_never_exceeded() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=16, max_wait_s=0.0)
+    short = [seq(clock, n_prompt=3) for _ in range(2)]
+    for q in short:
+        s.add(q)
+    s.admit()
+    run_step(s)  # both short prompts done in one step
+    assert all(q.state is State.DECODE for q in short)
+    long = seq(clock, n_prompt=100)
+    s.add(long)
+    s.admit()
+    steps = 0
+    while long.prefill_left:
+        step = s.schedule()
+        assert step.n_tokens <= 16
+        assert step.decode == short  # every step carries a token for each generating stream
+        assert step.prefill == [(long, min(14, long.prefill_left))]
+        run_step(s)
+        steps += 1
+    assert steps == 8  # ceil(100 / 14)
+
+
+def test_short_prompts_prefill_before_long_ones() -> None:
+    clock = FakeClock()
+    s = make(clock, batch_tokens=20, max_wait_s=0.0)
+    long = seq(clock, n_prompt=200)
+    s.add(long)
+    clock.advance(0.001)
+    short = seq(clock, n_prompt=5)
+    s.add(short)
+    s.admit()
+    step = s.schedule()
+    assert step.prefill == [(short, 5), (long, 15)]
+
+
+def test_full_queue_raises_429() -> None:
+    clock = FakeClock()
+    s = make(clock, max_queue=2)
+    s.add(seq(clock))
+    s.add(seq(clock))
+    with pytest.raises(QueueFull) as e:
+        s.add(seq(clock))
+    assert e.value.status == 429 and e.value.retry_after
+
+
+def test_queue_timeout_gives_503() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, queue_timeout_s=5.0)
+    a, b = seq(clock), seq(clock)
+    s.add(a)
+    s.add(b)
+    assert s.admit() == [a]  # b waits: no slot
+    clock.advance(5.1)
+    out = s.expired()
+    assert len(out) == 1
+    q, err, was_waiting = out[0]
+    assert q is b and was_waiting and isinstance(err, Unavailable) and err.status == 503
+    assert not s.waiting and s.running == [a]
+
+
+@pytest.mark.parametrize("where", ["queued", "prefilling", "generating"])
+def test_cancel_in_every_state_frees_the_slot(where: str) -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, batch_tokens=4, max_wait_s=0.0)
+    a = seq(clock, n_prompt=10)
+    s.add(a)
+    if where != "queued":
+        s.admit()
+        run_step(s)
+        assert a.state is State.PREFILL
+        if where == "generating":
+            run_step(s)
+            run_step(s)
+            assert a.state is State.DECODE
+    a.cancelled = True
+    out = s.expired()
+    assert [q for q, _, _ in out] == [a]
+    s.release(a)
+    s.release(a)  # twice is harmless
+    assert a.state is State.FINISHED and not s.running and not s.waiting
+    assert s.n_free_slots == 1
+    b = seq(clock)
+    s.add(b)
+    assert s.admit() == [b]
+
+
+def test_kv_budget_limits_admission() -> None:
+    clock = FakeClock()
+    # Each sequence may grow to 10 + 90 = 100 cells; 250 cells fit two of them.
+    s = make(clock, slots=4, kv_tokens=250, ctx_limit=200, max_wait_s=0.0)
+    qs = [seq(clock, n_prompt=10, max_tokens=90) for _ in range(3)]
+    for q in qs:
+        s.add(q)
+    assert s.admit() == qs[:2]
+    s.release(qs[0])
+    assert s.admit() == [qs[2]]
+
+
+def test_slots_limit_admission_and_ids_are_reused() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=2, max_wait_s=0.0)
+    qs = [seq(clock) for _ in range(3)]
+    for q in qs:
+        s.add(q)
+    assert s.admit() == qs[:2]
+    assert sorted(q.seq_id for q in qs[:2]) == [0, 1]
+    s.release(qs[1])
+    assert s.admit() == [qs[2]] and qs[2].seq_id == qs[1].seq_id
