@@ -518,7 +518,7 @@ def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) ->
 
 
 def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
-                 models: dict[str, str], done: dict[int, dict[str, LevelResult]]) -> dict:
+                 models: dict[str, str], done: dict[int, dict[str, LevelResult]]) -> dict[str, Any]:
     labels = [lb for lb, _ in targets]
     levels = []
     for c, level in done.items():

@@ -83,8 +83,8 @@ def parse_cpu_list(text: str) -> list[int]:
     """'0-3,6' -> [0, 1, 2, 3, 6]; '' -> []."""
     cpus: list[int] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, _, hi = part.partition("-")
-        if not (lo.isdigit() and (not hi or hi.isdigit())):
+        lo, dash, hi = part.partition("-")
+        if not (lo.isdigit() and (hi.isdigit() or not dash)):
             raise ValueError(f"must be a CPU list like '0-3' or '0,2', got {text!r}")
         a, b = int(lo), int(hi or lo)
         if b < a:
@@ -131,10 +131,10 @@ def load(
     path = Path(config_file) if config_file else (SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None)
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as e:
             raise ConfigError(f"config file {path}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"config file {path}: {e}") from None
         # Accept a flat file or an [appliance] table.
         if set(data) == {"appliance"} and isinstance(data["appliance"], dict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from .sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
+_SESSION_RE = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     return data
@@ -178,8 +182,10 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         include_usage = _bool(opts, "include_usage")
 
     session = session_header if session_header else data.get("session_id")
-    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= 128):
-        raise BadRequest("the session id must be a string of 1-128 characters", param="session_id")
+    # It is echoed in a response header: printable ASCII only, so nothing can be injected.
+    if session is not None and (not isinstance(session, str) or not _SESSION_RE.fullmatch(session)):
+        raise BadRequest("the session id must be 1-128 printable ASCII characters without spaces",
+                         param="session_id")
     return ChatRequest(messages, params, stream, include_usage, model, session)
 
 

@@ -181,7 +181,8 @@ def create_app(app_state: App) -> Starlette:
         Route("/v1/models", app_state.models),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
         Route("/", app_state.index),
-        Mount("/", StaticFiles(directory=app_state.web_dir), name="web"),
+        # Under /static so that no catch-all shadows the API's 405s and 404s.
+        Mount("/static", StaticFiles(directory=app_state.web_dir), name="web"),
     ]
     return Starlette(
         routes=routes,

@@ -1,0 +1,121 @@
+"""Start the real appliance on the bundled model in a subprocess, on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Live:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_port(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.01)
+        raise TimeoutError("server did not open its port")
+
+    def wait_ready(self, timeout: float = 180) -> dict[str, Any]:
+        self.wait_port()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.client.get("/health")
+            if r.status_code == 200:
+                return dict(r.json())
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError("model did not load")
+
+    def health(self) -> dict[str, Any]:
+        return dict(self.client.get("/health").json())
+
+    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> httpx.Response:
+        return self.client.post("/v1/chat/completions", json={"messages": messages, **kw})
+
+    def stream(self, messages: list[dict[str, Any]], **kw: Any) -> Iterator[dict[str, Any] | str]:
+        """Yield each SSE data payload: parsed JSON, or the string '[DONE]'."""
+        body = {"messages": messages, "stream": True, **kw}
+        with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data = line[6:]
+                    yield data if data == "[DONE]" else json.loads(data)
+
+    def wait_idle(self, timeout: float = 30) -> dict[str, Any]:
+        """Wait until no slot is busy and nothing is queued."""
+        deadline = time.monotonic() + timeout
+        h = self.health()
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["slots"]["busy"] == 0 and h["queue"] == 0:
+                return h
+            time.sleep(0.05)
+        raise AssertionError(f"slots still busy: {h}")
+
+    def stop(self) -> int:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Live:
+    port = free_port()
+    log_path = log_dir / f"server-{port}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--model", str(model), "--log-level", "info", *args]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    return Live(proc, port, log_path)
+
+
+def content_of(events: list[dict[str, Any] | str]) -> str:
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                   if isinstance(e, dict) and e.get("choices"))

@@ -1,0 +1,455 @@
+"""Tests for appliance.openai_api: request parsing/validation and response builders."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from appliance import openai_api as api
+from appliance.errors import BadRequest
+from appliance.openai_api import ServerLimits, parse_chat_request, parse_json
+from appliance.sampling import SamplingParams
+
+LIMITS = ServerLimits(default_max_tokens=512, max_tokens_limit=2048, ctx_limit=4096)
+USER = [{"role": "user", "content": "hi"}]
+
+
+def req(**fields: Any) -> dict[str, Any]:
+    return {"messages": USER, **fields}
+
+
+def bad(data: Any, param: str | None, header: str | None = None) -> BadRequest:
+    """parse_chat_request rejects data with a 400 in OpenAI's error shape naming param."""
+    with pytest.raises(BadRequest) as e:
+        parse_chat_request(data, LIMITS, header)
+    check_error(e.value, param)
+    return e.value
+
+
+def check_error(err: BadRequest, param: str | None) -> None:
+    assert err.status == 400
+    body = err.body()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == param
+    assert body["error"]["code"] is None
+    json.dumps(body)  # serialisable as is
+
+
+# -- parse_json --------------------------------------------------------------------------
+def test_parse_json_object() -> None:
+    assert parse_json(b'{"a": 1, "b": "\xc3\xa9"}') == {"a": 1, "b": "é"}
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"{'a': 1}", b"not json", b'{"a": 1,}', b"\xff\xfe\x00",
+                                 b'{"a": "\xff"}'])
+def test_parse_json_malformed(raw: bytes) -> None:
+    with pytest.raises(BadRequest) as e:
+        parse_json(raw)
+    check_error(e.value, None)
+    assert "JSON" in e.value.message
+
+
+def test_parse_json_deeply_nested_is_bad_request() -> None:
+    # Unbalanced, absurdly nested input is malformed JSON too: a 400, not a RecursionError (500).
+    with pytest.raises(BadRequest) as e:
+        parse_json(b"[" * 100_000)
+    check_error(e.value, None)
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"[1, 2]", b'"text"', b"1", b"null", b"true"])
+def test_parse_json_non_object(raw: bytes) -> None:
+    with pytest.raises(BadRequest) as e:
+        parse_json(raw)
+    check_error(e.value, None)
+    assert "object" in e.value.message
+
+
+# -- a valid request ---------------------------------------------------------------------
+def test_minimal_request_defaults() -> None:
+    r = parse_chat_request(req(), LIMITS)
+    assert r.messages == [{"role": "user", "content": "hi"}]
+    assert r.stream is False and r.include_usage is False
+    assert r.model is None and r.session_id is None
+    d = SamplingParams()
+    assert r.params == SamplingParams(max_tokens=512, temperature=d.temperature, top_p=d.top_p,
+                                      top_k=d.top_k, min_p=d.min_p, repeat_penalty=d.repeat_penalty)
+
+
+def test_full_request() -> None:
+    r = parse_chat_request(req(model="qwen", max_tokens=100, temperature=0, top_p=0.9, top_k=20,
+                               min_p=0.1, repeat_penalty=1.1, presence_penalty=-1,
+                               frequency_penalty=2,
+                               seed=7, stop=["\n\n"], stream=True,
+                               stream_options={"include_usage": True}), LIMITS)
+    assert r.model == "qwen" and r.stream and r.include_usage
+    p = r.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (100, 0.0, 0.9, 20, 0.1)
+    assert (p.repeat_penalty, p.presence_penalty, p.frequency_penalty) == (1.1, -1.0, 2.0)
+    assert p.seed == 7 and p.stop == ("\n\n",)
+    assert p.greedy
+    assert isinstance(p.temperature, float)
+
+
+def test_unknown_fields_ignored() -> None:
+    r = parse_chat_request(req(user="u1", metadata={"k": "v"}, parallel_tool_calls=False,
+                               tools=None, response_format={"type": "text"}, foo=[1, 2]), LIMITS)
+    assert r.messages == [{"role": "user", "content": "hi"}]
+
+
+def test_input_not_mutated() -> None:
+    data = req(messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}]},
+                         {"role": "user", "content": "b"}])
+    before = json.dumps(data)
+    parse_chat_request(data, LIMITS)
+    assert json.dumps(data) == before
+
+
+# -- messages ----------------------------------------------------------------------------
+def test_messages_missing() -> None:
+    bad({}, "messages")
+    bad({"messages": None}, "messages")
+
+
+@pytest.mark.parametrize("messages", [[], "hi", {"role": "user", "content": "hi"}, 3])
+def test_messages_not_a_non_empty_list(messages: Any) -> None:
+    bad({"messages": messages}, "messages")
+
+
+@pytest.mark.parametrize("item", ["hi", None, ["user", "hi"], 1])
+def test_message_not_an_object(item: Any) -> None:
+    bad({"messages": [{"role": "user", "content": "a"}, item]}, "messages[1]")
+
+
+@pytest.mark.parametrize("role", ["tool", "function", "User", "", None, 1, ["user"]])
+def test_message_wrong_role(role: Any) -> None:
+    bad({"messages": [{"role": role, "content": "hi"}]}, "messages[0].role")
+
+
+def test_message_role_missing() -> None:
+    bad({"messages": [{"content": "hi"}]}, "messages[0].role")
+
+
+@pytest.mark.parametrize("content", [1, 1.5, True, {"text": "hi"}])
+def test_content_wrong_type(content: Any) -> None:
+    bad({"messages": [{"role": "user", "content": content}]}, "messages[0].content")
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer"])
+def test_content_none_rejected_for_non_assistant(role: str) -> None:
+    bad({"messages": [{"role": role, "content": None}]}, "messages[0].content")
+    bad({"messages": [{"role": role}]}, "messages[0].content")
+
+
+def test_content_none_ok_for_assistant() -> None:
+    r = parse_chat_request({"messages": [{"role": "user", "content": "a"},
+                                         {"role": "assistant", "content": None, "tool_calls": []},
+                                         {"role": "user", "content": "b"}]}, LIMITS)
+    assert r.messages[1] == {"role": "assistant", "content": ""}
+
+
+def test_content_text_parts_joined() -> None:
+    r = parse_chat_request({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]}]}, LIMITS)
+    assert r.messages == [{"role": "user", "content": "Hello, world"}]
+
+
+def test_content_empty_parts_list() -> None:
+    r = parse_chat_request({"messages": [{"role": "user", "content": []}]}, LIMITS)
+    assert r.messages == [{"role": "user", "content": ""}]
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+    {"type": "text"},
+    {"type": "text", "text": 1},
+    {"text": "no type"},
+    "plain string",
+])
+def test_content_non_text_part_rejected(part: Any) -> None:
+    err = bad({"messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}]},
+              "messages[0].content")
+    assert "[1]" in err.message
+
+
+def test_developer_role_mapped_to_system() -> None:
+    r = parse_chat_request({"messages": [{"role": "developer", "content": "be brief"},
+                                         {"role": "user", "content": "hi"}]}, LIMITS)
+    assert r.messages == [{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": "hi"}]
+
+
+def test_messages_keep_only_role_and_content() -> None:
+    r = parse_chat_request({"messages": [{"role": "user", "content": "hi", "name": "bob", "x": 1}]},
+                           LIMITS)
+    assert r.messages == [{"role": "user", "content": "hi"}]
+
+
+def test_model_must_be_string() -> None:
+    bad(req(model=3), "model")
+
+
+# -- max_tokens ----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [0, -1, 10**9, 4097])
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_out_of_range(key: str, value: int) -> None:
+    bad(req(**{key: value}), key)
+
+
+@pytest.mark.parametrize("value", [True, False, 1.5, 100.0, "100", [100]])
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_wrong_type(key: str, value: Any) -> None:
+    bad(req(**{key: value}), key)
+
+
+@pytest.mark.parametrize(("value", "effective"), [(1, 1), (2048, 2048), (3000, 2048), (4096, 2048)])
+def test_max_tokens_capped_to_limit(value: int, effective: int) -> None:
+    assert parse_chat_request(req(max_tokens=value), LIMITS).params.max_tokens == effective
+
+
+def test_max_tokens_none_uses_default() -> None:
+    assert parse_chat_request(req(max_tokens=None), LIMITS).params.max_tokens == 512
+
+
+def test_max_completion_tokens_preferred() -> None:
+    r = parse_chat_request(req(max_completion_tokens=100, max_tokens=200), LIMITS)
+    assert r.params.max_tokens == 100
+    # The deprecated field is not even read when the new one is there.
+    r = parse_chat_request(req(max_completion_tokens=100, max_tokens="junk"), LIMITS)
+    assert r.params.max_tokens == 100
+    # A null max_completion_tokens falls back to max_tokens.
+    r = parse_chat_request(req(max_completion_tokens=None, max_tokens=200), LIMITS)
+    assert r.params.max_tokens == 200
+
+
+# -- sampling numbers ------------------------------------------------------------------------
+@pytest.mark.parametrize("value",
+                         [-0.1, 2.5, "hot", float("inf"), float("-inf"), float("nan"), True, [1]])
+def test_temperature_rejected(value: Any) -> None:
+    bad(req(temperature=value), "temperature")
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 2, 2.0])
+def test_temperature_accepted(value: float) -> None:
+    assert parse_chat_request(req(temperature=value), LIMITS).params.temperature == float(value)
+
+
+def test_nan_from_json_body_rejected() -> None:
+    # Python's json accepts the NaN literal; it must not reach the sampler.
+    data = parse_json(b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
+    bad(data, "temperature")
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -0.5, 1.01])
+def test_top_p_rejected(value: float) -> None:
+    bad(req(top_p=value), "top_p")
+
+
+@pytest.mark.parametrize("value", [1, 0.01, 0.5])
+def test_top_p_accepted(value: float) -> None:
+    assert parse_chat_request(req(top_p=value), LIMITS).params.top_p == value
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("min_p", -0.1), ("min_p", 1.5), ("repeat_penalty", 0), ("repeat_penalty", 11),
+    ("presence_penalty", -2.1), ("presence_penalty", 2.1), ("frequency_penalty", 3),
+    ("frequency_penalty", "x"), ("top_k", -1), ("top_k", 1.5), ("top_k", True), ("seed", "1"),
+    ("seed", True), ("seed", 1.0),
+])
+def test_other_sampling_fields_rejected(key: str, value: Any) -> None:
+    bad(req(**{key: value}), key)
+
+
+def test_top_k_zero_allowed() -> None:
+    assert parse_chat_request(req(top_k=0), LIMITS).params.top_k == 0
+
+
+# -- stop, n, logprobs ---------------------------------------------------------------------
+def test_stop_string() -> None:
+    assert parse_chat_request(req(stop="END"), LIMITS).params.stop == ("END",)
+
+
+def test_stop_list() -> None:
+    four = ["a", "b", "c", "d"]
+    assert parse_chat_request(req(stop=four), LIMITS).params.stop == tuple(four)
+    assert parse_chat_request(req(stop=[]), LIMITS).params.stop == ()
+    assert parse_chat_request(req(stop=None), LIMITS).params.stop == ()
+
+
+@pytest.mark.parametrize("stop", [["a", "b", "c", "d", "e"], ["a", 1], [None], 5, {"s": "x"}, True])
+def test_stop_rejected(stop: Any) -> None:
+    bad(req(stop=stop), "stop")
+
+
+def test_n() -> None:
+    assert parse_chat_request(req(n=1), LIMITS).messages == USER
+    bad(req(n=2), "n")
+    bad(req(n=0), "n")
+    bad(req(n="1"), "n")
+
+
+def test_logprobs() -> None:
+    bad(req(logprobs=True), "logprobs")
+    bad(req(logprobs="yes"), "logprobs")
+    assert parse_chat_request(req(logprobs=False), LIMITS).stream is False
+
+
+# -- stream --------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["true", 1, 0, [], {}])
+def test_stream_must_be_bool(value: Any) -> None:
+    bad(req(stream=value), "stream")
+
+
+def test_stream_true() -> None:
+    r = parse_chat_request(req(stream=True), LIMITS)
+    assert r.stream is True and r.include_usage is False
+
+
+@pytest.mark.parametrize("value", [True, "yes", [], 1])
+def test_stream_options_not_object(value: Any) -> None:
+    bad(req(stream=True, stream_options=value), "stream_options")
+
+
+def test_include_usage() -> None:
+    def include_usage(opts: dict[str, Any]) -> bool:
+        return parse_chat_request(req(stream=True, stream_options=opts), LIMITS).include_usage
+
+    assert include_usage({"include_usage": True}) is True
+    assert include_usage({}) is False
+    assert include_usage({"include_usage": False}) is False
+    with pytest.raises(BadRequest):
+        include_usage({"include_usage": "yes"})
+
+
+# -- session id ------------------------------------------------------------------------------
+def test_session_from_body() -> None:
+    assert parse_chat_request(req(session_id="abc"), LIMITS).session_id == "abc"
+
+
+def test_session_header_wins_over_body() -> None:
+    assert parse_chat_request(req(session_id="body"), LIMITS, "header").session_id == "header"
+    assert parse_chat_request(req(), LIMITS, "header").session_id == "header"
+
+
+def test_empty_header_falls_back_to_body() -> None:
+    assert parse_chat_request(req(session_id="body"), LIMITS, "").session_id == "body"
+
+
+@pytest.mark.parametrize("value", [123, True, ["a"], {"id": "a"}, "", "x" * 129])
+def test_bad_session_id_in_body(value: Any) -> None:
+    bad(req(session_id=value), "session_id")
+
+
+def test_session_id_length_bounds() -> None:
+    assert parse_chat_request(req(session_id="x" * 128), LIMITS).session_id == "x" * 128
+    bad(req(), "session_id", header="x" * 129)
+    # An over-long header is rejected even when the body's id would be fine.
+    bad(req(session_id="ok"), "session_id", header="y" * 200)
+
+
+@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "会话", "nul\x00", "line\u2028sep"])
+def test_session_id_must_be_header_safe(value: str) -> None:
+    # The server echoes the id back in the X-Session-Id response header, so an id from the
+    # body must be printable ASCII: anything else is a 400 here, not a 500 (or a forged
+    # header) when the response is built.
+    bad(req(session_id=value), "session_id")
+
+
+# -- response builders -----------------------------------------------------------------------
+def test_usage() -> None:
+    assert api.usage(10, 5) == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+                                "prompt_tokens_details": {"cached_tokens": 0}}
+    assert api.usage(10, 5, cached_tokens=8)["prompt_tokens_details"] == {"cached_tokens": 8}
+
+
+def test_chunk() -> None:
+    c = api.chunk("chatcmpl-1", 1700000000, "m", {"content": "hi"})
+    assert c == {
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "hi"}, "logprobs": None,
+                     "finish_reason": None}],
+    }
+
+
+def test_chunk_finish_and_extra() -> None:
+    c = api.chunk("id", 1, "m", {}, "stop", dropped_messages=2)
+    assert c["choices"][0]["finish_reason"] == "stop"
+    assert c["choices"][0]["delta"] == {}
+    assert c["dropped_messages"] == 2
+
+
+def test_usage_chunk() -> None:
+    use = api.usage(3, 4)
+    assert api.usage_chunk("id", 1, "m", use) == {
+        "id": "id", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [], "usage": use}
+
+
+def test_completion() -> None:
+    use = api.usage(3, 4)
+    c = api.completion("id", 1, "m", "Hello", "length", use, dropped_messages=1)
+    assert c == {
+        "id": "id", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                     "logprobs": None, "finish_reason": "length"}],
+        "usage": use, "dropped_messages": 1,
+    }
+
+
+def test_models_list() -> None:
+    assert api.models_list("qwen", 123) == {"object": "list", "data": [
+        {"id": "qwen", "object": "model", "created": 123, "owned_by": "appliance"}]}
+
+
+def test_models_list_default_created_is_now() -> None:
+    import time
+
+    before = int(time.time())
+    created = api.models_list("qwen")["data"][0]["created"]
+    assert before <= created <= int(time.time())
+
+
+def test_sse_json() -> None:
+    out = api.sse({"a": 1, "b": [1, 2]})
+    assert out == b'data: {"a":1,"b":[1,2]}\n\n'
+    assert isinstance(out, bytes)
+
+
+def test_sse_keeps_non_ascii() -> None:
+    out = api.sse({"content": "你好 😀 é"})
+    assert out == 'data: {"content":"你好 😀 é"}\n\n'.encode()
+    assert b"\\u" not in out
+
+
+def test_sse_escapes_newlines_in_json() -> None:
+    # A newline inside the JSON would end the SSE event early.
+    out = api.sse({"content": "a\n\nb"})
+    assert out.count(b"\n") == 2 and out.endswith(b"\n\n")
+    assert json.loads(out[len(b"data: "):]) == {"content": "a\n\nb"}
+
+
+def test_sse_done() -> None:
+    assert api.sse("[DONE]") == b"data: [DONE]\n\n"
+
+
+def test_new_session_id() -> None:
+    ids = {api.new_session_id() for _ in range(100)}
+    assert len(ids) == 100
+    for sid in ids:
+        assert re.fullmatch(r"[0-9a-f]{32}", sid)
+        assert int(sid, 16).bit_length() <= 128
+    # The id is accepted back as a session id.
+    sid = ids.pop()
+    assert parse_chat_request(req(), LIMITS, sid).session_id == sid
+
+
+def test_new_id() -> None:
+    a, b = api.new_id(), api.new_id()
+    assert a != b
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", a)
