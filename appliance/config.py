@@ -62,6 +62,8 @@ class Config:
     kv_tokens: int = field(default=16384, metadata=_opt("KV cache cells shared by all sequences (12 KiB each in f16)", _positive))
     threads: int = field(default=0, metadata=_opt("llama.cpp threads; 0 = one per pinned core", _non_negative))
     cpus: str = field(default="", metadata=_opt("cores to pin to, e.g. '0-3' or '0,2'; empty = all allowed", _cpus))
+    repack: str = field(default="auto", metadata=_opt(
+        "llama.cpp weight repacking (extra buffer types); auto = off where AMX is advertised", _one_of("auto", "on", "off")))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
     max_wait_ms: int = field(default=30, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))

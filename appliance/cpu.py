@@ -52,6 +52,22 @@ def pin_current_thread(cpus: list[int]) -> None:
         log.warning("could not pin threads to CPUs %s: %s", cpus, e)
 
 
+def amx_advertised() -> bool:
+    """Does the CPU claim Intel AMX? llama.cpp then routes prompt matmuls through AMX tiles,
+    which crash (SIGILL/SIGSEGV) on virtual machines whose kernel does not enable them."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return " amx_int8" in f.read()
+    except OSError:
+        return False
+
+
+def use_repack(cfg: Config) -> bool:
+    if cfg.repack != "auto":
+        return cfg.repack == "on"
+    return not amx_advertised()
+
+
 def available_memory() -> int:
     return int(psutil.virtual_memory().available)
 

@@ -45,6 +45,7 @@ class ContextSpec:
     n_seq_max: int  # distinct sequence ids
     n_batch: int  # most tokens in one llama_decode call
     threads: int
+    repack: bool = True  # llama.cpp's extra weight layouts (AMX, repacked Q4 kernels)
 
 
 class Tokenizer:
@@ -136,7 +137,7 @@ class LLM:
     def __init__(self, path: Path, spec: ContextSpec) -> None:
         C.llama_backend_init()
         mparams = C.llama_model_default_params()
-        mparams.use_extra_bufts = False
+        mparams.use_extra_bufts = spec.repack
         self.model = C.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise LLMError(f"llama.cpp could not load {path} (not a supported GGUF model?)")

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 def build_engine(cfg: Config, model_path: Path) -> Engine:
     cpus = cpu.choose_cpus(cfg)
     threads = cpu.choose_threads(cfg, cpus)
+    repack = cpu.use_repack(cfg)
     limits = Limits(
         slots=cfg.slots, batch_tokens=cfg.batch_tokens, kv_tokens=cfg.kv_tokens, ctx_limit=cfg.ctx_per_slot,
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
@@ -31,9 +32,10 @@ def build_engine(cfg: Config, model_path: Path) -> Engine:
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
-        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=cfg.slots, n_batch=cfg.batch_tokens, threads=threads)
-        log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s",
-                 model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus)
+        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=cfg.slots, n_batch=cfg.batch_tokens, threads=threads,
+                           repack=repack)
+        log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
+                 model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
 
     return Engine(load, limits, request_timeout_s=cfg.request_timeout_s, pin=lambda: cpu.pin_current_thread(cpus))
