@@ -69,6 +69,16 @@ class Config:
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
     max_queue: int = field(default=64, metadata=_opt("requests waiting for a slot before 429", _non_negative))
     queue_timeout_s: float = field(default=120.0, metadata=_opt("longest wait for a slot before 503", _positive))
+    cached_sessions: int = field(default=48, metadata=_opt(
+        "idle conversations kept in the KV cache beside the running ones", _positive))
+    session_ttl_s: float = field(default=1800.0, metadata=_opt("forget an idle conversation after this, s", _positive))
+    prefix_sharing: str = field(default="system", metadata=_opt(
+        "KV reuse across sessions: only the shared system prompt, or any common prefix", _one_of("system", "all")))
+    park_ram_mb: int = field(default=-1, metadata=_opt(
+        "RAM for sessions parked out of the KV cache, MiB; -1 = a quarter of available memory, 0 = off",
+        lambda v: None if v >= -1 else "must be >= -1"))
+    restore_min_tokens: int = field(default=32, metadata=_opt(
+        "shorter parked histories are recomputed instead of restored, tokens", _non_negative))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
     request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))
@@ -170,6 +180,8 @@ def load(
         ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),
         ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
         ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
+        # llama.cpp allows at most 256 sequence ids in one context.
+        ("cached_sessions", cfg.slots + cfg.cached_sessions <= 256, "slots + cached_sessions must be <= 256"),
     ):
         if not ok:
             raise ConfigError(f"config key '{key}': {why} (got {getattr(cfg, key)})")

@@ -1,8 +1,9 @@
 """The engine thread: owns the llama context, runs admit -> schedule -> decode -> sample in
-a loop, and hands text to the waiting HTTP streams on the asyncio loop.
+a loop, keeps finished conversations' KV in the session cache, and hands text to the
+waiting HTTP streams on the asyncio loop.
 
-The HTTP side only calls `prepare`, `submit`, `cancel` and reads `stats`; it never touches
-llama.cpp.
+The HTTP side only calls `prepare`, `submit`, `cancel`, the session calls and reads
+`stats`; it never touches llama.cpp.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from enum import Enum
 from itertools import count
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from .errors import ApplianceError, EngineFailure, QueueFull, Unavailable
+from .cache import Entry, SessionCache, common_prefix
+from .errors import ApplianceError, EngineFailure, KVCacheFull, QueueFull, Unavailable
 from .prompt import ChatTemplate, Prompt, build_prompt
 from .sampling import SamplingParams
 from .scheduler import Limits, Scheduler, Step
@@ -25,6 +27,7 @@ from .sequence import Delta, Done, Failed, Sequence, State
 from .textstream import TextStream
 
 log = logging.getLogger(__name__)
+Events = list[tuple[Callable[[Any], None], Any]]
 
 
 class Model(Protocol):
@@ -36,6 +39,9 @@ class Model(Protocol):
     def sample(self, sampler: Any, row: int) -> int: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_state(self, seq: int) -> bytes: ...
+    def set_seq_state(self, seq: int, data: bytes) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -45,6 +51,16 @@ class EngineState(Enum):
     DRAINING = "draining"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    n_seq: int  # llama.cpp sequence ids: `slots` for running requests, the rest hold idle sessions
+    ttl_s: float = 1800.0
+    share_all: bool = False  # False: across sessions, reuse only the shared (system) prefix
+    park_bytes: int = 0  # RAM for sessions evicted from the KV cache; 0 = no parking
+    restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
+    min_shared: int = 8  # shortest prefix worth sharing between sequences
 
 
 @dataclass(slots=True)
@@ -85,6 +101,7 @@ class Engine:
         self,
         model_factory: Callable[[], Model],
         limits: Limits,
+        cache: CachePolicy | None = None,
         *,
         request_timeout_s: float = 600.0,
         pin: Callable[[], None] = lambda: None,
@@ -93,9 +110,13 @@ class Engine:
         self._factory = model_factory
         self._pin = pin
         self.limits = limits
+        self.policy = cache or CachePolicy(n_seq=limits.slots + 1)
+        assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.sched = Scheduler(limits, clock)
+        self.cache = SessionCache(range(self.policy.n_seq), clock, self.policy.ttl_s,
+                                  self.policy.share_all, self.policy.park_bytes)
         self.stats = Stats()
         self.state = EngineState.LOADING
         self.load_error = ""
@@ -103,8 +124,10 @@ class Engine:
         self.template: ChatTemplate | None = None
         self.ready = threading.Event()
         self._cv = threading.Condition()
-        self._inbox: deque[Sequence] = deque()
+        self._inbox: deque[Sequence | Callable[[], None]] = deque()
         self._n_queued = 0  # inbox + waiting, checked against max_queue at submit
+        self._deleted: set[str] = set()  # sessions deleted while a turn was running
+        self._next_ttl_check = 0.0
         self._stop = False
         self._ids = count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,9 +168,16 @@ class Engine:
         return await asyncio.to_thread(
             build_prompt, messages, self.template, tok.tokenize, self.prompt_limit(max_tokens))
 
-    def submit(self, prompt: list[int], params: SamplingParams, client: str = "") -> Handle:
+    def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
+               session: str = "") -> Handle:
         self._check_accepting()
-        seq = Sequence(rid=next(self._ids), prompt=prompt, params=params, arrival=self.clock(), client=client)
+        if isinstance(prompt, Prompt):
+            tokens, shared = prompt.tokens, prompt.shared_len
+        else:
+            tokens, shared = prompt, 0
+        rid = next(self._ids)
+        seq = Sequence(rid=rid, prompt=tokens, params=params, arrival=self.clock(),
+                       client=client, session=session or f"anon-{rid}", shared_len=shared)
         handle = Handle(self, seq)
         with self._cv:
             if self._n_queued >= self.limits.max_queue:
@@ -163,6 +193,26 @@ class Engine:
             seq.cancelled = True
             with self._cv:
                 self._cv.notify()
+
+    def session_info(self, session: str) -> dict[str, Any] | None:
+        """A snapshot for GET /v1/sessions/{id} (a racy read is fine for a report)."""
+        e = self.cache.entries.get(session)
+        if e is None:
+            return None
+        state = "active" if e.busy else ("parked" if e.parked is not None else "cached")
+        return {"id": session, "state": state, "cached_tokens": e.n_tokens,
+                "parked_bytes": len(e.parked) if e.parked is not None else 0,
+                "idle_s": round(max(0.0, self.clock() - e.last_used), 3)}
+
+    def delete_session(self, session: str) -> bool:
+        existed = session in self.cache.entries
+        self._command(lambda: self._drop_session(session))
+        return existed
+
+    def _command(self, fn: Callable[[], None]) -> None:
+        with self._cv:
+            self._inbox.append(fn)
+            self._cv.notify()
 
     def _check_accepting(self) -> None:
         if self.state is EngineState.LOADING:
@@ -188,7 +238,8 @@ class Engine:
             return
         self.state = EngineState.READY
         self.ready.set()
-        log.info("engine ready: %d slots, %d KV tokens", self.limits.slots, self.limits.kv_tokens)
+        log.info("engine ready: %d slots, %d KV tokens, %d sequence ids",
+                 self.limits.slots, self.limits.kv_tokens, self.policy.n_seq)
         try:
             self._loop_forever()
         except Exception as e:  # noqa: BLE001
@@ -212,23 +263,36 @@ class Engine:
 
     def _loop_forever(self) -> None:
         while True:
+            commands: list[Callable[[], None]] = []
             with self._cv:
                 if self._stop:
                     return
                 while self._inbox:
-                    self.sched.waiting.append(self._inbox.popleft())
-            events: list[tuple[Callable[[Any], None], Any]] = []
+                    item = self._inbox.popleft()
+                    if isinstance(item, Sequence):
+                        self.sched.waiting.append(item)
+                    else:
+                        commands.append(item)
+            for command in commands:
+                command()
+            events: Events = []
+            self._expire_sessions()
             for seq, err, was_waiting in self.sched.expired():
                 if was_waiting:
                     with self._cv:
                         self._n_queued -= 1
                 self._finished(seq, events, "cancelled", err)
-            for seq in self.sched.admit():
+            admitted = self.sched.admit()
+            for seq in admitted:
                 with self._cv:
                     self._n_queued -= 1
+                self._attach(seq)
                 seq.sampler = self.model.new_sampler(seq.params)
                 seq.text = TextStream(seq.params.stop)
                 self.stats.prompt_tokens_received += seq.n_prompt
+            if admitted:
+                self._make_room()
+            self._resolve_followers()
             step = self.sched.schedule()
             if step.n_seqs:
                 self._run_step(step, events)
@@ -246,7 +310,131 @@ class Engine:
     def _any_cancelled(self) -> bool:
         return any(s.cancelled for s in self.sched.waiting) or any(s.cancelled for s in self.sched.running)
 
-    def _run_step(self, step: Step, events: list[tuple[Callable[[Any], None], Any]]) -> None:
+    # -- the KV cache: reuse, sharing, eviction ------------------------------------------
+    def _attach(self, seq: Sequence) -> None:
+        """Give an admitted sequence its llama.cpp sequence id, reusing cached KV: the
+        session's own history, else a shared system prompt computed by someone else."""
+        model, cache = self.model, self.cache
+        m = cache.match(seq.session, seq.prompt, seq.shared_len)
+        if m.own and m.entry is not None:
+            e = m.entry
+            cache.take(e)
+            model.seq_rm(e.seq_id, m.n_common, -1)  # an edited history keeps what still matches
+            seq.seq_id, seq.n_cached, seq.n_reused = e.seq_id, m.n_common, m.n_common
+            cache.stats.hits += 1
+            return
+        own = cache.entries.get(seq.session)
+        if own is not None and own.parked is not None and self._restore(seq, own):
+            return
+        seq.seq_id = self._alloc_id()
+        if m.entry is not None and m.n_common >= self.policy.min_shared:
+            model.seq_cp(m.entry.seq_id, seq.seq_id, 0, m.n_common)
+            seq.n_cached = seq.n_reused = seq.copied = m.n_common
+            cache.stats.shared_hits += 1
+            return
+        # Nobody has the shared prefix yet: if a running sequence is computing it, wait for
+        # it and copy, so eight users arriving together compute their system prompt once.
+        best, best_n = None, 0
+        for other in self.sched.running:
+            if other is seq or other.leader is not None or other.seq_id < 0:
+                continue
+            cap = min(len(seq.prompt) - 1, len(other.prompt))
+            if not self.policy.share_all:
+                cap = min(cap, seq.shared_len, other.shared_len)
+            n = min(common_prefix(other.prompt, seq.prompt), cap)
+            if n > best_n:
+                best, best_n = other, n
+        if best is not None and best_n >= self.policy.min_shared:
+            seq.leader, seq.lead_n = best, best_n
+
+    def _restore(self, seq: Sequence, e: Entry) -> bool:
+        """Bring a parked session back into the KV cache, when cheaper than recomputing."""
+        n = min(common_prefix(e.tokens, seq.prompt), len(seq.prompt) - 1)
+        data = e.parked
+        if data is None or n < max(1, self.policy.restore_min_tokens):
+            self.cache.drop(e.session)
+            self.cache.stats.recomputed += 1
+            return False
+        sid = self._alloc_id()
+        try:
+            ok = self.model.set_seq_state(sid, data)
+        except KVCacheFull:
+            ok = False
+        if not ok:
+            log.warning("session %s: could not restore parked state; recomputing", e.session)
+            self.model.seq_rm(sid)
+            self.cache.release_id(sid)
+            self.cache.drop(e.session)
+            self.cache.stats.recomputed += 1
+            return False
+        e.parked, e.seq_id = None, sid
+        self.cache.take(e)
+        self.model.seq_rm(sid, n, -1)
+        seq.seq_id, seq.n_cached, seq.n_reused = sid, n, n
+        self.cache.stats.restored += 1
+        return True
+
+    def _resolve_followers(self) -> None:
+        for s in self.sched.running:
+            lead = s.leader
+            if lead is None:
+                continue
+            if lead.state is State.FINISHED or lead.seq_id < 0:
+                s.leader = None  # the leader is gone: compute the prefix ourselves
+            elif lead.n_cached >= s.lead_n:
+                self.model.seq_cp(lead.seq_id, s.seq_id, 0, s.lead_n)
+                s.n_cached = s.n_reused = s.copied = s.lead_n
+                s.leader = None
+                self.cache.stats.shared_hits += 1
+
+    def _alloc_id(self) -> int:
+        sid = self.cache.alloc_id()
+        while sid is None:
+            # More sequence ids than slots, so an idle session always exists here.
+            self._evict(self.cache.idle_lru()[0])
+            sid = self.cache.alloc_id()
+        return sid
+
+    def _evict(self, e: Entry) -> None:
+        """Take an idle session out of the KV cache, parking it in RAM when worth it."""
+        sid = e.seq_id
+        data = None
+        if self.policy.park_bytes and e.n_tokens >= max(1, self.policy.restore_min_tokens):
+            data = self.model.seq_state(sid)
+        self.cache.evict(e, data)
+        self.model.seq_rm(sid)
+
+    def _make_room(self) -> bool:
+        """Keep idle sessions + running reservations within the KV budget (LRU first)."""
+        idle = self.cache.idle_lru()
+        while idle and self.cache.cached_tokens + self.sched.reserved > self.limits.kv_tokens:
+            self._evict(idle.pop(0))
+        return bool(idle)
+
+    def _expire_sessions(self) -> None:
+        now = self.clock()
+        if now < self._next_ttl_check:
+            return
+        self._next_ttl_check = now + 1.0
+        for e in self.cache.expired():
+            if e.seq_id >= 0:
+                self.model.seq_rm(e.seq_id)
+
+    def _drop_session(self, session: str) -> None:
+        e = self.cache.entries.get(session)
+        if e is None:
+            return
+        if e.busy:
+            self._deleted.add(session)  # its running turn must not re-cache it
+            del self.cache.entries[session]
+            return
+        sid = e.seq_id
+        self.cache.drop(session)
+        if sid >= 0:
+            self.model.seq_rm(sid)
+
+    # -- the step ------------------------------------------------------------------------
+    def _run_step(self, step: Step, events: Events) -> None:
         model = self.model
         tokens: list[int] = []
         pos: list[int] = []
@@ -269,10 +457,19 @@ class Engine:
                 want[-1] = True
                 rows.append((s, len(tokens) - 1))
         try:
-            model.decode(tokens, pos, seqs, want)
+            while True:
+                try:
+                    model.decode(tokens, pos, seqs, want)
+                    break
+                except KVCacheFull:
+                    idle = self.cache.idle_lru()
+                    if not idle:
+                        raise
+                    self._evict(idle[0])  # make room, then try the same batch again
         except Exception as e:  # noqa: BLE001 - fail this step's sequences, keep serving
             log.error("decode of %d tokens failed: %s", len(tokens), e)
-            err = EngineFailure(f"decoding failed: {e}")
+            err = (Unavailable("the KV cache is full; try again shortly", retry_after=5)
+                   if isinstance(e, KVCacheFull) else EngineFailure(f"decoding failed: {e}"))
             for s in {*step.decode, *(s for s, _ in step.prefill)}:
                 self._finished(s, events, "error", err)
             return
@@ -290,7 +487,7 @@ class Engine:
         for s, row in rows:
             self._accept(s, model.sample(s.sampler, row), now, events)
 
-    def _accept(self, s: Sequence, tok: int, now: float, events: list[tuple[Callable[[Any], None], Any]]) -> None:
+    def _accept(self, s: Sequence, tok: int, now: float, events: Events) -> None:
         s.state = State.DECODE
         tokenizer = self.model.tokenizer
         if tokenizer.is_eog(tok):
@@ -310,11 +507,11 @@ class Engine:
               or now - s.arrival > self.request_timeout_s):
             self._finished(s, events, "length")
 
-    def _finished(self, s: Sequence, events: list[tuple[Callable[[Any], None], Any]], reason: str,
-                  error: ApplianceError | None = None) -> None:
+    def _finished(self, s: Sequence, events: Events, reason: str, error: ApplianceError | None = None) -> None:
         self.sched.release(s)
-        if s.seq_id >= 0 and self.model is not None:
-            self.model.seq_rm(s.seq_id)  # the slot's cells go back to the pool
+        s.leader = None
+        if s.seq_id >= 0:
+            self._keep_or_free(s, keep=error is None and s.n_cached > 0)
             s.seq_id = -1
         if s.sampler is not None:
             s.sampler.free()
@@ -327,12 +524,32 @@ class Engine:
         tail = s.text.flush() if s.text is not None else ""
         if tail:
             events.append((s.sink, Delta(tail)))
-        events.append((s.sink, Done(reason, s.n_prompt, len(s.output))))
+        events.append((s.sink, Done(reason, s.n_prompt, len(s.output), s.n_reused)))
+
+    def _keep_or_free(self, s: Sequence, keep: bool) -> None:
+        """A finished turn's KV stays as its session's cache entry, unless it failed or the
+        session was deleted meanwhile."""
+        cache = self.cache
+        if s.session in self._deleted:
+            self._deleted.discard(s.session)
+            keep = False
+        if keep:
+            tokens = (s.prompt + s.output)[:s.n_cached]
+            replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied)
+            if replaced is not None:
+                self.model.seq_rm(replaced)
+            self._make_room()
+            return
+        own = cache.entries.get(s.session)
+        if own is not None and own.seq_id == s.seq_id:
+            del cache.entries[s.session]
+        self.model.seq_rm(s.seq_id)
+        cache.release_id(s.seq_id)
 
     def _fail_all(self, error: ApplianceError) -> None:
-        events: list[tuple[Callable[[Any], None], Any]] = []
+        events: Events = []
         with self._cv:
-            pending = list(self._inbox)
+            pending = [s for s in self._inbox if isinstance(s, Sequence)]
             self._inbox.clear()
         for s in pending + list(self.sched.waiting) + list(self.sched.running):
             if s.state is not State.FINISHED:
@@ -342,12 +559,12 @@ class Engine:
         self.sched.waiting.clear()
         self._emit(events)
 
-    def _emit(self, events: list[tuple[Callable[[Any], None], Any]]) -> None:
+    def _emit(self, events: Events) -> None:
         # One hand-off per step, not per token: call_soon_threadsafe wakes the loop.
         if events and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_deliver, events)
 
 
-def _deliver(events: list[tuple[Callable[[Any], None], Any]]) -> None:
+def _deliver(events: Events) -> None:
     for sink, ev in events:
         sink(ev)

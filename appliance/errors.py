@@ -60,3 +60,7 @@ class Unavailable(ApplianceError):
 class EngineFailure(ApplianceError):
     status = 500
     type = "server_error"
+
+
+class KVCacheFull(Exception):
+    """llama_decode found no room in the KV cache (internal: the engine evicts and retries)."""

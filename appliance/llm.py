@@ -15,6 +15,7 @@ from typing import Sequence as Seq
 import llama_cpp as C
 import numpy as np
 
+from .errors import KVCacheFull
 from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -178,10 +179,11 @@ class LLM:
             out[i] = logits[i]
         b.n_tokens = n
         rc = C.llama_decode(self.ctx, b)
+        if rc == 1:
+            # No room for the batch; nothing was written, so the engine can evict and retry.
+            raise KVCacheFull(f"no KV cache room for {n} tokens")
         if rc != 0:
-            # 1 = no room in the KV cache; negative = a real error. Either way the batch's
-            # tokens are not in the cache: the engine fails the sequences involved.
-            raise LLMError(f"llama_decode returned {rc}" + (" (KV cache full)" if rc == 1 else ""))
+            raise LLMError(f"llama_decode returned {rc}")
 
     def sample(self, sampler: Sampler, row: int) -> int:
         """Sample from the logits of batch row `row` (must have had logits=True)."""

@@ -52,6 +52,25 @@ class ChatTemplate:
 class Prompt:
     tokens: list[int]
     dropped_messages: int  # oldest turns left out so the conversation fits the context
+    shared_len: int = 0  # leading tokens that are not private: template + system prompt
+
+# A character no one types: rendering the system prompt followed by a user turn holding only
+# this shows where the private part of a prompt starts, whatever the template adds.
+_PROBE = "\u2063"
+
+
+def _shared_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
+                tokenize: Callable[[str], list[int]]) -> int:
+    n_sys = 0
+    while n_sys < len(messages) and messages[n_sys]["role"] == "system":
+        n_sys += 1
+    probe = tokenize(template.render(messages[:n_sys] + [{"role": "user", "content": _PROBE}]))
+    n = 0
+    for a, b in zip(tokens, probe):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def build_prompt(
@@ -69,7 +88,7 @@ def build_prompt(
 
     tokens = encode(messages)
     if len(tokens) <= limit:
-        return Prompt(tokens, 0)
+        return Prompt(tokens, 0, _shared_len(messages, tokens, template, tokenize))
 
     n_sys = 0
     while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
@@ -96,4 +115,5 @@ def build_prompt(
         else:
             lo = mid + 1
     kept = keep_from(lo)
-    return Prompt(encode(kept), len(messages) - len(kept))
+    tokens = encode(kept)
+    return Prompt(tokens, len(messages) - len(kept), _shared_len(kept, tokens, template, tokenize))

@@ -48,8 +48,7 @@ class Scheduler:
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._free_ids = list(range(limits.slots - 1, -1, -1))  # pop() gives 0 first
-        self._reserved = 0  # sum of kv_reserve over running sequences
+        self.reserved = 0  # sum of kv_reserve over running sequences
 
     # -- intake --------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -98,16 +97,15 @@ class Scheduler:
             return []
         admitted = []
         now = self.clock()
-        while self.waiting and self._free_ids:
+        while self.waiting and len(self.running) < self.limits.slots:
             seq = self.waiting[0]
             need = seq.kv_reserve(self.limits.ctx_limit)
-            if self.running and self._reserved + need > self.limits.kv_tokens:
+            if self.running and self.reserved + need > self.limits.kv_tokens:
                 break  # head of line waits for cache space; FIFO keeps it fair
             self.waiting.popleft()
-            seq.seq_id = self._free_ids.pop()
             seq.state = State.PREFILL
             seq.admitted_at = now
-            self._reserved += need
+            self.reserved += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -121,7 +119,8 @@ class Scheduler:
         budget = self.limits.batch_tokens - len(step.decode)
         # Short prompts first keeps time-to-first-token low for short questions; a long
         # paste still advances whenever budget is left.
-        prefilling = sorted((s for s in self.running if s.state is State.PREFILL),
+        # A follower waits while its leader computes the prompt prefix they share.
+        prefilling = sorted((s for s in self.running if s.state is State.PREFILL and s.leader is None),
                             key=lambda s: (s.prefill_left, s.arrival))
         for s in prefilling:
             if budget <= 0:
@@ -139,9 +138,8 @@ class Scheduler:
         seq.state = State.FINISHED
         if was_running:
             self.running.remove(seq)
-            self._reserved -= seq.kv_reserve(self.limits.ctx_limit)
-            self._free_ids.append(seq.seq_id)
+            self.reserved -= seq.kv_reserve(self.limits.ctx_limit)
 
     @property
     def n_free_slots(self) -> int:
-        return len(self._free_ids)
+        return self.limits.slots - len(self.running)

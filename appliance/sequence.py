@@ -25,6 +25,8 @@ class Sequence:
     arrival: float  # engine clock, s
     sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
     client: str = ""
+    session: str = ""  # the conversation this turn belongs to (X-Session-Id)
+    shared_len: int = 0  # leading prompt tokens other sessions may share (system prompt)
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
@@ -33,6 +35,11 @@ class Sequence:
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     finish_reason: str = ""
+    n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
+    copied: int = 0  # of those, tokens copied from another session's sequence
+    # Waits for `leader` to compute the shared prefix [0, lead_n), then copies it.
+    leader: Sequence | None = field(default=None, repr=False)
+    lead_n: int = 0
     # Engine-side helpers (sampler chain, text stream) live here so a finished sequence
     # takes them with it.
     sampler: Any = field(default=None, repr=False)

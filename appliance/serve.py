@@ -12,7 +12,7 @@ import uvicorn
 
 from . import cpu
 from .config import Config
-from .engine import Engine
+from .engine import CachePolicy, Engine
 from .openai_api import ServerLimits
 from .scheduler import Limits
 from .server import App, create_app
@@ -29,16 +29,22 @@ def build_engine(cfg: Config, model_path: Path) -> Engine:
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
         queue_timeout_s=cfg.queue_timeout_s)
 
+    n_seq = cfg.slots + cfg.cached_sessions
+    park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else cpu.available_memory() // 4
+    policy = CachePolicy(n_seq=n_seq, ttl_s=cfg.session_ttl_s, share_all=cfg.prefix_sharing == "all",
+                         park_bytes=park, restore_min_tokens=cfg.restore_min_tokens)
+
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
-        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=cfg.slots, n_batch=cfg.batch_tokens, threads=threads,
+        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq, n_batch=cfg.batch_tokens, threads=threads,
                            repack=repack)
         log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
 
-    return Engine(load, limits, request_timeout_s=cfg.request_timeout_s, pin=lambda: cpu.pin_current_thread(cpus))
+    return Engine(load, limits, policy, request_timeout_s=cfg.request_timeout_s,
+                  pin=lambda: cpu.pin_current_thread(cpus))
 
 
 class _Server(uvicorn.Server):

@@ -6,6 +6,7 @@ It talks to the engine only through prepare/submit/cancel and never touches llam
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -63,6 +64,12 @@ class App:
                     "generated_tokens": e.stats.generated_tokens,
                     "finished": dict(e.stats.finished),
                 },
+                "sessions": {
+                    "cached": sum(1 for x in e.cache.entries.values() if x.seq_id >= 0),
+                    "parked": sum(1 for x in e.cache.entries.values() if x.parked is not None),
+                    "parked_bytes": e.cache.parked_bytes,
+                    **dataclasses.asdict(e.cache.stats),
+                },
             })
         return JSONResponse(body, status_code=200 if e.state is EngineState.READY else 503)
 
@@ -74,8 +81,8 @@ class App:
         req = api.parse_chat_request(data, self.limits, request.headers.get("x-session-id"))
         prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
         client = request.client.host if request.client else ""
-        handle = self.engine.submit(prompt.tokens, req.params, client)
         session = req.session_id or api.new_session_id()
+        handle = self.engine.submit(prompt, req.params, client, session)
         headers = {"X-Session-Id": session}
         extra: dict[str, Any] = {}
         if prompt.dropped_messages:
@@ -141,6 +148,17 @@ class App:
         return JSONResponse(api.completion(cid, created, self.model_id, text, _reason(end), use, **extra),
                             headers=headers)
 
+    async def get_session(self, request: Request) -> Response:
+        info = self.engine.session_info(request.path_params["sid"])
+        if info is None:
+            raise NotFound("no such session (it may have expired)")
+        return JSONResponse(info)
+
+    async def delete_session(self, request: Request) -> Response:
+        if not self.engine.delete_session(request.path_params["sid"]):
+            raise NotFound("no such session (it may have expired)")
+        return Response(status_code=204)
+
     async def index(self, request: Request) -> Response:
         return FileResponse(self.web_dir / "index.html")
 
@@ -180,6 +198,8 @@ def create_app(app_state: App) -> Starlette:
         Route("/health", app_state.health),
         Route("/v1/models", app_state.models),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
+        Route("/v1/sessions/{sid}", app_state.get_session, methods=["GET"]),
+        Route("/v1/sessions/{sid}", app_state.delete_session, methods=["DELETE"]),
         Route("/", app_state.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.
         Mount("/static", StaticFiles(directory=app_state.web_dir), name="web"),

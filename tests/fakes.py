@@ -63,6 +63,7 @@ class FakeModel:
     kv: dict[int, list[int]] = field(default_factory=dict)  # seq -> positions held
     gate: threading.Event | None = None
     delay: float = 0.0  # seconds per decode call, like a real (slow) model
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
     closed: bool = False
 
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None:
@@ -93,6 +94,20 @@ class FakeModel:
         else:
             held = self.kv.get(seq, [])
             self.kv[seq] = [p for p in held if not (p >= max(p0, 0) and (p1 < 0 or p < p1))]
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        held = self.kv.get(src, [])
+        end = len(held) if p1 < 0 else p1
+        assert self.kv.get(dst, []) == [], f"copy into non-empty seq {dst}"
+        self.kv[dst] = [p for p in held if max(p0, 0) <= p < end]
+        self.copies.append((src, dst, end))
+
+    def seq_state(self, seq: int) -> bytes:
+        return bytes(str(self.kv.get(seq, [])), "ascii")
+
+    def set_seq_state(self, seq: int, data: bytes) -> bool:
+        self.kv[seq] = eval(data.decode())  # test data we wrote ourselves
+        return True
 
     def close(self) -> None:
         self.closed = True

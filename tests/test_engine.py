@@ -53,8 +53,12 @@ def test_one_request_streams_reply_then_done() -> None:
         assert text == "hello"
         assert isinstance(end, Done) and end.finish_reason == "stop"
         assert (end.prompt_tokens, end.completion_tokens) == (3, 5)
+        # The finished turn's KV stays as its session's cache entry (prompt + answer).
+        (entry,) = eng.cache.entries.values()
+        assert entry.tokens == [1, 2, 3, *map(ord, "hello")] and not entry.busy
+        assert model.kv[entry.seq_id] == list(range(8))
         eng.stop()
-        assert model.closed and not model.kv  # the finished sequence's cells are gone
+        assert model.closed
     run(main())
 
 
@@ -104,14 +108,16 @@ def test_window_batches_requests_submitted_together() -> None:
 
 def test_cancel_while_generating_frees_slot_and_cache() -> None:
     async def main() -> None:
-        model = FakeModel(reply="z" * 500)
+        model = FakeModel(reply="z" * 500, delay=0.005)
         eng = await started(model, slots=1)
-        h = eng.submit([1, 2], SamplingParams(max_tokens=500))
+        h = eng.submit([1, 2], SamplingParams(max_tokens=500), session="s1")
         await h.events().__anext__()
         h.cancel()
         _, end = await collect(h)
         assert isinstance(end, Done) and end.finish_reason == "cancelled"
-        assert not eng.sched.running and eng.sched.n_free_slots == 1 and not model.kv
+        assert not eng.sched.running and eng.sched.n_free_slots == 1
+        # What was computed stays cached for the session's next turn.
+        assert eng.session_info("s1")["state"] == "cached"
         text, end = await collect(eng.submit([1], SamplingParams(max_tokens=2)))
         assert text == "zz"  # the slot serves the next request
         eng.stop()
@@ -169,7 +175,7 @@ def test_full_queue_is_rejected_at_submit() -> None:
 
 def test_stop_fails_streams_still_running() -> None:
     async def main() -> None:
-        model = FakeModel(reply="s" * 1000)
+        model = FakeModel(reply="s" * 1000, delay=0.005)
         eng = await started(model)
         h = eng.submit([1], SamplingParams(max_tokens=1000))
         await h.events().__anext__()
@@ -187,4 +193,125 @@ def test_load_failure_is_reported_not_raised() -> None:
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         assert eng.state is EngineState.FAILED and "no such model" in eng.load_error
+    run(main())
+
+
+# -- the session cache -------------------------------------------------------------------
+from appliance.engine import CachePolicy  # noqa: E402
+from appliance.prompt import Prompt  # noqa: E402
+
+
+async def cached_engine(model: FakeModel, slots: int = 2, n_seq: int = 3, park: int = 0,
+                        restore_min: int = 0, **kw: Any) -> Engine:
+    eng = Engine(lambda: model, limits(slots=slots, **kw),
+                 CachePolicy(n_seq=n_seq, park_bytes=park, restore_min_tokens=restore_min, min_shared=4))
+    eng.start(asyncio.get_running_loop())
+    await asyncio.to_thread(eng.ready.wait, 5)
+    return eng
+
+
+def computed(eng: Engine) -> int:
+    return eng.stats.prompt_tokens_computed
+
+
+def test_second_turn_prefills_only_new_tokens() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="ab")
+        eng = await cached_engine(model)
+        turn1 = list(range(100, 120))
+        await collect(eng.submit(turn1, SamplingParams(max_tokens=5), session="u1"))
+        assert computed(eng) == 20
+        # Turn 2 = turn 1 + the answer "ab" + 6 new tokens.
+        turn2 = turn1 + [ord("a"), ord("b")] + list(range(200, 206))
+        _, end = await collect(eng.submit(turn2, SamplingParams(max_tokens=5), session="u1"))
+        # KV held turn1 + "ab" (EOS ended the answer and is never decoded): 22 reused.
+        assert end.cached_tokens == 22 and computed(eng) == 20 + 6
+        assert eng.cache.stats.hits == 1
+        # An edited history reuses exactly the part that still matches.
+        edited = turn1[:10] + [999] * 5
+        _, end = await collect(eng.submit(edited, SamplingParams(max_tokens=5), session="u1"))
+        assert end.cached_tokens == 10 and computed(eng) == 26 + 5
+        eng.stop()
+    run(main())
+
+
+def test_other_sessions_reuse_only_the_shared_prefix() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="a")
+        eng = await cached_engine(model)
+        system = list(range(1, 11))
+        p1 = Prompt(system + [50, 51, 52, 53], 0, shared_len=10)
+        await collect(eng.submit(p1, SamplingParams(max_tokens=3), session="alice"))
+        # Bob's prompt matches Alice's well beyond the system prompt, but isolation caps
+        # what he may reuse at the shared part.
+        p2 = Prompt(system + [50, 51, 52, 99], 0, shared_len=10)
+        _, end = await collect(eng.submit(p2, SamplingParams(max_tokens=3), session="bob"))
+        assert end.cached_tokens == 10
+        assert model.copies and model.copies[-1][2] == 10
+        eng.stop()
+    run(main())
+
+
+def test_requests_arriving_together_compute_shared_prefix_once() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="xy", delay=0.002)
+        eng = Engine(lambda: model, limits(slots=4, batch_tokens=256, max_wait_s=0.2),
+                     CachePolicy(n_seq=8, min_shared=4))
+        eng.start(asyncio.get_running_loop())
+        await asyncio.to_thread(eng.ready.wait, 5)
+        system = list(range(1, 41))
+        hs = [eng.submit(Prompt(system + [200 + i] * 5, 0, shared_len=40), SamplingParams(max_tokens=4),
+                         session=f"s{i}") for i in range(4)]
+        ends = [(await collect(h))[1] for h in hs]
+        assert computed(eng) == 40 + 4 * 5  # the system prompt once, then each user's part
+        assert sorted(e.cached_tokens for e in ends) == [0, 40, 40, 40]
+        eng.stop()
+    run(main())
+
+
+def test_lru_eviction_and_parking_restore_instead_of_recompute() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        # One slot, two sequence ids: every other session must leave the KV cache.
+        eng = await cached_engine(model, slots=1, n_seq=2, park=10**6)
+        hist = {s: list(range(10 * i + 100, 10 * i + 130)) for i, s in enumerate("abc")}
+        for s in "abc":
+            await collect(eng.submit(hist[s], SamplingParams(max_tokens=2), session=s))
+        assert eng.cache.stats.evicted == 1 and eng.cache.stats.parked == 1
+        assert eng.session_info("a")["state"] == "parked"
+        before = computed(eng)
+        follow = hist["a"] + [ord("r"), 7, 8, 9]
+        _, end = await collect(eng.submit(follow, SamplingParams(max_tokens=2), session="a"))
+        assert eng.cache.stats.restored == 1
+        assert end.cached_tokens == 31 and computed(eng) - before == 3
+        eng.stop()
+    run(main())
+
+
+def test_short_parked_history_is_recomputed() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = await cached_engine(model, slots=1, n_seq=2, park=10**6, restore_min=50)
+        for s in "abc":
+            await collect(eng.submit(list(range(1, 20)), SamplingParams(max_tokens=2), session=s))
+        # 'a' (20 tokens) was evicted without parking: below the restore threshold.
+        assert eng.session_info("a") is None and eng.cache.stats.parked == 0
+        eng.stop()
+    run(main())
+
+
+def test_delete_session_drops_its_cache() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="d")
+        eng = await cached_engine(model)
+        await collect(eng.submit([1, 2, 3, 4], SamplingParams(max_tokens=2), session="gone"))
+        sid = eng.cache.entries["gone"].seq_id
+        assert eng.delete_session("gone") is True
+        for _ in range(100):
+            if eng.session_info("gone") is None:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.session_info("gone") is None and sid not in model.kv
+        assert eng.delete_session("gone") is False
+        eng.stop()
     run(main())

@@ -143,7 +143,7 @@ def test_fits_unchanged(chatml: ChatTemplate) -> None:
     messages = [msg("system", "S"), msg("user", "hello"), msg("assistant", "hi"),
                 msg("user", "bye")]
     p = build_prompt(messages, chatml, byte_tokens, 10_000)
-    assert p == Prompt(byte_tokens(chatml.render(messages)), 0)
+    assert (p.tokens, p.dropped_messages) == (byte_tokens(chatml.render(messages)), 0)
 
 
 def test_fits_exactly_at_limit(chatml: ChatTemplate) -> None:
@@ -159,7 +159,7 @@ def test_single_message_exactly_at_limit(chatml: ChatTemplate) -> None:
     messages = [msg("user", "x" * 50)]
     n = cost(messages, chatml)
     p = build_prompt(messages, chatml, byte_tokens, n)
-    assert p == Prompt(byte_tokens(chatml.render(messages)), 0)
+    assert (p.tokens, p.dropped_messages) == (byte_tokens(chatml.render(messages)), 0)
     with pytest.raises(ContextLengthExceeded):
         build_prompt(messages, chatml, byte_tokens, n - 1)
 
@@ -174,7 +174,7 @@ def test_too_long_drops_oldest_keeps_system(chatml: ChatTemplate) -> None:
     assert cost([system, *turns[1:]], chatml) > limit
     p = build_prompt(messages, chatml, byte_tokens, limit)
     kept = [system, *turns[2:]]
-    assert p == Prompt(byte_tokens(chatml.render(kept)), 2)
+    assert (p.tokens, p.dropped_messages) == (byte_tokens(chatml.render(kept)), 2)
     assert len(p.tokens) <= limit
 
 
@@ -194,7 +194,7 @@ def test_leading_system_messages_all_kept(chatml: ChatTemplate) -> None:
     turns = [msg("user", "old " * 50), msg("assistant", "old " * 50), msg("user", "new")]
     limit = cost([*head, turns[-1]], chatml)
     p = build_prompt([*head, *turns], chatml, byte_tokens, limit)
-    assert p == Prompt(byte_tokens(chatml.render([*head, turns[-1]])), 2)
+    assert (p.tokens, p.dropped_messages) == (byte_tokens(chatml.render([*head, turns[-1]])), 2)
 
 
 def test_no_system_message(chatml: ChatTemplate) -> None:
@@ -202,7 +202,7 @@ def test_no_system_message(chatml: ChatTemplate) -> None:
              msg("assistant", "d" * 10), msg("user", "e")]
     limit = cost(turns[2:], chatml)
     p = build_prompt(turns, chatml, byte_tokens, limit)
-    assert p == Prompt(byte_tokens(chatml.render(turns[2:])), 2)
+    assert (p.tokens, p.dropped_messages) == (byte_tokens(chatml.render(turns[2:])), 2)
 
 
 def test_last_message_too_long(chatml: ChatTemplate) -> None:
@@ -236,7 +236,7 @@ def test_word_tokenizer(chatml: ChatTemplate) -> None:
                 msg("assistant", "seven eight nine ten"), msg("user", "eleven")]
     limit = cost([messages[0], messages[-1]], chatml, word_tokens)
     p = build_prompt(messages, chatml, word_tokens, limit)
-    assert p == Prompt(word_tokens(chatml.render([messages[0], messages[-1]])), 2)
+    assert (p.tokens, p.dropped_messages) == (word_tokens(chatml.render([messages[0], messages[-1]])), 2)
 
 
 # -- build_prompt against a brute-force search -----------------------------------------------
@@ -317,3 +317,15 @@ def test_every_limit_small_conversations(chatml: ChatTemplate, n_turns: int) -> 
             p = build_prompt(messages, chatml, byte_tokens, limit)
             assert p.tokens == byte_tokens(chatml.render(expected))
             assert p.dropped_messages == len(messages) - len(expected)
+
+
+def test_shared_len_covers_template_and_system_prompt_only(chatml: ChatTemplate) -> None:
+    system = msg("system", "You are helpful.")
+    a = build_prompt([system, msg("user", "alpha question")], chatml, byte_tokens, 10_000)
+    b = build_prompt([system, msg("user", "beta question")], chatml, byte_tokens, 10_000)
+    head = byte_tokens(chatml.render([system], add_generation_prompt=False) + "<|im_start|>user\n")
+    assert a.shared_len == b.shared_len == len(head)
+    assert a.tokens[:a.shared_len] == b.tokens[:b.shared_len] == head
+    # No system message: only the template's own opening is shared.
+    c = build_prompt([msg("user", "hi")], chatml, byte_tokens, 10_000)
+    assert c.shared_len == len(byte_tokens("<|im_start|>user\n"))

@@ -178,13 +178,24 @@ def test_kv_budget_limits_admission() -> None:
     assert s.admit() == [qs[2]]
 
 
-def test_slots_limit_admission_and_ids_are_reused() -> None:
+def test_slots_limit_admission() -> None:
     clock = FakeClock()
     s = make(clock, slots=2, max_wait_s=0.0)
     qs = [seq(clock) for _ in range(3)]
     for q in qs:
         s.add(q)
-    assert s.admit() == qs[:2]
-    assert sorted(q.seq_id for q in qs[:2]) == [0, 1]
+    assert s.admit() == qs[:2] and s.n_free_slots == 0
     s.release(qs[1])
-    assert s.admit() == [qs[2]] and qs[2].seq_id == qs[1].seq_id
+    assert s.admit() == [qs[2]]
+
+
+def test_follower_waits_for_its_leader() -> None:
+    clock = FakeClock()
+    s = make(clock, max_wait_s=0.0)
+    lead, follow = seq(clock, n_prompt=30), seq(clock, n_prompt=32)
+    s.add(lead)
+    s.add(follow)
+    s.admit()
+    follow.leader, follow.lead_n = lead, 25
+    step = s.schedule()
+    assert step.prefill == [(lead, 30)]  # the follower is not prefilled meanwhile
