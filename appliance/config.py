@@ -79,6 +79,10 @@ class Config:
         lambda v: None if v >= -1 else "must be >= -1"))
     restore_min_tokens: int = field(default=32, metadata=_opt(
         "shorter parked histories are recomputed instead of restored, tokens", _non_negative))
+    ageing_s: float = field(default=2.0, metadata=_opt(
+        "a new conversation waiting this long ranks with continuing ones, s", _non_negative))
+    max_per_client: int = field(default=0, metadata=_opt(
+        "running + queued requests per client address; 0 = no cap", _non_negative))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
     request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))

@@ -92,6 +92,17 @@ class Handle:
             if not isinstance(ev, Delta):
                 return
 
+    async def next(self, timeout: float) -> Delta | Done | Failed | None:
+        """The next event, or None after `timeout` seconds (cancelling a queue get is safe)."""
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    @property
+    def position(self) -> int:
+        return self._engine.queue_position(self.seq)
+
     def cancel(self) -> None:
         self._engine.cancel(self.seq)
 
@@ -106,9 +117,11 @@ class Engine:
         request_timeout_s: float = 600.0,
         pin: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
     ) -> None:
         self._factory = model_factory
         self._pin = pin
+        self.metrics = metrics  # metrics.Metrics or None; observed from this thread
         self.limits = limits
         self.policy = cache or CachePolicy(n_seq=limits.slots + 1)
         assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
@@ -127,6 +140,7 @@ class Engine:
         self._inbox: deque[Sequence | Callable[[], None]] = deque()
         self._n_queued = 0  # inbox + waiting, checked against max_queue at submit
         self._deleted: set[str] = set()  # sessions deleted while a turn was running
+        self._per_client: dict[str, int] = {}  # running + queued, under _cv
         self._next_ttl_check = 0.0
         self._stop = False
         self._ids = count(1)
@@ -181,7 +195,15 @@ class Engine:
         handle = Handle(self, seq)
         with self._cv:
             if self._n_queued >= self.limits.max_queue:
+                if self.metrics:
+                    self.metrics.rejected.labels("queue_full").inc()
                 raise QueueFull(f"the server is busy: {self._n_queued} requests are queued", retry_after=2)
+            cap = self.limits.max_per_client
+            if cap and self._per_client.get(client, 0) >= cap:
+                if self.metrics:
+                    self.metrics.rejected.labels("client_cap").inc()
+                raise QueueFull(f"at most {cap} requests at once per client", retry_after=2)
+            self._per_client[client] = self._per_client.get(client, 0) + 1
             self._n_queued += 1
             self._inbox.append(seq)
             self._cv.notify()
@@ -193,6 +215,15 @@ class Engine:
             seq.cancelled = True
             with self._cv:
                 self._cv.notify()
+
+    def queue_position(self, seq: Sequence) -> int:
+        """1-based place in the queue (0 once admitted); a racy read, for `: queued N`."""
+        if seq.state is not State.WAITING:
+            return 0
+        for i, s in enumerate(self.sched.waiting):
+            if s is seq:
+                return i + 1
+        return len(self.sched.waiting) + 1  # still in the inbox
 
     def session_info(self, session: str) -> dict[str, Any] | None:
         """A snapshot for GET /v1/sessions/{id} (a racy read is fine for a report)."""
@@ -270,6 +301,7 @@ class Engine:
                 while self._inbox:
                     item = self._inbox.popleft()
                     if isinstance(item, Sequence):
+                        item.continuing = item.session in self.cache.entries
                         self.sched.waiting.append(item)
                     else:
                         commands.append(item)
@@ -281,11 +313,13 @@ class Engine:
                 if was_waiting:
                     with self._cv:
                         self._n_queued -= 1
-                self._finished(seq, events, "cancelled", err)
+                self._finished(seq, events, "queue_timeout" if err else "cancelled", err)
             admitted = self.sched.admit()
             for seq in admitted:
                 with self._cv:
                     self._n_queued -= 1
+                if self.metrics:
+                    self.metrics.queue_wait.observe(seq.admitted_at - seq.arrival)
                 self._attach(seq)
                 seq.sampler = self.model.new_sampler(seq.params)
                 seq.text = TextStream(seq.params.stop)
@@ -456,6 +490,7 @@ class Engine:
             if start + n == s.n_prompt:  # prompt complete: sample its first token
                 want[-1] = True
                 rows.append((s, len(tokens) - 1))
+        t0 = time.monotonic()
         try:
             while True:
                 try:
@@ -479,6 +514,9 @@ class Engine:
         n_prefill = len(tokens) - len(step.decode)
         st.prompt_tokens_computed += n_prefill
         st.step_log.append((len(step.decode), len(step.prefill), n_prefill))
+        if self.metrics:
+            self.metrics.seqs_per_step.observe(step.n_seqs)
+            self.metrics.step_seconds.observe(time.monotonic() - t0)
         for s in step.decode:
             s.n_cached += 1
         for s, n in step.prefill:
@@ -497,8 +535,14 @@ class Engine:
         self.stats.generated_tokens += 1
         text = s.text.push(tokenizer.piece(tok))
         if text:
+            if self.metrics:
+                if s.first_token_at:
+                    self.metrics.itl.observe(now - s.last_emit_at)
+                else:
+                    self.metrics.ttft.observe(now - s.arrival)
             if not s.first_token_at:
                 s.first_token_at = now
+            s.last_emit_at = now
             events.append((s.sink, Delta(text)))
         if s.text.stopped:
             self._finished(s, events, "stop")
@@ -509,6 +553,12 @@ class Engine:
 
     def _finished(self, s: Sequence, events: Events, reason: str, error: ApplianceError | None = None) -> None:
         self.sched.release(s)
+        with self._cv:
+            left = self._per_client.get(s.client, 1) - 1
+            if left > 0:
+                self._per_client[s.client] = left
+            else:
+                self._per_client.pop(s.client, None)
         s.leader = None
         if s.seq_id >= 0:
             self._keep_or_free(s, keep=error is None and s.n_cached > 0)

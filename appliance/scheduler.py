@@ -26,6 +26,8 @@ class Limits:
     min_batch: int = 0  # close the window once this many wait (0 = slots)
     max_queue: int = 64
     queue_timeout_s: float = 120.0
+    ageing_s: float = 2.0  # a new conversation waiting this long ranks with continuing ones
+    max_per_client: int = 0  # running + queued requests per client address; 0 = no cap
 
 
 @dataclass(slots=True)
@@ -91,17 +93,26 @@ class Scheduler:
             return closes
         return None
 
+    def priority(self, seq: Sequence, now: float) -> tuple[int, float]:
+        """Continuing conversations first (their KV is cached: cheap, and a user is mid-chat),
+        otherwise FIFO. Ageing: once a new request has waited ageing_s it ranks with the
+        continuing ones, so it is overtaken only by those that arrived within ageing_s after it."""
+        urgent = seq.continuing or now - seq.arrival >= self.limits.ageing_s
+        return (0 if urgent else 1, seq.arrival)
+
     def admit(self) -> list[Sequence]:
-        """Move waiting sequences into free slots (FIFO) while the KV budget allows."""
+        """Move waiting sequences into free slots, by priority, while the KV budget allows."""
         if self.window_open_until() is not None:
             return []
         admitted = []
         now = self.clock()
+        if len(self.waiting) > 1 and len(self.running) < self.limits.slots:
+            self.waiting = deque(sorted(self.waiting, key=lambda q: self.priority(q, now)))
         while self.waiting and len(self.running) < self.limits.slots:
             seq = self.waiting[0]
             need = seq.kv_reserve(self.limits.ctx_limit)
             if self.running and self.reserved + need > self.limits.kv_tokens:
-                break  # head of line waits for cache space; FIFO keeps it fair
+                break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
             seq.state = State.PREFILL
             seq.admitted_at = now

@@ -27,6 +27,7 @@ class Sequence:
     client: str = ""
     session: str = ""  # the conversation this turn belongs to (X-Session-Id)
     shared_len: int = 0  # leading prompt tokens other sessions may share (system prompt)
+    continuing: bool = False  # its session already has cached KV (scheduling priority)
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
@@ -34,6 +35,7 @@ class Sequence:
     cancelled: bool = False
     admitted_at: float = 0.0
     first_token_at: float = 0.0
+    last_emit_at: float = 0.0  # for inter-token latency
     finish_reason: str = ""
     n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
     copied: int = 0  # of those, tokens copied from another session's sequence

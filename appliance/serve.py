@@ -13,6 +13,7 @@ import uvicorn
 from . import cpu
 from .config import Config
 from .engine import CachePolicy, Engine
+from .metrics import Metrics
 from .openai_api import ServerLimits
 from .scheduler import Limits
 from .server import App, create_app
@@ -20,14 +21,14 @@ from .server import App, create_app
 log = logging.getLogger(__name__)
 
 
-def build_engine(cfg: Config, model_path: Path) -> Engine:
+def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None) -> Engine:
     cpus = cpu.choose_cpus(cfg)
     threads = cpu.choose_threads(cfg, cpus)
     repack = cpu.use_repack(cfg)
     limits = Limits(
         slots=cfg.slots, batch_tokens=cfg.batch_tokens, kv_tokens=cfg.kv_tokens, ctx_limit=cfg.ctx_per_slot,
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
-        queue_timeout_s=cfg.queue_timeout_s)
+        queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s, max_per_client=cfg.max_per_client)
 
     n_seq = cfg.slots + cfg.cached_sessions
     park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else cpu.available_memory() // 4
@@ -44,7 +45,7 @@ def build_engine(cfg: Config, model_path: Path) -> Engine:
         return LLM(model_path, spec)
 
     return Engine(load, limits, policy, request_timeout_s=cfg.request_timeout_s,
-                  pin=lambda: cpu.pin_current_thread(cpus))
+                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics)
 
 
 class _Server(uvicorn.Server):
@@ -74,11 +75,13 @@ class _Server(uvicorn.Server):
 
 
 def serve(cfg: Config, model_path: Path) -> int:
-    engine = build_engine(cfg, model_path)
+    metrics = Metrics()
+    engine = build_engine(cfg, model_path, metrics)
+    metrics.attach(engine)
     limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
                           ctx_limit=cfg.ctx_per_slot)
     web = Path(cfg.web_dir) if cfg.web_dir else None
-    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web))
+    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
     server = _Server(ucfg, engine, cfg.grace_s)

