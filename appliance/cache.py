@@ -91,8 +91,10 @@ class SessionCache:
         cap = limit if self.share_all else min(shared_len, limit)
         if cap > 0:
             for e in self.entries.values():
-                if e.seq_id < 0:
-                    continue  # parked: not in the KV cache
+                if e.seq_id < 0 or e.busy:
+                    # Parked: not in the KV cache. Busy: a running turn may have cut its
+                    # sequence below e.tokens (running sequences are matched by the engine).
+                    continue
                 n = min(common_prefix(e.tokens, prompt), cap if self.share_all else min(cap, e.shared_len))
                 if n > best_n:
                     best, best_n = e, n

@@ -360,9 +360,13 @@ class Engine:
         own = cache.entries.get(seq.session)
         if own is not None and own.parked is not None and self._restore(seq, own):
             return
+        donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
+        if donor is not None:
+            donor.busy = True  # pinned: making room for our id must not evict the donor
         seq.seq_id = self._alloc_id()
-        if m.entry is not None and m.n_common >= self.policy.min_shared:
-            model.seq_cp(m.entry.seq_id, seq.seq_id, 0, m.n_common)
+        if donor is not None:
+            donor.busy = False
+            model.seq_cp(donor.seq_id, seq.seq_id, 0, m.n_common)
             seq.n_cached = seq.n_reused = seq.copied = m.n_common
             cache.stats.shared_hits += 1
             return

@@ -199,10 +199,15 @@ class LLM:
     # -- KV cache ------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Drop positions [p0, p1) of a sequence (-1 = open end)."""
+        if not 0 <= seq < self.spec.n_seq_max:
+            raise LLMError(f"seq_rm({seq}): sequence id out of range")
         C.llama_memory_seq_rm(self.mem, seq, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Let dst share src's cells [p0, p1): no copy of data in a unified cache."""
+        # llama.cpp aborts the process on a bad id; a Python error is recoverable.
+        if not (0 <= src < self.spec.n_seq_max and 0 <= dst < self.spec.n_seq_max):
+            raise LLMError(f"seq_cp({src}, {dst}): sequence id out of range")
         C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int) -> int:

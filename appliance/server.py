@@ -173,6 +173,11 @@ class App:
             raise NotFound("no such session (it may have expired)")
         return Response(status_code=204)
 
+    async def steps(self, request: Request) -> Response:
+        """Recent decode steps as [decode seqs, prefill seqs, prefill tokens], oldest first:
+        shows how prefill chunks and decode tokens share each step."""
+        return JSONResponse({"steps": [list(x) for x in list(self.engine.stats.step_log)]})
+
     async def prometheus(self, request: Request) -> Response:
         if self.metrics is None:
             raise NotFound("metrics are off")
@@ -217,6 +222,7 @@ def create_app(app_state: App) -> Starlette:
         Route("/health", app_state.health),
         Route("/v1/models", app_state.models),
         Route("/metrics", app_state.prometheus),
+        Route("/debug/steps", app_state.steps),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
         Route("/v1/sessions/{sid}", app_state.get_session, methods=["GET"]),
         Route("/v1/sessions/{sid}", app_state.delete_session, methods=["DELETE"]),

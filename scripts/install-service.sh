@@ -165,11 +165,13 @@ fi
 
 # ---- 2. code and venv in PREFIX ----
 python=${PYTHON:-/usr/bin/python3}
-command -v "$python" >/dev/null || die "no $python; install python3 (apt-get install -y python3 python3-venv) or set PYTHON"
+command -v "$python" >/dev/null \
+  || die "no $python: apt-get install -y python3 python3-venv, or set PYTHON"
 python_real=$(readlink -f "$(command -v "$python")")
 case $python_real in
   /home/*|/root/*|/tmp/*|/var/tmp/*)
-    die "$python is $python_real, which the service cannot see (ProtectHome/PrivateTmp); use a system Python, e.g. PYTHON=/usr/bin/python3" ;;
+    die "$python is $python_real, which the service cannot see (ProtectHome/PrivateTmp);" \
+        "use a system Python, e.g. PYTHON=/usr/bin/python3" ;;
 esac
 
 in_place=0
@@ -200,7 +202,8 @@ venv_home=$(sed -n 's/^home *= *//p' "$prefix/.venv/pyvenv.cfg" 2>/dev/null || t
 case $venv_home in
   /home/*|/root/*|/tmp/*|/var/tmp/*)
     if [ $in_place = 1 ]; then
-      die "$prefix/.venv is based on $venv_home, which the service cannot see; remove $prefix/.venv and re-run (it is rebuilt with $python), or install to /opt/appliance"
+      die "$prefix/.venv is based on $venv_home, which the service cannot see;" \
+          "remove $prefix/.venv and re-run (it is rebuilt with $python), or install to /opt/appliance"
     fi
     say "rebuilding $prefix/.venv (it was based on $venv_home)"
     rm -rf "$prefix/.venv" ;;
@@ -290,4 +293,5 @@ systemctl enable --quiet appliance
 systemctl restart appliance  # starts it, or restarts it onto the new code on an upgrade
 say "started; logs: journalctl -u appliance -f   status: systemctl status appliance"
 port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' <<<"$summary")
-say "chat page: http://$(hostname -I 2>/dev/null | awk '{print $1}' | grep . || echo localhost):${port:-8080}/ (ready once /health answers 200)"
+addr=$(hostname -I 2>/dev/null | awk '{print $1}')
+say "chat page: http://${addr:-localhost}:${port:-8080}/ (ready once /health answers 200)"

@@ -33,7 +33,8 @@ STATE = "/var/lib/appliance"
 # Every directive the unit uses, spelled right: the fallback check when systemd-analyze is
 # not installed (it would flag unknown keys itself).
 KNOWN = {
-    "Unit": {"Description", "Documentation", "After", "Wants", "StartLimitIntervalSec", "StartLimitBurst"},
+    "Unit": {"Description", "Documentation", "After", "Wants", "StartLimitIntervalSec",
+             "StartLimitBurst"},
     "Service": {
         "Type", "User", "Group", "ExecStart", "StateDirectory", "StateDirectoryMode",
         "ConfigurationDirectory", "WorkingDirectory", "Environment", "KillSignal",
@@ -50,9 +51,12 @@ KNOWN = {
 }
 
 
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+Unit = dict[str, dict[str, list[str]]]  # section -> key -> values in order
+
+
+def parse_unit(text: str) -> Unit:
     """systemd's syntax: [Section], Key=Value, repeatable keys, # and ; comments."""
-    sections: dict[str, dict[str, list[str]]] = {}
+    sections: Unit = {}
     current: dict[str, list[str]] | None = None
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -68,7 +72,7 @@ def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
     return sections
 
 
-def one(unit: dict[str, dict[str, list[str]]], section: str, key: str) -> str:
+def one(unit: Unit, section: str, key: str) -> str:
     values = unit[section].get(key)
     assert values is not None, f"[{section}] {key}= missing"
     assert len(values) == 1, f"[{section}] {key}= given {len(values)} times"
@@ -86,11 +90,11 @@ def install_output(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def unit() -> dict[str, dict[str, list[str]]]:
+def unit() -> Unit:
     return parse_unit(UNIT.read_text(encoding="utf-8"))
 
 
-def test_unit_hardening_and_paths(unit: dict[str, dict[str, list[str]]]) -> None:
+def test_unit_hardening_and_paths(unit: Unit) -> None:
     for section, keys in unit.items():
         unknown = set(keys) - KNOWN.get(section, set())
         assert not unknown, f"[{section}] unexpected directives {sorted(unknown)}"
@@ -101,8 +105,10 @@ def test_unit_hardening_and_paths(unit: dict[str, dict[str, list[str]]]) -> None
         "StateDirectory": "appliance", "ConfigurationDirectory": "appliance",
         "WorkingDirectory": STATE, "ReadWritePaths": STATE,
         "KillSignal": "SIGTERM", "TimeoutStopSec": "45", "Restart": "on-failure", "RestartSec": "5",
-        "UMask": "0077", "NoNewPrivileges": "yes", "CapabilityBoundingSet": "", "AmbientCapabilities": "",
-        "ProtectSystem": "strict", "ProtectHome": "true", "PrivateTmp": "yes", "PrivateDevices": "yes",
+        "UMask": "0077", "NoNewPrivileges": "yes",
+        "CapabilityBoundingSet": "", "AmbientCapabilities": "",
+        "ProtectSystem": "strict", "ProtectHome": "true",
+        "PrivateTmp": "yes", "PrivateDevices": "yes",
         "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
         "ProtectControlGroups": "yes", "ProtectClock": "yes", "ProtectHostname": "yes",
         "RestrictNamespaces": "yes", "RestrictRealtime": "yes", "RestrictSUIDSGID": "yes",
@@ -124,12 +130,12 @@ def test_unit_hardening_and_paths(unit: dict[str, dict[str, list[str]]]) -> None
     assert one(unit, "Install", "WantedBy") == "multi-user.target"
 
 
-def test_unit_stop_timeout_covers_grace_period(unit: dict[str, dict[str, list[str]]]) -> None:
+def test_unit_stop_timeout_covers_grace_period(unit: Unit) -> None:
     grace = config_mod.Config().grace_s
     assert float(one(unit, "Service", "TimeoutStopSec")) >= grace + 10
 
 
-def test_exec_start_is_the_console_script_the_venv_installs(unit: dict[str, dict[str, list[str]]]) -> None:
+def test_exec_start_is_the_console_script_the_venv_installs(unit: Unit) -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     binary, command = one(unit, "Service", "ExecStart").split()
     assert Path(binary).name in scripts and command == "serve"
@@ -185,8 +191,9 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
     assert m and float(m[1]) <= 2.0, r.stdout[-2000:]
     # The pristine unit differs only in the prefix; systemd must reject nothing else in it.
     r = run(analyze, "verify", "--man=no", UNIT)
+    missing_exe = f"Command {PREFIX}/.venv/bin/appliance is not executable"
     problems = [ln for ln in (r.stderr + r.stdout).splitlines()
-                if ln.strip() and f"Command {PREFIX}/.venv/bin/appliance is not executable" not in ln]
+                if ln.strip() and missing_exe not in ln]
     assert not problems, problems
 
 
@@ -242,7 +249,8 @@ def test_scripts_refuse_to_run_without_root(world_readable_dir: Path) -> None:
         assert setpriv, "setpriv is needed to drop root for this test"
         drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
     scripts_dir = world_readable_dir / "scripts"
-    scripts_dir.mkdir(mode=0o755)
+    scripts_dir.mkdir()
+    scripts_dir.chmod(0o755)
     for script, args in ((INSTALL, ["--no-start"]), (UNINSTALL, ["--purge"])):
         copy = scripts_dir / script.name
         shutil.copy(script, copy)
@@ -291,7 +299,7 @@ def test_raspberry_pi_suggestion_is_a_valid_config(tmp_path: Path) -> None:
 MDWE_CHILD = textwrap.dedent("""
     import ctypes, mmap, platform, struct, sys
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     # (mmap or mmap2, mprotect, pkey_mprotect) per architecture (Raspberry Pi OS: arm*).
     NR = {"x86_64": (9, 10, 329), "aarch64": (222, 226, 288),
           "armv7l": (192, 125, 394), "armv6l": (192, 125, 394)}[platform.machine()]
