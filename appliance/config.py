@@ -77,7 +77,7 @@ class Config:
     park_ram_mb: int = field(default=-1, metadata=_opt(
         "RAM for sessions parked out of the KV cache, MiB; -1 = a quarter of available memory, 0 = off",
         lambda v: None if v >= -1 else "must be >= -1"))
-    restore_min_tokens: int = field(default=32, metadata=_opt(
+    restore_min_tokens: int = field(default=8, metadata=_opt(
         "shorter parked histories are recomputed instead of restored, tokens", _non_negative))
     ageing_s: float = field(default=2.0, metadata=_opt(
         "a new conversation waiting this long ranks with continuing ones, s", _non_negative))

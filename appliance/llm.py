@@ -20,7 +20,8 @@ from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("llama.cpp")
-_LEVELS = {0: logging.CRITICAL, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last line.
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
 
 @C.llama_log_callback
@@ -217,7 +218,7 @@ class LLM:
         size = C.llama_state_seq_get_size(self.ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         n = C.llama_state_seq_get_data(self.ctx, buf, size, seq)
-        return bytes(buf[:n])
+        return bytes(memoryview(buf)[:n])  # buffer copy, not a list of ints
 
     def set_seq_state(self, seq: int, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
