@@ -9,7 +9,7 @@ hold idle conversations so that their next turn only prefills its new tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -33,11 +33,17 @@ class Entry:
     last_used: float
     busy: bool = False  # a running request owns the sequence
     parked: bytes | None = field(default=None, repr=False)  # llama_state_seq data in RAM
+    disk: Any = field(default=None, repr=False)  # persist.Saved: state left by the last run
     own_tokens: int = 0  # cells counted for this entry (prefix copied from others excluded)
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def stored(self) -> bool:
+        """Out of the KV cache but restorable: parked in RAM or saved on disk."""
+        return self.seq_id < 0 and (self.parked is not None or self.disk is not None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,9 @@ class Config:
         lambda v: None if v >= -1 else "must be >= -1"))
     restore_min_tokens: int = field(default=8, metadata=_opt(
         "shorter parked histories are recomputed instead of restored, tokens", _non_negative))
+    state_dir: str = field(default="state", metadata=_opt(
+        "where sessions are saved at shutdown and found after a restart; empty = off"))
+    state_max_mb: int = field(default=1024, metadata=_opt("disk budget for saved sessions, MiB", _non_negative))
     ageing_s: float = field(default=2.0, metadata=_opt(
         "a new conversation waiting this long ranks with continuing ones, s", _non_negative))
     max_per_client: int = field(default=0, metadata=_opt(

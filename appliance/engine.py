@@ -13,11 +13,13 @@ import logging
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import count
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from . import persist
 from .cache import Entry, SessionCache, common_prefix
 from .errors import ApplianceError, EngineFailure, KVCacheFull, QueueFull, Unavailable
 from .prompt import ChatTemplate, Prompt, build_prompt
@@ -34,6 +36,7 @@ class Model(Protocol):
     """What the engine needs from llm.LLM; unit tests supply a fake."""
 
     tokenizer: Any
+    fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
 
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None: ...
     def sample(self, sampler: Any, row: int) -> int: ...
@@ -61,6 +64,8 @@ class CachePolicy:
     park_bytes: int = 0  # RAM for sessions evicted from the KV cache; 0 = no parking
     restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
     min_shared: int = 8  # shortest prefix worth sharing between sequences
+    state_dir: str = ""  # where sessions survive a restart; "" = they do not
+    state_max_bytes: int = 1 << 30
 
 
 @dataclass(slots=True)
@@ -230,7 +235,8 @@ class Engine:
         e = self.cache.entries.get(session)
         if e is None:
             return None
-        state = "active" if e.busy else ("parked" if e.parked is not None else "cached")
+        state = ("active" if e.busy else "parked" if e.parked is not None else "saved" if e.disk is not None
+                 else "cached")
         return {"id": session, "state": state, "cached_tokens": e.n_tokens,
                 "parked_bytes": len(e.parked) if e.parked is not None else 0,
                 "idle_s": round(max(0.0, self.clock() - e.last_used), 3)}
@@ -261,6 +267,7 @@ class Engine:
             tok = self.model.tokenizer
             self.template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
             self._warm_up()
+            self._load_sessions()
         except Exception as e:  # noqa: BLE001 - reported through /health and the log
             log.exception("engine failed to start")
             self.load_error = str(e)
@@ -282,8 +289,47 @@ class Engine:
         finally:
             if self.state is not EngineState.FAILED:
                 self._fail_all(Unavailable("the server is shutting down"))
+                self._save_sessions()
                 self.state = EngineState.STOPPED
             self.model.close()
+
+    def _load_sessions(self) -> None:
+        """Sessions saved by the previous run come back as 'saved' entries, read from disk
+        only when their next turn arrives."""
+        if not self.policy.state_dir:
+            return
+        now = self.clock()
+        saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
+        for sv in saved:
+            e = Entry(sv.session, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s, disk=sv)
+            self.cache.entries[sv.session] = e
+        if saved:
+            log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
+
+    def _save_sessions(self) -> None:
+        if not self.policy.state_dir or self.model is None:
+            return
+        now = self.clock()
+        records = []
+        try:
+            for e in list(self.cache.entries.values()):
+                if e.busy:
+                    continue
+                if e.seq_id >= 0:
+                    data = self.model.seq_state(e.seq_id)
+                elif e.parked is not None:
+                    data = e.parked
+                elif e.disk is not None:
+                    data = persist.load(e.disk)
+                else:
+                    data = None
+                if data:
+                    records.append((e.session, e.tokens, e.shared_len, now - e.last_used, data))
+            n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
+                                 self.policy.state_max_bytes)
+            log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
+        except OSError as e:
+            log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
 
     def _warm_up(self) -> None:
         # The first decode allocates compute buffers and starts the thread pool; do it
@@ -358,7 +404,7 @@ class Engine:
             cache.stats.hits += 1
             return
         own = cache.entries.get(seq.session)
-        if own is not None and own.parked is not None and self._restore(seq, own):
+        if own is not None and own.stored and self._restore(seq, own):
             return
         donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
         if donor is not None:
@@ -389,7 +435,12 @@ class Engine:
         """Bring a parked session back into the KV cache, when cheaper than recomputing."""
         n = min(common_prefix(e.tokens, seq.prompt), len(seq.prompt) - 1)
         data = e.parked
+        if data is None and e.disk is not None and n >= max(1, self.policy.restore_min_tokens):
+            data = persist.load(e.disk)  # checksummed: a damaged file gives None, not a crash
+            e.disk = None
         if data is None or n < max(1, self.policy.restore_min_tokens):
+            if e.disk is not None:
+                e.disk.path.unlink(missing_ok=True)
             self.cache.drop(e.session)
             self.cache.stats.recomputed += 1
             return False
@@ -457,6 +508,8 @@ class Engine:
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)
+            if e.disk is not None:
+                e.disk.path.unlink(missing_ok=True)
 
     def _drop_session(self, session: str) -> None:
         e = self.cache.entries.get(session)
@@ -470,6 +523,8 @@ class Engine:
         self.cache.drop(session)
         if sid >= 0:
             self.model.seq_rm(sid)
+        if e.disk is not None:
+            e.disk.path.unlink(missing_ok=True)
 
     # -- the step ------------------------------------------------------------------------
     def _run_step(self, step: Step, events: Events) -> None:

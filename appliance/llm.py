@@ -162,6 +162,11 @@ class LLM:
         self.tokenizer = Tokenizer(self.model)
         self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
         self._batch = C.llama_batch_init(spec.n_batch, 0, 1)
+        desc = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.model, desc, len(desc))
+        # Saved sequence state is only valid for the same weights, llama.cpp and KV type.
+        self.fingerprint = (f"{desc.value.decode(errors='replace')}|{C.llama_model_n_params(self.model)}|"
+                            f"{C.llama_model_size(self.model)}|llama-cpp-python {C.__version__}|kv f16")
         self._cap = spec.n_batch
 
     # -- decoding ------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None) 
     n_seq = cfg.slots + cfg.cached_sessions
     park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else cpu.available_memory() // 4
     policy = CachePolicy(n_seq=n_seq, ttl_s=cfg.session_ttl_s, share_all=cfg.prefix_sharing == "all",
-                         park_bytes=park, restore_min_tokens=cfg.restore_min_tokens)
+                         park_bytes=park, restore_min_tokens=cfg.restore_min_tokens,
+                         state_dir=cfg.state_dir, state_max_bytes=cfg.state_max_mb * 2**20)
 
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp

@@ -218,3 +218,64 @@ def test_more_conversations_than_slots_keep_their_history(bundled_model: Path, t
         assert h["restored"] >= 3, h
     finally:
         assert live.stop() == 0
+
+
+def _two_turns_across_restart(model: Path, tmp: Path, damage: Any = None) -> tuple[dict[str, Any], Live]:
+    state = tmp / "state"
+    history = [SYSTEM, {"role": "user", "content": "Please remember the code word: pelican. Say OK."}]
+    live = start(model, tmp, "--state-dir", str(state))
+    live.wait_ready()
+    r1 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me"},
+                          json={"messages": history, "max_tokens": 10, "temperature": 0}).json()
+    assert live.stop() == 0
+    files = list(state.glob("*.kv"))
+    assert len(files) == 1 and "restart-me" not in files[0].name  # ids never become file names
+    if damage is not None:
+        damage(files[0])
+    history += [r1["choices"][0]["message"], {"role": "user", "content": "What was the code word?"}]
+    live = start(model, tmp, "--state-dir", str(state))
+    live.wait_ready()
+    r2 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me"},
+                          json={"messages": history, "max_tokens": 10, "temperature": 0})
+    assert r2.status_code == 200, r2.text
+    return {"turn1": r1["usage"], "turn2": r2.json()["usage"]}, live
+
+
+def test_restart_keeps_a_conversations_cache(bundled_model: Path, tmp_path: Path) -> None:
+    usage, live = _two_turns_across_restart(bundled_model, tmp_path)
+    try:
+        u1, u2 = usage["turn1"], usage["turn2"]
+        assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] + u1["completion_tokens"] - 1
+        assert live.health()["sessions"]["restored"] == 1
+    finally:
+        assert live.stop() == 0
+
+
+def test_truncated_state_file_is_discarded_cleanly(bundled_model: Path, tmp_path: Path) -> None:
+    def truncate(p: Path) -> None:
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2])
+
+    usage, live = _two_turns_across_restart(bundled_model, tmp_path, truncate)
+    try:
+        u2 = usage["turn2"]
+        # Nothing of the conversation was restored; it was recomputed and answered.
+        assert u2["prompt_tokens_details"]["cached_tokens"] == 0
+        assert "discarding session state" in live.log() and "truncated" in live.log()
+        assert live.health()["sessions"]["restored"] == 0
+    finally:
+        assert live.stop() == 0
+
+
+def test_corrupt_state_payload_is_discarded_cleanly(bundled_model: Path, tmp_path: Path) -> None:
+    def flip(p: Path) -> None:
+        data = bytearray(p.read_bytes())
+        data[-100] ^= 0xFF  # same size, damaged payload: only the checksum can tell
+        p.write_bytes(bytes(data))
+
+    usage, live = _two_turns_across_restart(bundled_model, tmp_path, flip)
+    try:
+        assert usage["turn2"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert "checksum mismatch" in live.log()
+    finally:
+        assert live.stop() == 0
