@@ -10,10 +10,11 @@ import argparse
 import asyncio
 import json
 import math
+import statistics
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -51,6 +52,18 @@ PROMPTS: tuple[str, ...] = (
     "Rewrite this sentence to be more formal: we gotta ship it by friday.",
 )
 
+# Turns 2..T of a conversation; short, so the growing history is mostly the model's answers.
+FOLLOW_UPS: tuple[str, ...] = (
+    "Can you say more?",
+    "Give me an example.",
+    "Summarise that in one line.",
+    "Why is that?",
+    "What would you do differently?",
+    "Explain it to a beginner.",
+    "Is there a simpler way?",
+    "What are the risks?",
+)
+
 _LONG_SENTENCES = (
     "The quarterly report covers revenue, costs and headcount across all regional offices.",
     "Several teams noted that the new ticketing process reduced response times noticeably.",
@@ -71,6 +84,8 @@ class Workload:
     max_tokens: int = 64
     temperature: float = 0.0
     long_prompt_tokens: int = 0  # 0 = no extra long-paste client
+    turns: int = 1  # > 1: each concurrent client is one user holding a conversation this long
+    think_s: float = 1.0  # a user's pause between reading an answer and sending the next turn
 
 
 @dataclass(slots=True)
@@ -82,6 +97,9 @@ class RequestResult:
     status: int = 0  # HTTP status, 0 = no response (connection error, timeout)
     token_times: list[float] = field(default_factory=list)  # each non-empty content chunk
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None  # from the usage chunk, when the server sends it
+    text: str = ""  # the streamed answer, sent back as history on the next turn
+    turn: int = 1  # 1-based position in its conversation
     done: bool = False  # saw `data: [DONE]`
     reason: str = ""  # why it failed; empty when it succeeded
 
@@ -158,8 +176,10 @@ class LevelResult:
     def requests_per_min(self) -> float:
         return len(self.completed) * 60.0 / self.wall_s if self.wall_s > 0 else 0.0
 
-    def ttfts(self) -> list[float]:
-        return [t for r in self.completed if (t := r.ttft) is not None]
+    def ttfts(self, later: bool | None = None) -> list[float]:
+        """later: None = every turn, False = turn 1 only, True = turns 2..T only."""
+        return [t for r in self.completed if (t := r.ttft) is not None
+                and (later is None or (r.turn > 1) == later)]
 
     def latencies(self) -> list[float]:
         return [r.t_end - r.t_start for r in self.completed]
@@ -167,9 +187,21 @@ class LevelResult:
     def itls(self) -> list[float]:
         return [g for r in self.completed for g in r.gaps]
 
+    def prompt_tokens_by_turn(self) -> list[float | None]:
+        """Mean usage.prompt_tokens of turn 1, 2, ...: shows how the history grows."""
+        by_turn: defaultdict[int, list[int]] = defaultdict(list)
+        for r in self.completed:
+            if r.prompt_tokens is not None:
+                by_turn[r.turn].append(r.prompt_tokens)
+        last = max((r.turn for r in self.results), default=0)
+        return [round(statistics.fmean(v), 1) if (v := by_turn[t]) else None
+                for t in range(1, last + 1)]
+
     def summary(self) -> dict[str, Any]:
         """Plain JSON-able numbers; latencies in ms, None where nothing was measured."""
         long_ttfts = [t for r in self.long_results if r.ok and (t := r.ttft) is not None]
+        by_turn = {f"{name}_ttft_ms_p{q}": _ms(percentile(self.ttfts(later), q))
+                   for name, later in (("turn1", False), ("later", True)) for q in (50, 95)}
         return {
             "label": self.label,
             "concurrency": self.concurrency,
@@ -191,6 +223,8 @@ class LevelResult:
             "itl_ms_p95_during_long": _ms(percentile(self.itl_during_long, 95)),
             "long_ttft_ms_p50": _ms(percentile(long_ttfts, 50)),
             "long_failed": sum(1 for r in self.long_results if not r.ok),
+            **by_turn,
+            "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
         }
 
 
@@ -216,6 +250,15 @@ def base_url(url: str) -> str:
     return url
 
 
+def fresh_system(system: str) -> str:
+    """A random tag up front, so no server can have this system prompt cached already."""
+    return f"[run {uuid.uuid4().hex[:8]}] {system}"
+
+
+def _opening(system: str, user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
 def long_document(n_tokens: int) -> str:
     # A fresh nonce up front defeats prefix caching, so every round pays the full prefill.
     parts = [f"Document {uuid.uuid4().hex}."]
@@ -239,16 +282,16 @@ async def resolve_model(url: str, timeout: float = 10.0) -> str:
 
 
 async def _request(
-    client: httpx.AsyncClient, endpoint: str, workload: Workload, user: str, timeout: float,
+    client: httpx.AsyncClient, endpoint: str, workload: Workload,
+    messages: list[dict[str, str]], timeout: float, session: str | None = None,
     first_token: asyncio.Event | None = None,
 ) -> RequestResult:
     body = {
         "model": workload.model, "stream": True, "stream_options": {"include_usage": True},
         "max_tokens": workload.max_tokens, "temperature": workload.temperature,
-        "messages": [{"role": "system", "content": workload.system},
-                     {"role": "user", "content": user}],
+        "messages": messages,
     }
-    headers = {"X-Session-Id": f"bench-{uuid.uuid4()}"}
+    headers = {"X-Session-Id": session or f"bench-{uuid.uuid4()}"}
     res = RequestResult(t_start=time.perf_counter())
     try:
         # httpx timeouts are per read; asyncio.timeout bounds the whole request.
@@ -297,6 +340,8 @@ async def _read_stream(
         if isinstance(usage := event.get("usage"), dict):
             if isinstance(n := usage.get("completion_tokens"), int):
                 res.usage_tokens = n
+            if isinstance(n := usage.get("prompt_tokens"), int):
+                res.prompt_tokens = n
         choices = event.get("choices")
         first = choices[0] if isinstance(choices, list) and choices else None
         delta = first.get("delta") if isinstance(first, dict) else None
@@ -304,6 +349,7 @@ async def _read_stream(
         # A role-only or empty delta is not a token: TTFT starts at the first visible text.
         if isinstance(content, str) and content:
             res.token_times.append(time.perf_counter())
+            res.text += content
             if first_token is not None:
                 first_token.set()
 
@@ -313,7 +359,14 @@ async def measure(
     label: str = "appliance", timeout: float = 300.0, arrival: Arrival = "together",
     stagger_s: float = STAGGER_S,
 ) -> LevelResult:
-    """Run `requests` streamed requests through `concurrency` closed-loop workers."""
+    """Run `requests` streamed requests through `concurrency` closed-loop workers.
+
+    With workload.turns > 1 `requests` is ignored: each worker is one user holding one
+    conversation of `turns` requests, and wall time includes the users' think time.
+    """
+    multi_turn = workload.turns > 1
+    if multi_turn:
+        requests = concurrency
     endpoint = base_url(url) + "/v1/chat/completions"
     limits = httpx.Limits(max_connections=concurrency + 2,
                           max_keepalive_connections=concurrency + 2)
@@ -324,6 +377,22 @@ async def measure(
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout, http2=False,
                                  trust_env=False) as client:
+        async def conversation(k: int) -> None:
+            # One session id for the whole conversation, so per-session caches can reuse it.
+            session = f"bench-{uuid.uuid4()}"
+            messages = _opening(workload.system, workload.prompts[k % len(workload.prompts)])
+            for turn in range(1, workload.turns + 1):
+                res = await _request(client, endpoint, workload, messages, timeout, session,
+                                     first_token)
+                res.turn = turn
+                results.append(res)
+                if not res.ok or turn == workload.turns:
+                    return  # done, or no answer to follow up on: this user gives up
+                await asyncio.sleep(workload.think_s)
+                follow_up = FOLLOW_UPS[(k + turn - 1) % len(FOLLOW_UPS)]
+                messages += [{"role": "assistant", "content": res.text},
+                             {"role": "user", "content": follow_up}]
+
         async def worker(i: int) -> None:
             nonlocal next_index
             await gate.wait()
@@ -331,16 +400,17 @@ async def measure(
                 await asyncio.sleep(i * stagger_s)
             while next_index < requests:
                 k, next_index = next_index, next_index + 1
-                prompt = workload.prompts[k % len(workload.prompts)]
-                results.append(await _request(client, endpoint, workload, prompt, timeout,
-                                              first_token))
+                await conversation(k)
+                if multi_turn:
+                    return  # one user, one conversation: no worker takes a second one
 
         async def long_client() -> None:
             # Paste once the short streams are decoding, so the prefill lands mid-output.
             await first_token.wait()
             doc = long_document(workload.long_prompt_tokens)
             prompt = "Summarise the following document in three sentences.\n\n" + doc
-            long_results.append(await _request(client, endpoint, workload, prompt, timeout))
+            long_results.append(await _request(client, endpoint, workload,
+                                               _opening(workload.system, prompt), timeout))
 
         workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
         paster = asyncio.create_task(long_client()) if workload.long_prompt_tokens else None
@@ -387,6 +457,13 @@ def _positive_float(text: str) -> float:
     return x
 
 
+def _non_negative_float(text: str) -> float:
+    x = float(text)
+    if not x >= 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return x
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--url", default="http://127.0.0.1:8080", help="server base URL (…/v1 also accepted)")
@@ -408,6 +485,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--arrival", choices=("together", "staggered"), default="together")
     a("--long-prompt-tokens", type=_positive_int, default=0, metavar="N",
       help="one extra client pastes a ~N-token document during each level")
+    a("--fresh-system", action="store_true",
+      help="tag the system prompt afresh per level, server and round: measures it uncached")
+    a("--turns", type=_positive_int, default=1,
+      help="> 1: each concurrent client is one user sending T turns of one growing "
+           "conversation (--requests is then ignored; a failed turn ends that conversation)")
+    a("--think-s", type=_non_negative_float, default=1.0,
+      help="seconds a user pauses between an answer and its next turn (default 1.0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -447,8 +531,9 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
                done: dict[int, dict[str, LevelResult]]) -> None:
     for lb, url in targets:
         models[lb] = args.model or await resolve_model(url)
-    base = Workload(system=args.system, max_tokens=args.max_tokens,
-                    temperature=args.temperature, long_prompt_tokens=args.long_prompt_tokens)
+    base = Workload(max_tokens=args.max_tokens, temperature=args.temperature,
+                    long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
+                    think_s=args.think_s)
     for c in args.concurrency:
         n = args.requests or max(2 * c, 8)
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
@@ -456,7 +541,8 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
             # Alternate who goes first so neither server always gets the cooler machine.
             order = targets if rnd % 2 == 0 else targets[::-1]
             for lb, url in order:
-                wl = replace(base, model=models[lb])
+                system = fresh_system(args.system) if args.fresh_system else args.system
+                wl = replace(base, model=models[lb], system=system)
                 parts[lb].append(await measure(url, c, n, wl, label=lb, timeout=args.timeout,
                                                arrival=args.arrival))
                 done[c] = {k: LevelResult.merge(v) for k, v in parts.items() if v}
@@ -467,10 +553,13 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def _ratios(level: dict[str, LevelResult], a: str, b: str) -> dict[str, float | None]:
-    """tokens/s a/b and TTFT p50 b/a: both > 1 when `a` is the better server."""
-    ttft_a, ttft_b = percentile(level[a].ttfts(), 50), percentile(level[b].ttfts(), 50)
+    """tokens/s a/b and TTFT p50 b/a (all turns, turns 2..T): all > 1 when `a` is better."""
+    def ttft(label: str, later: bool | None = None) -> float | None:
+        return percentile(level[label].ttfts(later), 50)
+
     return {"tokens_per_s": _ratio(level[a].tokens_per_s, level[b].tokens_per_s),
-            "ttft_p50": _ratio(ttft_b, ttft_a)}
+            "ttft_p50": _ratio(ttft(b), ttft(a)),
+            "later_ttft_p50": _ratio(ttft(b, True), ttft(a, True))}
 
 
 _COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5),
@@ -479,6 +568,12 @@ _COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5
             ("e2e50", "e2e_ms_p50", 8), ("e2e95", "e2e_ms_p95", 8),
             ("itl50", "itl_ms_p50", 7), ("itl95", "itl_ms_p95", 7),
             ("itl95@long", "itl_ms_p95_during_long", 11)]
+# Shown as a second table when a run had multi-turn conversations.
+_TURN_COLUMNS = [("ttft50@1", "turn1_ttft_ms_p50", 10), ("ttft95@1", "turn1_ttft_ms_p95", 10),
+                 ("ttft50@2+", "later_ttft_ms_p50", 11), ("ttft95@2+", "later_ttft_ms_p95", 11)]
+# Which _ratios entry the ratio row shows under which column.
+_RATIO_OF = {"tokens_per_s": "tokens_per_s", "ttft_ms_p50": "ttft_p50",
+             "later_ttft_ms_p50": "later_ttft_p50"}
 
 
 def _cell(v: Any, width: int) -> str:
@@ -487,31 +582,39 @@ def _cell(v: Any, width: int) -> str:
     return (f"{v:.1f}" if isinstance(v, float) else str(v)).rjust(width)
 
 
+def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
+           columns: list[tuple[str, str, int]], lw: int, note: str) -> list[str]:
+    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in columns)
+             + f"   ({note})"]
+    for c, level in done.items():
+        for lb in labels:
+            if lb in level:
+                s = level[lb].summary()
+                lines.append(f"{c:>4}  {lb.ljust(lw)}"
+                             + "".join(_cell(s[k], w) for _, k, w in columns))
+        if len(labels) == 2 and all(lb in level for lb in labels):
+            r = _ratios(level, *labels)
+            cells = "".join(f"{v:.2f}x".rjust(w) if (v := r.get(_RATIO_OF.get(k, ""))) is not None
+                            else " " * w for _, k, w in columns)
+            lines.append(f"{c:>4}  {'ratio'.ljust(lw)}{cells}".rstrip())
+    return lines
+
+
 def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> str:
     """Fixed-width table; latencies in ms. Ratio row: tok/s = A/B, ttft50 = B/A (>1 = A wins)."""
     lw = max(len(lb) for lb in labels + ["ratio"])
-    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in _COLUMNS)
-             + "   (times in ms)"]
-    notes: list[str] = []
-    for c, level in done.items():
-        for lb in labels:
-            if lb not in level:
-                continue
-            s = level[lb].summary()
-            cells = "".join(_cell(s[k], w) for _, k, w in _COLUMNS)
-            lines.append(f"{c:>4}  {lb.ljust(lw)}{cells}")
-            if s["failure_reasons"]:
-                why = ", ".join(f"{r} x{n}" for r, n in s["failure_reasons"].items())
-                notes.append(f"  c={c} {lb}: {why}")
-        if len(labels) == 2 and all(lb in level for lb in labels):
-            r = _ratios(level, *labels)
-            by_column = {"tokens_per_s": r["tokens_per_s"], "ttft_ms_p50": r["ttft_p50"]}
-            cells = "".join(f"{v:.2f}x".rjust(w) if (v := by_column.get(k)) is not None
-                            else " " * w for _, k, w in _COLUMNS)
-            lines.append(f"{c:>4}  {'ratio'.ljust(lw)}{cells}".rstrip())
+    lines = _table(done, labels, _COLUMNS, lw, "times in ms")
+    multi_turn = any(r.turn > 1 for level in done.values() for lv in level.values()
+                     for r in lv.results)
+    if multi_turn:
+        lines += [""] + _table(done, labels, _TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms")
     if len(labels) == 2:
+        later = f", ttft50@2+ = {labels[1]}/{labels[0]}" if multi_turn else ""
         lines.append(f"ratio: tok/s = {labels[0]}/{labels[1]}, "
-                     f"ttft50 = {labels[1]}/{labels[0]} (>1 = {labels[0]} is better)")
+                     f"ttft50 = {labels[1]}/{labels[0]}{later} (>1 = {labels[0]} is better)")
+    notes = [f"  c={c} {lb}: " + ", ".join(f"{r} x{n}" for r, n in why.items())
+             for c, level in done.items() for lb in labels
+             if lb in level and (why := level[lb].failure_reasons)]
     if notes:
         lines += ["failures:"] + notes
     return "\n".join(lines)
@@ -532,6 +635,8 @@ def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
         "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature,
                      "rounds": args.rounds, "arrival": args.arrival,
                      "long_prompt_tokens": args.long_prompt_tokens,
+                     "fresh_system": args.fresh_system, "turns": args.turns,
+                     "think_s": args.think_s,
                      "requests": args.requests, "timeout": args.timeout},
         "percentiles": "linear interpolation between closest ranks",
         "levels": levels,

@@ -144,7 +144,6 @@ class Engine:
         self._cv = threading.Condition()
         self._inbox: deque[Sequence | Callable[[], None]] = deque()
         self._n_queued = 0  # inbox + waiting, checked against max_queue at submit
-        self._deleted: set[str] = set()  # sessions deleted while a turn was running
         self._per_client: dict[str, int] = {}  # running + queued, under _cv
         self._next_ttl_check = 0.0
         self._stop = False
@@ -515,9 +514,12 @@ class Engine:
         e = self.cache.entries.get(session)
         if e is None:
             return
+        # Turns of this session running now must not re-cache it when they finish.
+        for s in self.sched.running:
+            if s.session == session:
+                s.no_cache = True
         if e.busy:
-            self._deleted.add(session)  # its running turn must not re-cache it
-            del self.cache.entries[session]
+            del self.cache.entries[session]  # its running turn owns the sequence id
             return
         sid = e.seq_id
         self.cache.drop(session)
@@ -639,10 +641,7 @@ class Engine:
         """A finished turn's KV stays as its session's cache entry, unless it failed or the
         session was deleted meanwhile."""
         cache = self.cache
-        if s.session in self._deleted:
-            self._deleted.discard(s.session)
-            keep = False
-        if keep:
+        if keep and not s.no_cache:
             tokens = (s.prompt + s.output)[:s.n_cached]
             replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied)
             if replaced is not None:

@@ -28,6 +28,7 @@ class Sequence:
     session: str = ""  # the conversation this turn belongs to (X-Session-Id)
     shared_len: int = 0  # leading prompt tokens other sessions may share (system prompt)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
+    no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache

@@ -9,6 +9,7 @@ import re
 import socket
 import threading
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
     # One engine lock, like a single-batch CPU server: a long prefill holds it and every
     # other stream's next token waits, which is exactly what --long-prompt-tokens measures.
     engine = asyncio.Lock()
-    seen: dict[str, list] = {"session_ids": [], "bodies": []}
+    # Every request received, and the text streamed back, so tests can check the history.
+    seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": []}
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
@@ -49,6 +51,11 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
         seen["session_ids"].append(request.headers.get("x-session-id", ""))
         seen["bodies"].append(body)
         is_long = len(body["messages"][-1]["content"]) > 2000
+        # A reply unique to this request, so a resent history shows whose answer it holds.
+        n = len(seen["bodies"])
+        pieces = [f"r{n}t{i} " for i in range(NUM_CHUNKS)]
+        seen["replies"].append("".join(pieces))
+        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // bench.CHARS_PER_TOKEN
 
         async def events() -> AsyncIterator[str]:
             yield _chunk({"role": "assistant", "content": ""})  # must not count as a token
@@ -57,15 +64,16 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
                 async with engine:
                     await asyncio.sleep(LONG_PREFILL_S)
             await asyncio.sleep(first_s)
-            for i in range(NUM_CHUNKS):
+            for i, piece in enumerate(pieces):
                 if i:
                     await asyncio.sleep(gap_s)
                 async with engine:
-                    yield _chunk({"content": f"tok{i} "})
+                    yield _chunk({"content": piece})
                 yield ": keep-alive\n\n"
             yield _chunk({"content": None})
-            yield _chunk({}, usage={"prompt_tokens": 20, "completion_tokens": USAGE_TOKENS,
-                                    "total_tokens": 20 + USAGE_TOKENS})
+            yield _chunk({}, usage={"prompt_tokens": prompt_tokens,
+                                    "completion_tokens": USAGE_TOKENS,
+                                    "total_tokens": prompt_tokens + USAGE_TOKENS})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -135,8 +143,9 @@ def slow() -> Iterator[FakeServer]:
 
 
 def _measure(url: str, concurrency: int, requests: int, long_prompt_tokens: int = 0,
-             arrival: bench.Arrival = "together", stagger_s: float = 0.0) -> bench.LevelResult:
-    workload = bench.Workload(model="fake-model", max_tokens=16,
+             arrival: bench.Arrival = "together", stagger_s: float = 0.0, turns: int = 1,
+             think_s: float = 0.0) -> bench.LevelResult:
+    workload = bench.Workload(model="fake-model", max_tokens=16, turns=turns, think_s=think_s,
                               long_prompt_tokens=long_prompt_tokens)
     return asyncio.run(bench.measure(url, concurrency, requests, workload, timeout=10,
                                      arrival=arrival, stagger_s=stagger_s))
@@ -218,18 +227,19 @@ def test_staggered_arrival_completes(fast: FakeServer) -> None:
     assert len(level.completed) == 6
 
 
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.run(parser.parse_args(argv))
+
+
 def test_run_compare_prints_table_and_writes_json(
     fast: FakeServer, slow: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
     out_path = tmp_path / "bench.json"
-    args = parser.parse_args([
-        "--url", fast.url, "--compare", slow.url + "/v1", "--label", "ours",
-        "--compare-label", "theirs", "--concurrency", "1,2", "--requests", "2",
-        "--rounds", "2", "--max-tokens", "8", "--json", str(out_path),
-    ])
-    assert bench.run(args) == 0
+    assert _run("--url", fast.url, "--compare", slow.url + "/v1", "--label", "ours",
+                "--compare-label", "theirs", "--concurrency", "1,2", "--requests", "2",
+                "--rounds", "2", "--max-tokens", "8", "--json", str(out_path)) == 0
     out = capsys.readouterr().out
     assert "ours" in out and "theirs" in out and "ratio" in out
     assert len(re.findall(r"\d+\.\d\dx", out)) == 4  # tok/s and TTFT ratio cells per level
@@ -248,13 +258,94 @@ def test_run_compare_prints_table_and_writes_json(
 def test_run_returns_nonzero_when_nothing_completes(
     fast: FakeServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(["--url", fast.url + "/busy", "--concurrency", "1",
-                              "--requests", "2", "--model", "m"])
-    assert bench.run(args) == 1
+    assert _run("--url", fast.url + "/busy", "--concurrency", "1", "--requests", "2",
+                "--model", "m") == 1
     out = capsys.readouterr().out
     assert "http 429 x2" in out
+
+
+def test_fresh_system_per_level_server_and_round(
+    fast: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeServer(FAST_FIRST_S, FAST_GAP_S) as peer:
+        starts = {fast: len(fast.seen["bodies"]), peer: 0}
+        assert _run("--url", fast.url, "--compare", peer.url, "--concurrency", "1,2",
+                    "--requests", "2", "--rounds", "2", "--max-tokens", "8",
+                    "--fresh-system") == 0
+        systems = {server: [b["messages"][0]["content"] for b in server.seen["bodies"][start:]]
+                   for server, start in starts.items()}
+    per_run: list[str] = []
+    for seen in systems.values():
+        # Levels and rounds run one after another: (c=1, r0), (c=1, r1), (c=2, r0), (c=2, r1).
+        assert len(seen) == 8
+        for i in range(0, 8, 2):
+            assert seen[i] == seen[i + 1]  # requests of one level share the prompt
+            assert seen[i].startswith("[run ") and seen[i].endswith(bench.DEFAULT_SYSTEM)
+            per_run.append(seen[i])
+    assert len(set(per_run)) == 8  # every level, round and server got a fresh one
+
+
+def test_multi_turn_conversations(
+    fast: FakeServer, slow: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start, slow_start = len(fast.seen["bodies"]), len(slow.seen["bodies"])
+    out_path = tmp_path / "bench.json"
+    assert _run("--url", fast.url, "--compare", slow.url, "--concurrency", "2",
+                "--turns", "3", "--think-s", "0", "--requests", "50", "--max-tokens", "8",
+                "--json", str(out_path)) == 0
+    assert len(slow.seen["bodies"]) - slow_start == 6
+    bodies, replies = fast.seen["bodies"][start:], fast.seen["replies"][start:]
+    assert len(bodies) == 6  # 2 users x 3 turns; --requests is ignored
+    conversations: defaultdict[str, list[tuple[dict, str]]] = defaultdict(list)
+    for session, body, reply in zip(fast.seen["session_ids"][start:], bodies, replies):
+        conversations[session].append((body, reply))
+    assert len(conversations) == 2 and all(s.startswith("bench-") for s in conversations)
+    for turns in conversations.values():
+        assert len(turns) == 3
+        for k, (body, _) in enumerate(turns, 1):
+            messages = body["messages"]
+            assert [m["role"] for m in messages] == \
+                ["system"] + ["user", "assistant"] * (k - 1) + ["user"]
+            assert messages[0]["content"] == bench.DEFAULT_SYSTEM
+            # The history holds the answers this user actually received, in order.
+            assert [m["content"] for m in messages if m["role"] == "assistant"] == \
+                [reply for _, reply in turns[:k - 1]]
+            assert all(m["content"] in bench.FOLLOW_UPS for m in messages[3::2])
+            if k > 1:
+                assert messages[:-2] == turns[k - 2][0]["messages"]
+
+    out = capsys.readouterr().out
+    assert "ttft50@2+" in out
+    assert len(re.findall(r"\d+\.\d\dx", out)) == 3  # tok/s, TTFT, later-turn TTFT ratios
+    report = json.loads(out_path.read_text())
+    assert report["settings"]["turns"] == 3 and report["settings"]["think_s"] == 0.0
+    (level,) = report["levels"]
+    ours, peer = level["results"]["appliance"], level["results"]["peer"]
+    for s in (ours, peer):
+        assert s["requests"] == s["completed"] == 6
+        assert s["turn1_ttft_ms_p50"] <= s["turn1_ttft_ms_p95"]
+        assert s["later_ttft_ms_p50"] <= s["later_ttft_ms_p95"]
+        first, second, third = s["prompt_tokens_by_turn"]
+        assert first < second < third  # the history grows every turn
+    assert peer["later_ttft_ms_p50"] > ours["later_ttft_ms_p50"]
+    assert level["ratio"]["later_ttft_p50"] > 1
+
+
+def test_turns_record_turn_and_think_time(fast: FakeServer) -> None:
+    think_s = 0.05
+    level = _measure(fast.url, 1, 9, turns=2, think_s=think_s)
+    first, second = level.results
+    assert (first.turn, second.turn) == (1, 2) and first.ok and second.ok
+    assert second.t_start - first.t_end >= think_s
+    assert first.prompt_tokens is not None and second.prompt_tokens is not None
+    assert first.prompt_tokens < second.prompt_tokens
+    assert level.summary()["later_ttft_ms_p50"] is not None
+
+
+def test_failed_turn_ends_the_conversation(fast: FakeServer) -> None:
+    level = _measure(fast.url + "/busy", 2, 9, turns=3)
+    assert len(level.results) == 2 and level.num_rejected == 2
+    assert all(r.turn == 1 for r in level.results)
 
 
 def test_percentile_linear_interpolation() -> None:
