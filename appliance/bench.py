@@ -601,7 +601,7 @@ def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
 
 
 def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> str:
-    """Fixed-width table; latencies in ms. Ratio row: tok/s = A/B, ttft50 = B/A (>1 = A wins)."""
+    """Fixed-width tables (per turn too if multi-turn); ratio rows are >1 when A is better."""
     lw = max(len(lb) for lb in labels + ["ratio"])
     lines = _table(done, labels, _COLUMNS, lw, "times in ms")
     multi_turn = any(r.turn > 1 for level in done.values() for lv in level.values()
