@@ -22,6 +22,7 @@ class Limits:
     batch_tokens: int  # tokens per llama_decode call
     kv_tokens: int  # KV cells shared by all running sequences
     ctx_limit: int  # tokens (prompt + output) one sequence may hold
+    prefill_chunk: int = 0  # prompt tokens per step while others stream (0 = batch_tokens)
     max_wait_s: float = 0.03  # admission window when idle
     min_batch: int = 0  # close the window once this many wait (0 = slots)
     max_queue: int = 64
@@ -128,6 +129,10 @@ class Scheduler:
             if s.state is State.DECODE:
                 step.decode.append(s)
         budget = self.limits.batch_tokens - len(step.decode)
+        if step.decode and self.limits.prefill_chunk:
+            # Streams are waiting on this step: a smaller prompt chunk keeps their
+            # inter-token latency low; with nobody streaming, prefill at full speed.
+            budget = min(budget, self.limits.prefill_chunk)
         # Short prompts first keeps time-to-first-token low for short questions; a long
         # paste still advances whenever budget is left.
         # A follower waits while its leader computes the prompt prefix they share.

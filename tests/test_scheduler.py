@@ -245,3 +245,20 @@ def test_ageing_bounds_how_often_a_request_is_overtaken() -> None:
     assert current is victim
     # Only continuing requests that arrived within ageing_s after the victim can pass it.
     assert overtaken <= int(ageing / 0.1) + 1
+
+
+def test_prefill_chunk_is_smaller_while_streams_wait() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=64, prefill_chunk=10, max_wait_s=0.0)
+    long = seq(clock, n_prompt=300)
+    s.add(long)
+    s.admit()
+    assert s.schedule().prefill == [(long, 64)]  # nobody streaming: full batch
+    run_step(s)
+    short = seq(clock, n_prompt=2)
+    s.add(short)
+    s.admit()
+    run_step(s)  # short: 2 tokens, long: 62 more
+    assert short.state is State.DECODE
+    step = s.schedule()
+    assert step.decode == [short] and step.prefill == [(long, 10)]
