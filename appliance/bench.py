@@ -221,6 +221,8 @@ class LevelResult:
             "itl_ms_p50": _ms(percentile(self.itls(), 50)),
             "itl_ms_p95": _ms(percentile(self.itls(), 95)),
             "itl_ms_p95_during_long": _ms(percentile(self.itl_during_long, 95)),
+            # p95 hides a server that stalls every stream once for seconds: show the worst gap.
+            "itl_ms_max_during_long": _ms(max(self.itl_during_long, default=None)),
             "long_ttft_ms_p50": _ms(percentile(long_ttfts, 50)),
             "long_failed": sum(1 for r in self.long_results if not r.ok),
             **by_turn,
@@ -567,7 +569,7 @@ _COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5
             ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8),
             ("e2e50", "e2e_ms_p50", 8), ("e2e95", "e2e_ms_p95", 8),
             ("itl50", "itl_ms_p50", 7), ("itl95", "itl_ms_p95", 7),
-            ("itl95@long", "itl_ms_p95_during_long", 11)]
+            ("itl95@long", "itl_ms_p95_during_long", 11), ("itlmax@long", "itl_ms_max_during_long", 12)]
 # Shown as a second table when a run had multi-turn conversations.
 _TURN_COLUMNS = [("ttft50@1", "turn1_ttft_ms_p50", 10), ("ttft95@1", "turn1_ttft_ms_p95", 10),
                  ("ttft50@2+", "later_ttft_ms_p50", 11), ("ttft95@2+", "later_ttft_ms_p95", 11)]

@@ -65,7 +65,7 @@ class Config:
     repack: str = field(default="auto", metadata=_opt(
         "llama.cpp weight repacking (extra buffer types); auto = off where AMX is advertised", _one_of("auto", "on", "off")))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
-    prefill_chunk: int = field(default=128, metadata=_opt(
+    prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
     max_wait_ms: int = field(default=30, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
