@@ -93,8 +93,8 @@ def test_long_paste_never_stalls_a_generating_stream(big: Live) -> None:
     steps = big.client.get("/debug/steps").json()["steps"][before:]
     t.join(120)
     assert events[-1] == "[DONE]"
-    long_steps = [s for s in steps if s[2] >= 200]  # steps carrying a chunk of the paste
-    assert len(long_steps) >= 5
+    long_steps = [s for s in steps if s[2] >= 40]  # steps carrying a chunk of the paste
+    assert sum(s[2] for s in long_steps) >= 2500
     # Every one of them also advanced the stream that was already generating.
     assert all(decode >= 1 for decode, _, _ in long_steps), long_steps
 
@@ -127,8 +127,10 @@ def test_queued_stream_hears_its_position(bundled_model: Path, tmp_path: Path) -
     live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0")
     try:
         live.wait_ready()
+        # A ~3,000-token prompt holds the only slot for many seconds, whatever the model says.
+        paste = "The quarterly report covers revenue, costs and staffing in detail. " * 250
         hold = threading.Thread(target=lambda: live.chat(
-            [{"role": "user", "content": "Count from 1 to 100."}], max_tokens=120))
+            [{"role": "user", "content": paste + "Summarise."}], max_tokens=5))
         hold.start()
         time.sleep(0.5)
         comments, data = [], []
