@@ -178,6 +178,11 @@
   els.stop.addEventListener('click', () => { if (busy) busy.abort(); if (finePointer) els.input.focus(); });
   els.newChat.addEventListener('click', () => {
     if (busy) busy.abort();
+    // The old conversation is gone from this page: free its KV cache on the server now
+    // instead of waiting for its TTL. Best effort; 404 (already expired) is fine.
+    if (conv.messages.length) {
+      fetch('v1/sessions/' + encodeURIComponent(conv.id), { method: 'DELETE' }).catch(() => {});
+    }
     conv = { id: newId(), messages: [] };
     saveConv();
     renderAll();
