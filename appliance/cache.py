@@ -123,6 +123,11 @@ class SessionCache:
         cells the caller must clear; its id is free again."""
         old = self.entries.get(session)
         replaced = None
+        if old is not None and old.disk is not None:
+            try:
+                old.disk.path.unlink(missing_ok=True)  # superseded by this turn
+            except OSError:
+                pass  # a stale file is replaced at the next shutdown anyway
         if old is not None and old.seq_id not in (-1, seq_id) and not old.busy:
             replaced = old.seq_id
             self.release_id(old.seq_id)
@@ -137,13 +142,15 @@ class SessionCache:
         return e
 
     # -- eviction ------------------------------------------------------------------------
+    # list() before iterating: /health and /metrics read these from the event loop thread
+    # while the engine thread changes the dict; list() copies it atomically under the GIL.
     @property
     def cached_tokens(self) -> int:
-        return sum(e.own_tokens for e in self.entries.values() if e.seq_id >= 0 and not e.busy)
+        return sum(e.own_tokens for e in list(self.entries.values()) if e.seq_id >= 0 and not e.busy)
 
     @property
     def parked_bytes(self) -> int:
-        return sum(len(e.parked) for e in self.entries.values() if e.parked is not None)
+        return sum(len(p) for e in list(self.entries.values()) if (p := e.parked) is not None)
 
     def idle_lru(self) -> list[Entry]:
         return sorted((e for e in self.entries.values() if e.seq_id >= 0 and not e.busy),

@@ -43,6 +43,7 @@ class Model(Protocol):
     def new_sampler(self, params: SamplingParams) -> Any: ...
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_pos_max(self, seq: int) -> int: ...
     def seq_state(self, seq: int) -> bytes: ...
     def set_seq_state(self, seq: int, data: bytes) -> bool: ...
     def close(self) -> None: ...
@@ -123,10 +124,12 @@ class Engine:
         pin: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         metrics: Any = None,
+        on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
         self._factory = model_factory
         self._pin = pin
         self.metrics = metrics  # metrics.Metrics or None; observed from this thread
+        self.on_fatal = on_fatal
         self.limits = limits
         self.policy = cache or CachePolicy(n_seq=limits.slots + 1)
         assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
@@ -147,6 +150,7 @@ class Engine:
         self._per_client: dict[str, int] = {}  # running + queued, under _cv
         self._next_ttl_check = 0.0
         self._stop = False
+        self._closed = False  # set under _cv when the engine stops taking requests
         self._ids = count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
@@ -198,6 +202,8 @@ class Engine:
                        client=client, session=session or f"anon-{rid}", shared_len=shared)
         handle = Handle(self, seq)
         with self._cv:
+            if self._closed:
+                raise Unavailable("the server is shutting down", retry_after=10)
             if self._n_queued >= self.limits.max_queue:
                 if self.metrics:
                     self.metrics.rejected.labels("queue_full").inc()
@@ -224,7 +230,7 @@ class Engine:
         """1-based place in the queue (0 once admitted); a racy read, for `: queued N`."""
         if seq.state is not State.WAITING:
             return 0
-        for i, s in enumerate(self.sched.waiting):
+        for i, s in enumerate(list(self.sched.waiting)):  # list(): a C-level copy, atomic
             if s is seq:
                 return i + 1
         return len(self.sched.waiting) + 1  # still in the inbox
@@ -234,10 +240,11 @@ class Engine:
         e = self.cache.entries.get(session)
         if e is None:
             return None
-        state = ("active" if e.busy else "parked" if e.parked is not None else "saved" if e.disk is not None
+        parked = e.parked  # read once: the engine may restore it meanwhile
+        state = ("active" if e.busy else "parked" if parked is not None else "saved" if e.disk is not None
                  else "cached")
         return {"id": session, "state": state, "cached_tokens": e.n_tokens,
-                "parked_bytes": len(e.parked) if e.parked is not None else 0,
+                "parked_bytes": len(parked) if parked is not None else 0,
                 "idle_s": round(max(0.0, self.clock() - e.last_used), 3)}
 
     def delete_session(self, session: str) -> bool:
@@ -272,6 +279,7 @@ class Engine:
             self.load_error = str(e)
             self.state = EngineState.FAILED
             self.ready.set()
+            self.on_fatal()
             return
         self.state = EngineState.READY
         self.ready.set()
@@ -285,6 +293,7 @@ class Engine:
             self.load_error = f"engine crashed: {e}"
             self.state = EngineState.FAILED
             self._fail_all(EngineFailure("the engine stopped unexpectedly"))
+            self.on_fatal()  # let the process exit non-zero so a supervisor restarts it
         finally:
             if self.state is not EngineState.FAILED:
                 self._fail_all(Unavailable("the server is shutting down"))
@@ -360,17 +369,23 @@ class Engine:
                         self._n_queued -= 1
                 self._finished(seq, events, "queue_timeout" if err else "cancelled", err)
             admitted = self.sched.admit()
+            if admitted:
+                # Room first (their reservations now count), so a restore finds free cells.
+                self._make_room()
             for seq in admitted:
                 with self._cv:
                     self._n_queued -= 1
                 if self.metrics:
                     self.metrics.queue_wait.observe(seq.admitted_at - seq.arrival)
-                self._attach(seq)
-                seq.sampler = self.model.new_sampler(seq.params)
+                try:
+                    self._attach(seq)
+                    seq.sampler = self.model.new_sampler(seq.params)
+                except Exception as e:  # noqa: BLE001 - fail this request, keep serving
+                    log.exception("could not start request %d", seq.rid)
+                    self._finished(seq, events, "error", EngineFailure(f"could not start the request: {e}"))
+                    continue
                 seq.text = TextStream(seq.params.stop)
                 self.stats.prompt_tokens_received += seq.n_prompt
-            if admitted:
-                self._make_room()
             self._resolve_followers()
             step = self.sched.schedule()
             if step.n_seqs:
@@ -400,11 +415,16 @@ class Engine:
             cache.take(e)
             model.seq_rm(e.seq_id, m.n_common, -1)  # an edited history keeps what still matches
             seq.seq_id, seq.n_cached, seq.n_reused = e.seq_id, m.n_common, m.n_common
+            # Cells this entry shares with the sequence it copied from stay not-its-own.
+            seq.copied = min(e.n_tokens - e.own_tokens, m.n_common)
             cache.stats.hits += 1
             return
         own = cache.entries.get(seq.session)
-        if own is not None and own.stored and self._restore(seq, own):
-            return
+        if own is not None and own.stored:
+            if self._restore(seq, own):
+                return
+            # Restoring may have evicted the donor found above: look again.
+            m = cache.match(seq.session, seq.prompt, seq.shared_len)
         donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
         if donor is not None:
             donor.busy = True  # pinned: making room for our id must not evict the donor
@@ -438,16 +458,21 @@ class Engine:
             data = persist.load(e.disk)  # checksummed: a damaged file gives None, not a crash
             e.disk = None
         if data is None or n < max(1, self.policy.restore_min_tokens):
-            if e.disk is not None:
-                e.disk.path.unlink(missing_ok=True)
+            _forget(e.disk)
             self.cache.drop(e.session)
             self.cache.stats.recomputed += 1
             return False
         sid = self._alloc_id()
-        try:
-            ok = self.model.set_seq_state(sid, data)
-        except KVCacheFull:
-            ok = False
+        while True:
+            try:
+                ok = self.model.set_seq_state(sid, data)
+            except KVCacheFull:
+                ok = False
+            idle = self.cache.idle_lru()
+            if ok or not idle:
+                break
+            self.model.seq_rm(sid)
+            self._evict(idle[0])  # no free cells: make room and try again
         if not ok:
             log.warning("session %s: could not restore parked state; recomputing", e.session)
             self.model.seq_rm(sid)
@@ -507,8 +532,7 @@ class Engine:
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)
-            if e.disk is not None:
-                e.disk.path.unlink(missing_ok=True)
+            _forget(e.disk)
 
     def _drop_session(self, session: str) -> None:
         e = self.cache.entries.get(session)
@@ -525,8 +549,7 @@ class Engine:
         self.cache.drop(session)
         if sid >= 0:
             self.model.seq_rm(sid)
-        if e.disk is not None:
-            e.disk.path.unlink(missing_ok=True)
+        _forget(e.disk)
 
     # -- the step ------------------------------------------------------------------------
     def _run_step(self, step: Step, events: Events) -> None:
@@ -566,7 +589,11 @@ class Engine:
             log.error("decode of %d tokens failed: %s", len(tokens), e)
             err = (Unavailable("the KV cache is full; try again shortly", retry_after=5)
                    if isinstance(e, KVCacheFull) else EngineFailure(f"decoding failed: {e}"))
-            for s in {*step.decode, *(s for s, _ in step.prefill)}:
+            involved = [*step.decode, *(s for s, _ in step.prefill)]
+            # If only some sequences are inconsistent with the cache, fail just those: the
+            # others go again next step instead of every user losing their answer.
+            broken = [s for s in involved if self.model.seq_pos_max(s.seq_id) != s.n_cached - 1]
+            for s in broken or involved:
                 self._finished(s, events, "error", err)
             return
         st = self.stats
@@ -657,6 +684,7 @@ class Engine:
     def _fail_all(self, error: ApplianceError) -> None:
         events: Events = []
         with self._cv:
+            self._closed = True  # submit() checks this under the same lock: nothing slips in
             pending = [s for s in self._inbox if isinstance(s, Sequence)]
             self._inbox.clear()
         for s in pending + list(self.sched.waiting) + list(self.sched.running):
@@ -676,3 +704,11 @@ class Engine:
 def _deliver(events: Events) -> None:
     for sink, ev in events:
         sink(ev)
+
+
+def _forget(saved: persist.Saved | None) -> None:
+    if saved is not None:
+        try:
+            saved.path.unlink(missing_ok=True)
+        except OSError as e:  # a stale file is harmless; a crashed engine is not
+            log.warning("could not remove %s: %s", saved.path, e)

@@ -48,13 +48,14 @@ class _EngineCollector(Collector):
         e = self.engine
         st, cache = e.stats, e.cache
         running = len(e.sched.running)
+        entries = list(cache.entries.values())  # atomic copy: the engine thread mutates the dict
         yield _gauge("appliance_queue_depth", "Requests waiting for a slot", len(e.sched.waiting))
         yield _gauge("appliance_slots_active", "Slots running a request", running)
         yield _gauge("appliance_slots_idle", "Free slots", e.limits.slots - running)
         yield _gauge("appliance_sessions_cached", "Idle sessions holding KV cache",
-                     sum(1 for x in cache.entries.values() if x.seq_id >= 0 and not x.busy))
+                     sum(1 for x in entries if x.seq_id >= 0 and not x.busy))
         yield _gauge("appliance_sessions_parked", "Sessions parked in RAM",
-                     sum(1 for x in cache.entries.values() if x.parked is not None))
+                     sum(1 for x in entries if x.parked is not None))
         yield _gauge("appliance_parked_bytes", "RAM used by parked sessions", cache.parked_bytes)
         yield _counter("appliance_prompt_tokens_received", "Prompt tokens in admitted requests",
                        st.prompt_tokens_received)

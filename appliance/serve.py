@@ -12,7 +12,7 @@ import uvicorn
 
 from . import cpu
 from .config import Config
-from .engine import CachePolicy, Engine
+from .engine import CachePolicy, Engine, EngineState
 from .metrics import Metrics
 from .openai_api import ServerLimits
 from .scheduler import Limits
@@ -21,7 +21,8 @@ from .server import App, create_app
 log = logging.getLogger(__name__)
 
 
-def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None) -> Engine:
+def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
+                 on_fatal: Any = lambda: None) -> Engine:
     cpus = cpu.choose_cpus(cfg)
     threads = cpu.choose_threads(cfg, cpus)
     repack = cpu.use_repack(cfg)
@@ -46,7 +47,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None) 
         return LLM(model_path, spec)
 
     return Engine(load, limits, policy, request_timeout_s=cfg.request_timeout_s,
-                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics)
+                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal)
 
 
 class _Server(uvicorn.Server):
@@ -58,6 +59,11 @@ class _Server(uvicorn.Server):
         self.engine = engine
         self.grace_s = grace_s
         self._draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._draining:
@@ -77,7 +83,15 @@ class _Server(uvicorn.Server):
 
 def serve(cfg: Config, model_path: Path) -> int:
     metrics = Metrics()
-    engine = build_engine(cfg, model_path, metrics)
+    server: _Server | None = None
+
+    def fatal() -> None:
+        # Called from the engine thread: a dead engine means a useless server, so exit
+        # (non-zero) and let systemd restart us rather than answer 503 forever.
+        if server is not None and server.loop is not None:
+            server.loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+    engine = build_engine(cfg, model_path, metrics, fatal)
     metrics.attach(engine)
     limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
                           ctx_limit=cfg.ctx_per_slot)
@@ -87,4 +101,4 @@ def serve(cfg: Config, model_path: Path) -> int:
                           timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
     server = _Server(ucfg, engine, cfg.grace_s)
     server.run()
-    return 0
+    return 1 if engine.state is EngineState.FAILED else 0

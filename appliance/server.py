@@ -57,6 +57,7 @@ class App:
             body["error"] = e.load_error
         if e.state in (EngineState.READY, EngineState.DRAINING):
             running = len(e.sched.running)
+            entries = list(e.cache.entries.values())  # atomic copy; the engine thread mutates it
             body.update({
                 "model": self.model_id,
                 "slots": {"total": e.limits.slots, "busy": running, "idle": e.limits.slots - running},
@@ -70,8 +71,8 @@ class App:
                     "finished": dict(e.stats.finished),
                 },
                 "sessions": {
-                    "cached": sum(1 for x in e.cache.entries.values() if x.seq_id >= 0),
-                    "parked": sum(1 for x in e.cache.entries.values() if x.parked is not None),
+                    "cached": sum(1 for x in entries if x.seq_id >= 0),
+                    "parked": sum(1 for x in entries if x.parked is not None),
                     "parked_bytes": e.cache.parked_bytes,
                     **dataclasses.asdict(e.cache.stats),
                 },

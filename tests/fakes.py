@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from appliance.errors import KVCacheFull
 from appliance.sampling import SamplingParams
 
 EOS = 0
@@ -65,6 +66,8 @@ class FakeModel:
     gate: threading.Event | None = None
     delay: float = 0.0  # seconds per decode call, like a real (slow) model
     copies: list[tuple[int, int, int]] = field(default_factory=list)
+    capacity: int = 0  # KV cells (distinct positions over all sequences); 0 = unlimited
+    fail_restore: bool = False
     closed: bool = False
 
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None:
@@ -75,6 +78,8 @@ class FakeModel:
         self.calls.append((list(tokens), list(pos), list(seq), list(logits)))
         if len(self.calls) - 1 == self.fail_on_call:
             raise RuntimeError("injected decode failure")
+        if self.capacity and self.used() + len(tokens) > self.capacity:
+            raise KVCacheFull("fake cache full")
         for p, s in zip(pos, seq):
             held = self.kv.setdefault(s, [])
             assert p == len(held), f"seq {s}: position {p} after {len(held)} cached"
@@ -103,12 +108,24 @@ class FakeModel:
         self.kv[dst] = [p for p in held if max(p0, 0) <= p < end]
         self.copies.append((src, dst, end))
 
+    def seq_pos_max(self, seq: int) -> int:
+        held = self.kv.get(seq, [])
+        return max(held) if held else -1
+
     def seq_state(self, seq: int) -> bytes:
         return bytes(str(self.kv.get(seq, [])), "ascii")
 
     def set_seq_state(self, seq: int, data: bytes) -> bool:
-        self.kv[seq] = eval(data.decode())  # test data we wrote ourselves
+        held = eval(data.decode())  # test data we wrote ourselves
+        if self.fail_restore or (self.capacity and self.used() + len(held) > self.capacity):
+            return False
+        self.kv[seq] = held
         return True
+
+    def used(self) -> int:
+        # Copies share cells in a unified cache; counting each sequence's cells is an upper
+        # bound, which is all these tests need.
+        return sum(len(v) for v in self.kv.values())
 
     def close(self) -> None:
         self.closed = True

@@ -315,3 +315,40 @@ def test_delete_session_drops_its_cache() -> None:
         assert eng.delete_session("gone") is False
         eng.stop()
     run(main())
+
+
+def test_restore_makes_room_in_a_full_cache() -> None:
+    async def main() -> None:
+        # 3 sessions of ~31 cells on a 100-cell cache with 2 ids: the parked one can only
+        # come back if idle sessions give way first.
+        model = FakeModel(reply="r", capacity=100)
+        eng = await cached_engine(model, slots=1, n_seq=2, park=10**6, kv_tokens=100, ctx_limit=100)
+        hist = {s: list(range(10 * i + 100, 10 * i + 130)) for i, s in enumerate("abc")}
+        for s in "abc":
+            await collect(eng.submit(hist[s], SamplingParams(max_tokens=2), session=s))
+        assert eng.session_info("a")["state"] == "parked"
+        _, end = await collect(eng.submit(hist["a"] + [ord("r"), 5], SamplingParams(max_tokens=2), session="a"))
+        assert eng.cache.stats.restored == 1 and eng.cache.stats.recomputed == 0
+        assert end.cached_tokens == 31
+        eng.stop()
+    run(main())
+
+
+def test_failed_restore_recomputes_and_never_copies_from_an_evicted_donor() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = await cached_engine(model, slots=1, n_seq=2, park=10**6)
+        system = list(range(1, 21))
+        for s in "abc":
+            await collect(eng.submit(Prompt(system + [ord(s)] * 10, 0, shared_len=20),
+                                     SamplingParams(max_tokens=2), session=s))
+        (parked,) = [s for s in "abc" if eng.session_info(s)["state"] == "parked"]
+        model.fail_restore = True
+        text, end = await collect(eng.submit(Prompt(system + [ord(parked)] * 10 + [ord("r"), 9], 0, shared_len=20),
+                                             SamplingParams(max_tokens=2), session=parked))
+        assert isinstance(end, Done) and text == "r"
+        assert eng.cache.stats.recomputed == 1 and eng.state is EngineState.READY
+        # Whatever donor it used still existed: every copy came from a live sequence.
+        assert all(src >= 0 for src, _, _ in model.copies)
+        eng.stop()
+    run(main())
