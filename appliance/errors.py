@@ -38,6 +38,11 @@ class ContextLengthExceeded(BadRequest):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
+class PayloadTooLarge(ApplianceError):
+    status = 413
+    type = "invalid_request_error"
+
+
 class NotFound(ApplianceError):
     status = 404
     type = "invalid_request_error"

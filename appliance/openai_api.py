@@ -19,6 +19,8 @@ from .sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
+MAX_STOP_CHARS = 256  # a stop string is a marker, not a document; keeps the holdback scan cheap
+MAX_BODY_BYTES = 4 * 2**20  # far beyond any context this model holds (~16 KiB of text per 4k tokens)
 _SESSION_RE = re.compile(r"[\x21-\x7e]{1,128}")
 
 
@@ -154,6 +156,8 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         stops = tuple(stop)
     else:
         raise BadRequest(f"'stop' must be a string or a list of at most {MAX_STOP} strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"each stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
 
     seed = _integer(data, "seed")
     top_k = _integer(data, "top_k")

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from . import openai_api as api
 from .engine import Engine, EngineState, Handle
-from .errors import ApplianceError, EngineFailure, NotFound
+from .errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
 from .metrics import Metrics
 from .sequence import Delta, Done, Failed
 
@@ -83,7 +83,14 @@ class App:
         return JSONResponse(api.models_list(self.model_id, self.created))
 
     async def chat(self, request: Request) -> Response:
-        data = api.parse_json(await request.body())
+        if int(request.headers.get("content-length") or 0) > api.MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB")
+        body = b""
+        async for part in request.stream():  # bounded even without a Content-Length
+            body += part
+            if len(body) > api.MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB")
+        data = api.parse_json(body)
         req = api.parse_chat_request(data, self.limits, request.headers.get("x-session-id"))
         prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
         client = request.client.host if request.client else ""

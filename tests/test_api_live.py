@@ -282,3 +282,12 @@ def test_sigterm_lets_running_stream_finish_then_exits_0(bundled_model: Path, tm
     assert live.proc.wait(60) == 0
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", live.port), timeout=1).close()
+
+
+def test_oversized_body_is_413_and_long_stop_is_400(server: Live) -> None:
+    big = b'{"messages": [{"role": "user", "content": "' + b"a" * (5 * 2**20) + b'"}]}'
+    r = server.client.post("/v1/chat/completions", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["message"]
+    r = server.chat(ask("hi"), stop=["x" * 1000])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    assert server.chat(ask("Say ok."), max_tokens=3).status_code == 200
