@@ -12,6 +12,7 @@ from typing import Any, Callable
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .cache import common_prefix
 from .errors import BadRequest, ContextLengthExceeded
 
 # Used only when a GGUF carries no template: every Qwen2.5 model speaks ChatML.
@@ -65,12 +66,7 @@ def _shared_len(messages: list[dict[str, Any]], tokens: list[int], template: Cha
     while n_sys < len(messages) and messages[n_sys]["role"] == "system":
         n_sys += 1
     probe = tokenize(template.render(messages[:n_sys] + [{"role": "user", "content": _PROBE}]))
-    n = 0
-    for a, b in zip(tokens, probe):
-        if a != b:
-            break
-        n += 1
-    return n
+    return common_prefix(tokens, probe)
 
 
 def build_prompt(
