@@ -12,7 +12,8 @@ import uvicorn
 
 from . import cpu
 from .config import Config
-from .engine import CachePolicy, Engine, EngineState
+from .engine import Engine, EngineState
+from .kvstore import CachePolicy
 from .metrics import Metrics
 from .openai_api import ServerLimits
 from .scheduler import Limits

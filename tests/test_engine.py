@@ -197,7 +197,7 @@ def test_load_failure_is_reported_not_raised() -> None:
 
 
 # -- the session cache -------------------------------------------------------------------
-from appliance.engine import CachePolicy  # noqa: E402
+from appliance.kvstore import CachePolicy  # noqa: E402
 from appliance.prompt import Prompt  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from appliance.errors import BadRequest, ContextLengthExceeded
-from appliance.prompt import CHATML, ChatTemplate, Prompt, build_prompt
+from appliance.prompt import CHATML, ChatTemplate, build_prompt
 
 Messages = list[dict[str, Any]]
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from live import Live, content_of, start
+from live import Live, start
 
 pytestmark = pytest.mark.integration
 

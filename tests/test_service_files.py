@@ -151,7 +151,7 @@ def test_install_script_uses_the_unit_paths() -> None:
     assert PREFIX not in install_output("--prefix", "/srv/llm", "--print-unit")
     text = INSTALL.read_text(encoding="utf-8")
     assert f"prefix={PREFIX}" in text and f"state={STATE}" in text
-    assert f'"$prefix/scripts/setup.sh" bundled-model' in text
+    assert '"$prefix/scripts/setup.sh" bundled-model' in text
     assert "useradd --system" in text and "/usr/sbin/nologin" in text
     assert f"prefix={PREFIX}" in UNINSTALL.read_text(encoding="utf-8")
 
