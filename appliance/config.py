@@ -60,6 +60,8 @@ class Config:
     slots: int = field(default=8, metadata=_opt("sequences decoded together (batch width)", _positive))
     ctx_per_slot: int = field(default=4096, metadata=_opt("context limit of one conversation, tokens", _positive))
     kv_tokens: int = field(default=16384, metadata=_opt("KV cache cells shared by all sequences (12 KiB each in f16)", _positive))
+    kv_type: str = field(default="f16", metadata=_opt(
+        "KV cache precision: f16, or q8_0 for half the memory", _one_of("f16", "q8_0")))
     threads: int = field(default=0, metadata=_opt("llama.cpp threads; 0 = one per pinned core", _non_negative))
     cpus: str = field(default="", metadata=_opt("cores to pin to, e.g. '0-3' or '0,2'; empty = all allowed", _cpus))
     repack: str = field(default="auto", metadata=_opt(

@@ -48,6 +48,10 @@ class ContextSpec:
     n_batch: int  # most tokens in one llama_decode call
     threads: int
     repack: bool = True  # llama.cpp's extra weight layouts (AMX, repacked Q4 kernels)
+    kv_type: str = "f16"  # "q8_0" halves the KV cache's memory
+
+
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values
 
 
 class Tokenizer:
@@ -151,6 +155,7 @@ class LLM:
         cparams.n_threads = spec.threads
         cparams.n_threads_batch = spec.threads
         cparams.kv_unified = True  # one cell pool: sequences share budget and prefixes
+        cparams.type_k = cparams.type_v = KV_TYPES[spec.kv_type]
         cparams.no_perf = True
         self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -166,7 +171,7 @@ class LLM:
         C.llama_model_desc(self.model, desc, len(desc))
         # Saved sequence state is only valid for the same weights, llama.cpp and KV type.
         self.fingerprint = (f"{desc.value.decode(errors='replace')}|{C.llama_model_n_params(self.model)}|"
-                            f"{C.llama_model_size(self.model)}|llama-cpp-python {C.__version__}|kv f16")
+                            f"{C.llama_model_size(self.model)}|llama-cpp-python {C.__version__}|kv {spec.kv_type}")
         self._cap = spec.n_batch
 
     # -- decoding ------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
         spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq, n_batch=cfg.batch_tokens, threads=threads,
-                           repack=repack)
+                           repack=repack, kv_type=cfg.kv_type)
         log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)

@@ -291,3 +291,25 @@ def test_oversized_body_is_413_and_long_stop_is_400(server: Live) -> None:
     r = server.chat(ask("hi"), stop=["x" * 1000])
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
     assert server.chat(ask("Say ok."), max_tokens=3).status_code == 200
+
+
+def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(bundled_model: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    live = start(bundled_model, tmp_path, "--kv-type", "q8_0", "--state-dir", str(state))
+    try:
+        live.wait_ready()
+        r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "kvq"},
+                             json={"messages": ask("What is the capital of France? One word."),
+                                   "max_tokens": 10, "temperature": 0})
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+    finally:
+        assert live.stop() == 0
+    assert len(list(state.glob("*.kv"))) == 1
+    # An f16 server must not load state saved with a q8_0 cache.
+    live = start(bundled_model, tmp_path, "--state-dir", str(state))
+    try:
+        live.wait_ready()
+        assert live.client.get("/v1/sessions/kvq").status_code == 404
+        assert "another model, llama.cpp version or KV type" in live.log()
+    finally:
+        assert live.stop() == 0
