@@ -281,3 +281,26 @@ def test_corrupt_state_payload_is_discarded_cleanly(bundled_model: Path, tmp_pat
         assert "checksum mismatch" in live.log()
     finally:
         assert live.stop() == 0
+
+
+def test_queue_timeout_is_503_or_an_in_stream_error(bundled_model: Path, tmp_path: Path) -> None:
+    live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0", "--queue-timeout-s", "1.5")
+    try:
+        live.wait_ready()
+        paste = "The quarterly report covers revenue, costs and staffing in detail. " * 250
+        hold = threading.Thread(target=lambda: live.chat(
+            [{"role": "user", "content": paste + "Summarise."}], max_tokens=5))
+        hold.start()
+        time.sleep(0.5)
+        # Not streamed: a plain 503 with Retry-After.
+        r = live.chat([{"role": "user", "content": "Say hi."}], max_tokens=5)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["type"] == "server_unavailable"
+        # Streamed: the 200 is already sent, so the error arrives as one event, then the end.
+        events = list(live.stream([{"role": "user", "content": "Say hi."}], max_tokens=5))
+        assert isinstance(events[-1], dict) and events[-1]["error"]["type"] == "server_unavailable"
+        assert "[DONE]" not in events
+        hold.join(120)
+        assert live.wait_idle()["engine"]["finished"]["queue_timeout"] == 2
+    finally:
+        assert live.stop() == 0
