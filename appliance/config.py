@@ -69,7 +69,7 @@ class Config:
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
-    max_wait_ms: int = field(default=30, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
+    max_wait_ms: int = field(default=20, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
     max_queue: int = field(default=64, metadata=_opt("requests waiting for a slot before 429", _non_negative))
     queue_timeout_s: float = field(default=120.0, metadata=_opt("longest wait for a slot before 503", _positive))
