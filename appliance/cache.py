@@ -35,10 +35,18 @@ class Entry:
     parked: bytes | None = field(default=None, repr=False)  # llama_state_seq data in RAM
     disk: Any = field(default=None, repr=False)  # persist.Saved: state left by the last run
     own_tokens: int = 0  # cells counted for this entry (prefix copied from others excluded)
+    turns: int = 1  # finished turns of this session
+    named: bool = True  # the client chose the id (not one the server made up for it)
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def worth_parking(self) -> bool:
+        """A session the client can come back to: it chose the id, or has come back already.
+        One-off requests with a server-made id rarely return; parking them costs engine time."""
+        return self.named or self.turns > 1
 
     @property
     def stored(self) -> bool:
@@ -117,7 +125,8 @@ class SessionCache:
     def release_id(self, seq_id: int) -> None:
         self.free_ids.append(seq_id)
 
-    def put(self, session: str, seq_id: int, tokens: list[int], shared_len: int, copied: int) -> int | None:
+    def put(self, session: str, seq_id: int, tokens: list[int], shared_len: int, copied: int,
+            named: bool = True) -> int | None:
         """A finished turn leaves its KV behind as the session's entry. Returns the sequence
         id of an idle entry it replaced (two turns of one session ran at once), whose
         cells the caller must clear; its id is free again."""
@@ -132,7 +141,8 @@ class SessionCache:
             replaced = old.seq_id
             self.release_id(old.seq_id)
         self.entries[session] = Entry(session, seq_id, tokens, shared_len, self.clock(),
-                                      own_tokens=len(tokens) - copied)
+                                      own_tokens=len(tokens) - copied,
+                                      turns=old.turns + 1 if old is not None else 1, named=named)
         return replaced
 
     def drop(self, session: str) -> Entry | None:

@@ -178,7 +178,7 @@ class Engine:
             build_prompt, messages, self.template, tok.tokenize, self.prompt_limit(max_tokens))
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
-               session: str = "") -> Handle:
+               session: str = "", named: bool = True) -> Handle:
         self._check_accepting()
         if isinstance(prompt, Prompt):
             tokens, shared = prompt.tokens, prompt.shared_len
@@ -186,7 +186,8 @@ class Engine:
             tokens, shared = prompt, 0
         rid = next(self._ids)
         seq = Sequence(rid=rid, prompt=tokens, params=params, arrival=self.clock(),
-                       client=client, session=session or f"anon-{rid}", shared_len=shared)
+                       client=client, session=session or f"anon-{rid}", shared_len=shared,
+                       named=named and bool(session))
         handle = Handle(self, seq)
         with self._cv:
             if self._closed:

@@ -167,7 +167,8 @@ class KVStore:
         """Take an idle session out of the KV cache, parking it in RAM when worth it."""
         sid = e.seq_id
         data = None
-        if self.policy.park_bytes and e.n_tokens >= max(1, self.policy.restore_min_tokens):
+        if (self.policy.park_bytes and e.worth_parking
+                and e.n_tokens >= max(1, self.policy.restore_min_tokens)):
             data = self.model.seq_state(sid)
         self.cache.evict(e, data)
         self.model.seq_rm(sid)
@@ -212,7 +213,7 @@ class KVStore:
         cache = self.cache
         if keep and not s.no_cache:
             tokens = (s.prompt + s.output)[:s.n_cached]
-            replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied)
+            replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied, s.named)
             if replaced is not None:
                 self.model.seq_rm(replaced)
             self.make_room()

@@ -26,6 +26,7 @@ class Sequence:
     sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
     client: str = ""
     session: str = ""  # the conversation this turn belongs to (X-Session-Id)
+    named: bool = True  # the client sent the session id (False: the server made one up)
     shared_len: int = 0  # leading prompt tokens other sessions may share (system prompt)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end

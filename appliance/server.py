@@ -95,7 +95,7 @@ class App:
         prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
         client = request.client.host if request.client else ""
         session = req.session_id or api.new_session_id()
-        handle = self.engine.submit(prompt, req.params, client, session)
+        handle = self.engine.submit(prompt, req.params, client, session, named=req.session_id is not None)
         headers = {"X-Session-Id": session}
         extra: dict[str, Any] = {}
         if prompt.dropped_messages:

@@ -352,3 +352,19 @@ def test_failed_restore_recomputes_and_never_copies_from_an_evicted_donor() -> N
         assert all(src >= 0 for src, _, _ in model.copies)
         eng.stop()
     run(main())
+
+
+def test_one_off_sessions_with_server_made_ids_are_not_parked() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = await cached_engine(model, slots=1, n_seq=2, park=10**6)
+        for s in "abc":  # one turn each, ids made up by the server
+            await collect(eng.submit(list(range(1, 30)), SamplingParams(max_tokens=2), session=s, named=False))
+        assert eng.cache.stats.evicted == 1 and eng.cache.stats.parked == 0
+        # A session that came back for a second turn is worth parking even so.
+        await collect(eng.submit(list(range(1, 30)), SamplingParams(max_tokens=2), session="c", named=False))
+        for s in "de":
+            await collect(eng.submit(list(range(40, 70)), SamplingParams(max_tokens=2), session=s))
+        assert eng.session_info("c")["state"] == "parked"
+        eng.stop()
+    run(main())
