@@ -236,7 +236,12 @@ class Engine:
                 "idle_s": round(max(0.0, self.clock() - e.last_used), 3)}
 
     def delete_session(self, session: str) -> bool:
-        existed = session in self.cache.entries
+        """Forget a session's cache, including what its turns in flight would leave."""
+        with self._cv:
+            in_flight = any(isinstance(s, Sequence) and s.session == session for s in self._inbox)
+        in_flight = in_flight or any(s.session == session
+                                     for s in (*list(self.sched.running), *list(self.sched.waiting)))
+        existed = session in self.cache.entries or in_flight
         self._command(lambda: self.kv.drop_session(session))
         return existed
 

@@ -191,13 +191,14 @@ class KVStore:
             _forget(e.disk)
 
     def drop_session(self, session: str) -> None:
+        # Turns of this session running or queued now must not cache it when they finish
+        # (a first turn has no entry yet, but would leave one).
+        for s in (*self.sched.running, *self.sched.waiting):
+            if s.session == session:
+                s.no_cache = True
         e = self.cache.entries.get(session)
         if e is None:
             return
-        # Turns of this session running now must not re-cache it when they finish.
-        for s in self.sched.running:
-            if s.session == session:
-                s.no_cache = True
         if e.busy:
             del self.cache.entries[session]  # its running turn owns the sequence id
             return

@@ -368,3 +368,19 @@ def test_one_off_sessions_with_server_made_ids_are_not_parked() -> None:
         assert eng.session_info("c")["state"] == "parked"
         eng.stop()
     run(main())
+
+
+def test_delete_during_a_first_turn_leaves_nothing_cached() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="z" * 200, delay=0.003)
+        eng = await cached_engine(model)
+        h = eng.submit([1, 2, 3], SamplingParams(max_tokens=200), session="new")
+        await h.events().__anext__()  # streaming its first answer; no cache entry yet
+        assert eng.delete_session("new") is True
+        h.cancel()
+        await collect(h)
+        await asyncio.sleep(0.05)
+        assert eng.session_info("new") is None
+        assert all(len(v) == 0 for v in model.kv.values())
+        eng.stop()
+    run(main())
