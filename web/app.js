@@ -39,7 +39,8 @@
     if (c && typeof c.id === 'string' && Array.isArray(c.messages)) {
       for (const m of c.messages) {
         m.content = String(m.content || '');
-        if (m.role === 'assistant' && !m.content && !m.error && !m.note) m.note = 'interrupted';
+        if (m.role === 'assistant' && (m.pending || (!m.content && !m.error && !m.note))) m.note = 'interrupted';
+        delete m.pending;
       }
       return c;
     }
@@ -141,6 +142,9 @@
   els.log.addEventListener('scroll', () => {
     stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
   });
+  // The log shrinks when a phone's keyboard opens or the window is resized: keep the newest
+  // message in view if the user was at the bottom.
+  new ResizeObserver(() => scrollDown(false)).observe(els.log);
   function scrollDown(force) {
     if (force) stick = true;
     if (stick) els.log.scrollTop = els.log.scrollHeight;
@@ -254,7 +258,9 @@
     conv.messages.push(user);
     addMessage(user);
     const messages = apiMessages();
-    const bot = { role: 'assistant', content: '' };
+    // `pending` is saved with the text while it streams: a reload mid-answer shows the
+    // answer as interrupted instead of passing a cut text off as complete.
+    const bot = { role: 'assistant', content: '', pending: true };
     conv.messages.push(bot);
     const view = addMessage(bot);
     saveConv();
@@ -335,6 +341,7 @@
         bot.stats = stats.join(' · ');
       }
       if (!bot.content && !bot.error && !bot.note) bot.note = 'empty reply';
+      delete bot.pending;
       hideTyping(view);
       view.wrap.classList.remove('streaming');
       update(view, bot);
