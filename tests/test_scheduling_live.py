@@ -123,16 +123,21 @@ def test_tiny_queue_gives_429_and_accepted_requests_complete(bundled_model: Path
         assert live.stop() == 0
 
 
+def hold_the_only_slot(live: Live) -> threading.Thread:
+    """A ~3,000-token prompt holds a 1-slot server for many seconds, whatever the model says."""
+    paste = "The quarterly report covers revenue, costs and staffing in detail. " * 250
+    hold = threading.Thread(target=lambda: live.chat(
+        [{"role": "user", "content": paste + "Summarise."}], max_tokens=5))
+    hold.start()
+    time.sleep(0.5)
+    return hold
+
+
 def test_queued_stream_hears_its_position(bundled_model: Path, tmp_path: Path) -> None:
     live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0")
     try:
         live.wait_ready()
-        # A ~3,000-token prompt holds the only slot for many seconds, whatever the model says.
-        paste = "The quarterly report covers revenue, costs and staffing in detail. " * 250
-        hold = threading.Thread(target=lambda: live.chat(
-            [{"role": "user", "content": paste + "Summarise."}], max_tokens=5))
-        hold.start()
-        time.sleep(0.5)
+        hold = hold_the_only_slot(live)
         comments, data = [], []
         body = {"messages": [{"role": "user", "content": "Say hi."}], "stream": True, "max_tokens": 5}
         with live.client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -287,11 +292,7 @@ def test_queue_timeout_is_503_or_an_in_stream_error(bundled_model: Path, tmp_pat
     live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0", "--queue-timeout-s", "1.5")
     try:
         live.wait_ready()
-        paste = "The quarterly report covers revenue, costs and staffing in detail. " * 250
-        hold = threading.Thread(target=lambda: live.chat(
-            [{"role": "user", "content": paste + "Summarise."}], max_tokens=5))
-        hold.start()
-        time.sleep(0.5)
+        hold = hold_the_only_slot(live)
         # Not streamed: a plain 503 with Retry-After.
         r = live.chat([{"role": "user", "content": "Say hi."}], max_tokens=5)
         assert r.status_code == 503 and r.headers["retry-after"]
