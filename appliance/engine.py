@@ -38,7 +38,7 @@ class Model(Protocol):
     fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
 
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None: ...
-    def sample(self, sampler: Any, row: int) -> int: ...
+    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int]: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
@@ -418,8 +418,9 @@ class Engine:
         for s, n in step.prefill:
             s.n_cached += n
         now = self.clock()
-        for s, row in rows:
-            self._accept(s, model.sample(s.sampler, row), now, events)
+        sampled = model.sample_all([(s.sampler, row) for s, row in rows])
+        for (s, _), tok in zip(rows, sampled):
+            self._accept(s, tok, now, events)
 
     def _accept(self, s: Sequence, tok: int, now: float, events: Events) -> None:
         s.state = State.DECODE

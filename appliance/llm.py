@@ -110,6 +110,9 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, n_vocab: int) -> None:
         self._chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        # Plain greedy needs no sampler state: LLM.sample_all takes an argmax of all such
+        # rows at once instead of one chain call per sequence.
+        self.plain_greedy = params.greedy and not params.has_penalties
         add = lambda s: C.llama_sampler_chain_add(self._chain, s)  # noqa: E731
         if params.has_penalties:
             add(C.llama_sampler_init_penalties(
@@ -189,12 +192,30 @@ class LLM:
             sid[i][0] = seq[i]
             out[i] = logits[i]
         b.n_tokens = n
+        # llama.cpp returns output rows in batch order: row i -> its index among outputs.
+        self._out_index = {i: k for k, i in enumerate(i for i in range(n) if logits[i])}
         rc = C.llama_decode(self.ctx, b)
         if rc == 1:
             # No room for the batch; nothing was written, so the engine can evict and retry.
             raise KVCacheFull(f"no KV cache room for {n} tokens")
         if rc != 0:
             raise LLMError(f"llama_decode returned {rc}")
+
+    def sample_all(self, picks: Seq[tuple[Sampler, int]]) -> list[int]:
+        """Sample (sampler, batch row) pairs of the last decode. Plain greedy rows share one
+        numpy argmax over the logits matrix; the rest run their own sampler chains."""
+        greedy = [k for k, (smp, _) in enumerate(picks) if smp.plain_greedy]
+        out = [0] * len(picks)
+        if greedy:
+            n_out = len(self._out_index)
+            allrows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(n_out, self.tokenizer.n_vocab))
+            idx = [self._out_index[picks[k][1]] for k in greedy]
+            for k, tok in zip(greedy, np.argmax(allrows[idx], axis=1).tolist()):
+                out[k] = tok
+        for k, (smp, row) in enumerate(picks):
+            if not smp.plain_greedy:
+                out[k] = self.sample(smp, row)
+        return out
 
     def sample(self, sampler: Sampler, row: int) -> int:
         """Sample from the logits of batch row `row` (must have had logits=True)."""

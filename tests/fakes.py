@@ -89,6 +89,9 @@ class FakeModel:
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler()
 
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+        return [self.sample(smp, row) for smp, row in picks]
+
     def sample(self, sampler: FakeSampler, row: int) -> int:
         n = sampler.n
         sampler.n += 1
