@@ -269,7 +269,8 @@ class Engine:
             self.kv = KVStore(self.model, self.cache, self.policy, self.sched, self.limits.kv_tokens, self.clock)
             self.kv.load_sessions()
         except Exception as e:  # noqa: BLE001 - reported through /health and the log
-            log.exception("engine failed to start")
+            log.error("engine failed to start: %s", e)  # one line for the user...
+            log.debug("engine start failure", exc_info=True)  # ...the traceback for us
             self.load_error = str(e)
             self.state = EngineState.FAILED
             self.ready.set()

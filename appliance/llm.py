@@ -149,7 +149,8 @@ class LLM:
         mparams.use_extra_bufts = spec.repack
         self.model = C.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
-            raise LLMError(f"llama.cpp could not load {path} (not a supported GGUF model?)")
+            raise LLMError(f"llama.cpp could not load {path}: truncated, corrupt or not a supported model; "
+                           "delete it and start again (the bundled model is re-assembled) or run `appliance pull`")
         cparams = C.llama_context_default_params()
         cparams.n_ctx = spec.n_ctx
         cparams.n_batch = spec.n_batch
