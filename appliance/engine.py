@@ -9,6 +9,7 @@ The HTTP side only calls `prepare`, `submit`, `cancel`, the session calls and re
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -466,6 +467,15 @@ class Engine:
             s.sampler = None
         s.finish_reason = reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        if log.isEnabledFor(logging.INFO):
+            # One line per request for the operator. The session id is a bearer secret:
+            # log a short digest of it, enough to follow one conversation.
+            now = self.clock()
+            ttft = f"{(s.first_token_at - s.arrival) * 1000:.0f} ms" if s.first_token_at else "-"
+            log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
+                     "first token %s, total %.1f s", s.rid, hashlib.sha256(s.session.encode()).hexdigest()[:8],
+                     s.client or "-", reason, f" ({error.status})" if error else "", s.n_prompt, s.n_reused,
+                     len(s.output), ttft, now - s.arrival)
         if error is not None:
             events.append((s.sink, Failed(error)))
             return
