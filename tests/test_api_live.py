@@ -189,7 +189,8 @@ def test_chat_page_is_served(server: Live) -> None:
 def test_streaming_client_disconnect_frees_slot(server: Live) -> None:
     server.wait_idle()
     before = server.health()["engine"]["finished"].get("cancelled", 0)
-    body = {"messages": ask("Count from 1 to 500, one number per line."), "stream": True, "max_tokens": 500}
+    body = {"messages": ask("Count from 1 to 500, one number per line."), "stream": True, "max_tokens": 500,
+            "temperature": 0}  # greedy: the same long answer every run
     with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             n = 0
@@ -207,8 +208,9 @@ def test_non_streaming_client_disconnect_frees_slot(server: Live) -> None:
     before = server.health()["engine"]["finished"].get("cancelled", 0)
     with httpx.Client(base_url=server.url, timeout=1.5, trust_env=False) as c:
         with pytest.raises(httpx.ReadTimeout):
-            c.post("/v1/chat/completions", json={"messages": ask("Count from 1 to 500, one per line."),
-                                                 "max_tokens": 500})
+            # ~700 prompt tokens take seconds to prefill: the client gives up long before.
+            c.post("/v1/chat/completions", json={"messages": ask("Tell me about this. " * 120),
+                                                 "max_tokens": 100, "temperature": 0})
     h = server.wait_idle(timeout=20)
     assert h["engine"]["finished"].get("cancelled", 0) == before + 1
 
