@@ -7,7 +7,7 @@ import os
 
 import psutil
 
-from .config import Config, parse_cpu_list
+from .config import Config, ConfigError, parse_cpu_list
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def choose_cpus(cfg: Config) -> list[int]:
     wanted = parse_cpu_list(cfg.cpus)
     bad = [c for c in wanted if c not in allowed]
     if bad:
-        raise ValueError(f"config key 'cpus': CPUs {bad} are not available (allowed: {allowed})")
+        raise ConfigError(f"config key 'cpus': CPUs {bad} are not available (allowed: {allowed})")
     return wanted
 
 
