@@ -133,15 +133,24 @@ class Scheduler:
             # Streams are waiting on this step: a smaller prompt chunk keeps their
             # inter-token latency low; with nobody streaming, prefill at full speed.
             budget = min(budget, self.limits.prefill_chunk)
+        # A follower waits while its leader computes the prompt prefix they share; the
+        # leader stops at the end of that prefix, so next step everyone goes on together.
+        shared_end: dict[int, int] = {}
+        for s in self.running:
+            if s.leader is not None:
+                key = id(s.leader)
+                shared_end[key] = max(shared_end.get(key, 0), s.lead_n)
         # Short prompts first keeps time-to-first-token low for short questions; a long
         # paste still advances whenever budget is left.
-        # A follower waits while its leader computes the prompt prefix they share.
         prefilling = sorted((s for s in self.running if s.state is State.PREFILL and s.leader is None),
                             key=lambda s: (s.prefill_left, s.arrival))
         for s in prefilling:
             if budget <= 0:
                 break
             n = min(s.prefill_left, budget)
+            end = shared_end.get(id(s), 0)
+            if end > s.n_cached:
+                n = min(n, end - s.n_cached)
             step.prefill.append((s, n))
             budget -= n
         return step

@@ -198,7 +198,9 @@ def test_follower_waits_for_its_leader() -> None:
     s.admit()
     follow.leader, follow.lead_n = lead, 25
     step = s.schedule()
-    assert step.prefill == [(lead, 30)]  # the follower is not prefilled meanwhile
+    # The follower is not prefilled meanwhile, and the leader stops where their prompts
+    # part, so both continue in the same next step.
+    assert step.prefill == [(lead, 25)]
 
 
 def test_continuing_conversations_first_otherwise_fifo() -> None:
