@@ -132,11 +132,6 @@ class SessionCache:
         cells the caller must clear; its id is free again."""
         old = self.entries.get(session)
         replaced = None
-        if old is not None and old.disk is not None:
-            try:
-                old.disk.path.unlink(missing_ok=True)  # superseded by this turn
-            except OSError:
-                pass  # a stale file is replaced at the next shutdown anyway
         if old is not None and old.seq_id not in (-1, seq_id) and not old.busy:
             replaced = old.seq_id
             self.release_id(old.seq_id)

@@ -214,6 +214,9 @@ class KVStore:
         cache = self.cache
         if keep and not s.no_cache:
             tokens = (s.prompt + s.output)[:s.n_cached]
+            old = cache.entries.get(s.session)
+            if old is not None:
+                _forget(old.disk)  # a file saved by the last run is superseded by this turn
             replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied, s.named)
             if replaced is not None:
                 self.model.seq_rm(replaced)

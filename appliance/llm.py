@@ -38,7 +38,7 @@ C.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
 class LLMError(Exception):
-    pass
+    """llama.cpp refused: a model it cannot load, a bad argument, a failed decode."""
 
 
 @dataclass(frozen=True, slots=True)
