@@ -1,0 +1,190 @@
+"""Speculative decoding from the conversation itself: n-gram drafts, how many to try, and how
+to accept them (pure logic: standard library and numpy only, no model).
+
+A sequence's drafts come from its own tokens (prompt + answer so far); the engine verifies
+them in the step's one llama_decode as k+1 rows (last token + k drafts) and keeps the emitted
+tokens returned by `accept_greedy` / `accept_sampled`, dropping the rest from the KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Row = tuple[np.ndarray, np.ndarray]  # (token ids, probabilities summing to 1), most likely first
+
+# n = 1 matches common tokens ("the", ",") everywhere and proposes noise that costs verify
+# rows; 2 tokens already pin a copied passage in most code and prose, and 4 rarely picks a
+# different source than 3 while every extra n costs one dict insert per token.
+NGRAM_MIN = 2
+NGRAM_MAX = 4
+
+
+class NgramIndex:
+    """A sequence's tokens and, per n-gram, where the token after its latest occurrence is."""
+
+    __slots__ = ("tokens", "ngram_min", "ngram_max", "_next")
+
+    def __init__(self, tokens: list[int] | tuple[int, ...] = (), ngram_min: int = NGRAM_MIN,
+                 ngram_max: int = NGRAM_MAX) -> None:
+        assert 1 <= ngram_min <= ngram_max
+        self.tokens: list[int] = []
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        # n-gram -> index of the token that followed its most recent occurrence. An n-gram is
+        # only indexed once a token follows it, so the current suffix never finds itself.
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int] | tuple[int, ...]) -> None:
+        """Append accepted tokens: O(len(tokens) * (ngram_max - ngram_min + 1))."""
+        toks, index = self.tokens, self._next
+        for t in tokens:
+            i = len(toks)  # t lands at i, so the n-grams ending just before i now have a follower
+            for n in range(self.ngram_min, min(self.ngram_max, i) + 1):
+                index[tuple(toks[i - n:i])] = i
+            toks.append(t)
+
+    def draft(self, n_max: int) -> list[int]:
+        """Up to n_max tokens that followed the latest earlier occurrence of the longest
+        matching suffix n-gram; [] if no suffix of ngram_min tokens or more occurred before."""
+        toks, end = self.tokens, len(self.tokens)
+        if n_max <= 0:
+            return []
+        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
+            pos = self._next.get(tuple(toks[end - n:]))
+            if pos is not None:
+                # The source may run into the suffix itself (a repeating pattern of period
+                # end - pos); the continuation of a periodic run repeats with that period.
+                period = end - pos
+                return [toks[pos + j % period] for j in range(n_max)]
+        return []
+
+
+@dataclass(slots=True)
+class DraftState:
+    """Adaptive draft length of one sequence. Call `record` once per decode step."""
+
+    start: int = 4  # a 4-row miss costs a fraction of a step; a copied passage doubles up quickly
+    max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
+    min_len: int = 1
+    miss_limit: int = 2  # total misses in a row before drafting pauses
+    backoff: int = 8  # steps without drafting after the first pause, doubling per pause...
+    max_backoff: int = 64  # ...up to this: plain chat then pays ~2 short misses per 64 steps
+    length: int = field(init=False)
+    misses: int = field(init=False, default=0)  # total misses in a row
+    pause: int = field(init=False, default=0)  # steps left without drafting
+    pause_len: int = field(init=False)  # length of the next pause
+
+    def __post_init__(self) -> None:
+        self.length, self.pause_len = self.start, self.backoff
+
+    def want(self) -> int:
+        """Draft tokens this sequence would like in the next step (0 while paused)."""
+        return 0 if self.pause > 0 else self.length
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """The outcome of one step; n_drafted = 0 (nothing tried) counts down a pause."""
+        if n_drafted == 0:
+            self.pause = max(0, self.pause - 1)
+        elif n_accepted == n_drafted:  # all right: try longer
+            self.length = min(self.max_len, self.length * 2)
+            self.misses, self.pause_len = 0, self.backoff
+        elif n_accepted > 0:  # diverged: aim one past what held
+            self.length = max(self.min_len, n_accepted + 1)
+            self.misses, self.pause_len = 0, self.backoff
+        else:
+            self.misses += 1
+            self.length = max(self.min_len, self.length // 2)
+            if self.misses >= self.miss_limit:
+                self.pause, self.misses, self.length = self.pause_len, 0, self.start
+                self.pause_len = min(self.max_backoff, self.pause_len * 2)
+
+
+def step_budget(n_decode: int, budget_tokens: int = 16) -> int:
+    """Draft tokens allowed in a step with n_decode generating sequences.
+
+    One sequence decodes at ~45 tokens/s and a batch of 16 at ~115 on 2 cores (16 rows cost
+    ~6x one row, not 16x), so drafts fill a step up to budget_tokens rows and get nothing
+    once the batch alone is that large and compute-bound.
+    """
+    return max(0, budget_tokens - n_decode)
+
+
+def allocate(wants: list[int], budget: int) -> list[int]:
+    """Split budget round-robin, one token at a time, never above a sequence's want.
+
+    Pass the lengths of drafts already looked up (draft(want()) first), so budget does not
+    go to sequences whose lookup found nothing; then truncate each draft to its share.
+    """
+    got = [0] * len(wants)
+    left = min(budget, sum(max(0, w) for w in wants))
+    while left > 0:
+        for i, w in enumerate(wants):
+            if left > 0 and got[i] < w:
+                got[i] += 1
+                left -= 1
+    return got
+
+
+def accept_greedy(draft: list[int], targets: list[int]) -> list[int]:
+    """Emitted tokens: the draft's prefix that equals the target's picks, then the target's
+    own pick at the first mismatch (or the bonus targets[k]); len = n_accepted + 1."""
+    assert len(targets) == len(draft) + 1
+    n = 0
+    while n < len(draft) and draft[n] == targets[n]:
+        n += 1
+    return [*draft[:n], targets[n]]
+
+
+def accept_sampled(draft: list[int], rows: list[Row], rng: np.random.Generator) -> list[int]:
+    """Speculative sampling for a deterministic draft: accept draft[i] with probability
+    p_i(draft[i]); on rejection emit a sample of p_i without draft[i], renormalised, and stop;
+    if all pass, emit a sample of rows[k]. Each emitted token is then distributed exactly as
+    the target model's own sample given the tokens before it (p(d) + (1 - p(d)) * 0 for the
+    draft token, (1 - p(d)) * p(x) / (1 - p(d)) = p(x) for any other x), so the output
+    distribution is exactly that of the target model. len(result) = n_accepted + 1."""
+    assert len(rows) == len(draft) + 1
+    out: list[int] = []
+    for d, (ids, probs) in zip(draft, rows):
+        keep = ids != d
+        if rng.random() < probs[~keep].sum():
+            out.append(d)
+            continue
+        out.append(_sample(ids[keep], probs[keep], rng))
+        return out
+    ids, probs = rows[len(draft)]
+    out.append(_sample(ids, probs, rng))
+    return out
+
+
+def _sample(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    cum = np.cumsum(probs)  # need not sum to 1: scaled by its total
+    i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    return int(ids[min(i, len(ids) - 1)])
+
+
+def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
+               min_p: float = 0.0) -> Row:
+    """The distribution our llama.cpp chain samples from (appliance/llm.py `Sampler`, without
+    penalties): top_k, top_p, min_p on temperature-1 probabilities, then logits / temperature,
+    softmax. temperature <= 0 is greedy: the first argmax with probability 1."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature <= 0.0:
+        return np.array([int(np.argmax(logits))]), np.ones(1)
+    ids = np.argsort(-logits, kind="stable")  # most likely first, ties by token id
+    if top_k > 0:
+        ids = ids[:top_k]
+    if top_p < 1.0:
+        cum = np.cumsum(_softmax(logits[ids]))
+        # the smallest prefix whose mass reaches top_p (llama.cpp keeps the crossing token)
+        ids = ids[:int(np.searchsorted(cum, top_p, side="left")) + 1]
+    if min_p > 0.0:
+        lg = logits[ids]
+        ids = ids[lg >= lg[0] + np.log(min_p)]  # p >= min_p * p_max; keeps the top token
+    return ids, _softmax(logits[ids] / temperature)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
