@@ -262,12 +262,19 @@ case $venv_home in
     rm -rf "$dprefix/.venv" ;;
 esac
 
-# setup.sh keeps the llama-cpp-python wheel in root's ~/.cache; reuse the sudo user's if
-# only that one has it (saves a ~6 minute compile, much longer on a Raspberry Pi).
+# setup.sh keeps the llama-cpp-python wheel in root's ~/.cache, in a directory keyed for this
+# CPU and the build flags; reuse the sudo user's if only that one has a wheel with this key
+# (saves a ~6 minute compile, much longer on a Raspberry Pi).
+has_keyed_wheel() {  # has_keyed_wheel WHEELHOUSE
+  local dir
+  dir=$(LLAMA_WHEELHOUSE=$1 "$dprefix/scripts/setup.sh" --print-build 2>/dev/null \
+    | sed -n 's/^wheel_dir=//p') || return 1
+  [ -n "$dir" ] && compgen -G "$dir/llama_cpp_python-*.whl" >/dev/null
+}
 if [ -z "${LLAMA_WHEELHOUSE:-}" ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
   sudo_home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
-  if ! ls "$HOME"/.cache/appliance/wheels/llama_cpp_python-*.whl >/dev/null 2>&1 \
-     && ls "$sudo_home"/.cache/appliance/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  if ! has_keyed_wheel "$HOME/.cache/appliance/wheels" \
+     && has_keyed_wheel "$sudo_home/.cache/appliance/wheels"; then
     export LLAMA_WHEELHOUSE=$sudo_home/.cache/appliance/wheels
     say "using the llama-cpp-python wheel in $LLAMA_WHEELHOUSE"
   fi
