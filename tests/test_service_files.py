@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "appliance.service"
 INSTALL = ROOT / "scripts" / "install-service.sh"
 UNINSTALL = ROOT / "scripts" / "uninstall-service.sh"
-SCRIPTS = [INSTALL, UNINSTALL]
+SETUP = ROOT / "scripts" / "setup.sh"
+SCRIPTS = [INSTALL, UNINSTALL, SETUP]
 PREFIX = "/opt/appliance"
 STATE = "/var/lib/appliance"
 
