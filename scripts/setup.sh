@@ -181,7 +181,7 @@ if [ -z "$wheel" ]; then
         "not record the CPU it was built for: building once into $keydir (the old file stays)"
   fi
   say "building llama-cpp-python $LLAMA_VERSION from source (llama.cpp, $mode, $jobs jobs):" \
-      "about 6 minutes on 2 x86-64 cores, once per machine"
+      "about 6 minutes on 2 x86-64 cores, roughly 10 to 90 on a Raspberry Pi (estimate), once per machine"
   mkdir -p "$keydir"
   out=$(mktemp -d "$keydir/.build.XXXXXX")
   trap 'rm -rf "$out"' EXIT
