@@ -1,15 +1,29 @@
 """Which conversations keep their KV cache: session -> llama.cpp sequence id, cached tokens,
-last use; prefix matching with the isolation rule; TTL expiry and LRU eviction; parking
-evicted sessions in RAM. Pure Python (the engine does the llama.cpp calls), injected clock.
+owner, last use; prefix matching with the isolation rule; TTL expiry and LRU eviction;
+parking evicted sessions in RAM. Pure Python (the engine does the llama.cpp calls),
+injected clock. The table changes only through these methods, which keep its invariants:
+an id is either free or held by exactly one idle entry or a running turn, and a busy entry
+is owned by its running turn.
 
 A sequence id is not a decode slot: the running batch uses `slots` of them, and the rest
 hold idle conversations so that their next turn only prefills its new tokens.
+
+Isolation: a turn reuses any prefix of its own client's conversations (named by
+X-Session-Id or not), but from other clients only *public* prefixes: the model's default
+system prompt and the operator's presets, computed at start-up and pinned. So nothing one
+client sends changes what another can find in the cache, or how fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+# A turn continues one of its client's anonymous conversations (takes its sequence over)
+# when the match covers all but this many of its cached tokens: the rendered template may
+# tokenize the end of the last answer differently. A shorter match is a branch (an edit,
+# a regeneration): the prefix is copied and the original conversation stays cached.
+TAKEOVER_SLACK = 16
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -29,47 +43,47 @@ class Entry:
     session: str
     seq_id: int  # -1 while parked or in no sequence
     tokens: list[int]  # tokens whose KV this entry holds, in order from position 0
-    shared_len: int  # leading tokens other sessions may reuse (system prompt + template)
+    public_len: int  # leading tokens any client may reuse (a public system prompt)
     last_used: float
-    busy: bool = False  # a running request owns the sequence
+    owner: str = ""  # the client identity whose turns made it
+    busy: bool = False  # a running turn owns the sequence
     parked: bytes | None = field(default=None, repr=False)  # llama_state_seq data in RAM
     disk: Any = field(default=None, repr=False)  # persist.Saved: state left by the last run
     own_tokens: int = 0  # cells counted for this entry (prefix copied from others excluded)
     turns: int = 1  # finished turns of this session
     named: bool = True  # the client chose the id (not one the server made up for it)
+    public: bool = False  # a pinned public prefix, not a conversation
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
     @property
-    def worth_parking(self) -> bool:
-        """A session the client can come back to: it chose the id, or has come back already.
-        One-off requests with a server-made id rarely return; parking them costs engine time."""
-        return self.named or self.turns > 1
-
-    @property
     def stored(self) -> bool:
         """Out of the KV cache but restorable: parked in RAM or saved on disk."""
         return self.seq_id < 0 and (self.parked is not None or self.disk is not None)
 
+    @property
+    def state(self) -> str:
+        if self.busy:
+            return "active"
+        if self.seq_id >= 0:
+            return "cached"
+        return "parked" if self.parked is not None else "saved"
+
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    entry: Entry | None  # session's own entry to take over, or a donor to copy from
+    entry: Entry | None  # an entry to take over, or a donor to copy a prefix from
     n_common: int  # tokens of the prompt already in that entry's KV
-    own: bool  # True: the session's own entry (take over); False: copy a shared prefix
+    own: bool  # True: take the entry's sequence over; False: copy its prefix
 
 
 @dataclass(slots=True)
-class CacheStats:
-    hits: int = 0  # turns that found their own session
-    shared_hits: int = 0  # turns that copied another sequence's system prompt
+class CacheEvents:
     evicted: int = 0  # dropped from the KV cache (then parked, or gone)
     expired: int = 0  # TTL
     parked: int = 0
-    restored: int = 0
-    recomputed: int = 0  # parked, but recomputing was cheaper (or the park was dropped)
     parked_dropped: int = 0  # RAM budget
 
 
@@ -84,14 +98,15 @@ class SessionCache:
     ) -> None:
         self.clock = clock
         self.ttl_s = ttl_s
-        self.share_all = share_all  # False: across sessions reuse only the shared prefix
+        self.share_all = share_all  # True: any prefix is reused across clients (leaks!)
         self.park_budget = park_budget_bytes
         self.free_ids: list[int] = sorted(seq_ids, reverse=True)
-        self.entries: dict[str, Entry] = {}
-        self.stats = CacheStats()
+        self.entries: dict[str, Entry] = {}  # read freely; change only through methods
+        self.public: list[Entry] = []  # pinned public prefixes, on ids of their own
+        self.events = CacheEvents()
 
     # -- lookup --------------------------------------------------------------------------
-    def match(self, session: str, prompt: list[int], shared_len: int) -> Match:
+    def match(self, session: str, client: str, prompt: list[int], public_len: int) -> Match:
         """The best reuse for a new turn. At least the last prompt token is always left to
         compute, since its logits give the first answer token."""
         limit = len(prompt) - 1
@@ -102,20 +117,32 @@ class SessionCache:
                 return Match(own, n, True)
         best: Entry | None = None
         best_n = 0
-        cap = limit if self.share_all else min(shared_len, limit)
-        if cap > 0:
-            for e in self.entries.values():
-                if e.seq_id < 0 or e.busy:
-                    # Parked: not in the KV cache. Busy: a running turn may have cut its
-                    # sequence below e.tokens (running sequences are matched by the engine).
-                    continue
-                n = min(common_prefix(e.tokens, prompt), cap if self.share_all else min(cap, e.shared_len))
+        for e in (*self.public, *self.entries.values()):
+            if e.seq_id < 0 or e.busy:
+                # Parked: not in the KV cache. Busy: a running turn may have cut its
+                # sequence below e.tokens (running turns are matched by the engine).
+                continue
+            if e.owner == client and not e.public or self.share_all:
+                cap = limit
+            elif e.public:
+                cap = min(limit, public_len, e.public_len)
+            else:
+                continue  # another client's conversation: never reused
+            if cap > best_n:
+                n = min(common_prefix(e.tokens, prompt), cap)
                 if n > best_n:
                     best, best_n = e, n
-        return Match(best, best_n, False)
+        takeover = (best is not None and own is None and best.owner == client and not best.public
+                    and not best.named and best_n >= best.n_tokens - TAKEOVER_SLACK)
+        return Match(best, best_n, takeover)
 
     # -- ownership -----------------------------------------------------------------------
-    def take(self, entry: Entry) -> None:
+    def take(self, entry: Entry, session: str) -> None:
+        """A running turn of `session` owns entry's sequence from now on."""
+        if entry.session != session:  # continuing an anonymous conversation under a new id
+            del self.entries[entry.session]
+            entry.session = session
+            self.entries[session] = entry
         entry.busy = True
         entry.last_used = self.clock()
 
@@ -125,8 +152,8 @@ class SessionCache:
     def release_id(self, seq_id: int) -> None:
         self.free_ids.append(seq_id)
 
-    def put(self, session: str, seq_id: int, tokens: list[int], shared_len: int, copied: int,
-            named: bool = True) -> int | None:
+    def put(self, session: str, seq_id: int, tokens: list[int], public_len: int, copied: int,
+            owner: str = "", named: bool = True) -> int | None:
         """A finished turn leaves its KV behind as the session's entry. Returns the sequence
         id of an idle entry it replaced (two turns of one session ran at once), whose
         cells the caller must clear; its id is free again."""
@@ -135,27 +162,34 @@ class SessionCache:
         if old is not None and old.seq_id not in (-1, seq_id) and not old.busy:
             replaced = old.seq_id
             self.release_id(old.seq_id)
-        self.entries[session] = Entry(session, seq_id, tokens, shared_len, self.clock(),
+        self.entries[session] = Entry(session, seq_id, tokens, public_len, self.clock(), owner=owner,
                                       own_tokens=len(tokens) - copied,
                                       turns=old.turns + 1 if old is not None else 1, named=named)
         return replaced
 
+    def add_saved(self, entry: Entry) -> None:
+        """An entry read back from disk after a restart (not in the KV cache)."""
+        assert entry.seq_id < 0 and entry.session not in self.entries
+        self.entries[entry.session] = entry
+
+    def add_public(self, seq_id: int, tokens: list[int]) -> None:
+        self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))
+
     def drop(self, session: str) -> Entry | None:
+        """Forget a session. A busy entry's id stays with its running turn."""
         e = self.entries.pop(session, None)
         if e is not None and e.seq_id >= 0 and not e.busy:
             self.release_id(e.seq_id)
         return e
 
     # -- eviction ------------------------------------------------------------------------
-    # list() before iterating: /health and /metrics read these from the event loop thread
-    # while the engine thread changes the dict; list() copies it atomically under the GIL.
     @property
     def cached_tokens(self) -> int:
-        return sum(e.own_tokens for e in list(self.entries.values()) if e.seq_id >= 0 and not e.busy)
+        return sum(e.own_tokens for e in self.entries.values() if e.seq_id >= 0 and not e.busy)
 
     @property
     def parked_bytes(self) -> int:
-        return sum(len(p) for e in list(self.entries.values()) if (p := e.parked) is not None)
+        return sum(len(e.parked) for e in self.entries.values() if e.parked is not None)
 
     def idle_lru(self) -> list[Entry]:
         return sorted((e for e in self.entries.values() if e.seq_id >= 0 and not e.busy),
@@ -166,23 +200,24 @@ class SessionCache:
         now = self.clock()
         old = [e for e in self.entries.values() if not e.busy and now - e.last_used > self.ttl_s]
         for e in old:
-            del self.entries[e.session]
-            if e.seq_id >= 0:
-                self.release_id(e.seq_id)
-            self.stats.expired += 1
+            self.drop(e.session)
+            self.events.expired += 1
         return old
 
     def evict(self, e: Entry, parked: bytes | None) -> None:
         """Take e out of the KV cache; keep its state in RAM when given and the budget allows."""
         self.release_id(e.seq_id)
         e.seq_id = -1
-        self.stats.evicted += 1
+        self.events.evicted += 1
         if parked is not None and len(parked) <= self.park_budget:
             e.parked = parked
-            self.stats.parked += 1
+            self.events.parked += 1
             self._fit_park_budget(keep=e)
         else:
             del self.entries[e.session]
+
+    def restored(self, e: Entry, seq_id: int) -> None:
+        e.parked, e.disk, e.seq_id = None, None, seq_id
 
     def _fit_park_budget(self, keep: Entry) -> None:
         parked = sorted((e for e in self.entries.values() if e.parked is not None), key=lambda e: e.last_used)
@@ -194,4 +229,4 @@ class SessionCache:
                 continue
             total -= len(e.parked or b"")
             del self.entries[e.session]
-            self.stats.parked_dropped += 1
+            self.events.parked_dropped += 1

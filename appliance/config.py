@@ -42,6 +42,27 @@ def _cpus(v: str) -> str | None:
     return None
 
 
+def _networks(v: tuple[str, ...]) -> str | None:
+    from .identity import parse_networks
+
+    try:
+        parse_networks(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+MAX_PRESETS = 32  # each is a pinned KV sequence
+
+
+def _presets(v: dict[str, str]) -> str | None:
+    if len(v) > MAX_PRESETS:
+        return f"at most {MAX_PRESETS} presets"
+    if any(not text for text in v.values()):
+        return "a preset's text must not be empty"
+    return None
+
+
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -57,7 +78,7 @@ class Config:
     model: str = field(default="", metadata=_opt("GGUF file; empty = resolve from models_dir"))
     models_dir: str = field(default="models", metadata=_opt("where GGUF files live"))
     model_name: str = field(default="", metadata=_opt("model id shown in the API; empty = file stem"))
-    slots: int = field(default=8, metadata=_opt("sequences decoded together (batch width)", _positive))
+    slots: int = field(default=16, metadata=_opt("sequences decoded together (batch width)", _positive))
     ctx_per_slot: int = field(default=4096, metadata=_opt("context limit of one conversation, tokens", _positive))
     kv_tokens: int = field(default=16384, metadata=_opt("KV cache cells shared by all sequences (12 KiB each in f16)", _positive))
     kv_type: str = field(default="f16", metadata=_opt(
@@ -76,8 +97,15 @@ class Config:
     cached_sessions: int = field(default=48, metadata=_opt(
         "idle conversations kept in the KV cache beside the running ones", _positive))
     session_ttl_s: float = field(default=1800.0, metadata=_opt("forget an idle conversation after this, s", _positive))
-    prefix_sharing: str = field(default="system", metadata=_opt(
-        "KV reuse across sessions: only the shared system prompt, or any common prefix", _one_of("system", "all")))
+    prefix_sharing: str = field(default="client", metadata=_opt(
+        "KV reuse: within each client plus public system prompts (client; 'system' is the old name), "
+        "or any common prefix across clients (all: leaks between clients)", _one_of("client", "system", "all")))
+    system_prompts: dict[str, str] = field(default_factory=dict, metadata=_opt(
+        "preset system prompts [system_prompts] name = text: computed at start-up, shared by all clients",
+        lambda v: _presets(v)))
+    trusted_proxies: tuple[str, ...] = field(default=(), metadata=_opt(
+        "proxies whose X-Forwarded-For names the client, e.g. '127.0.0.1' or '10.0.0.0/24'",
+        lambda v: _networks(v)))
     park_ram_mb: int = field(default=-1, metadata=_opt(
         "RAM for sessions parked out of the KV cache, MiB; -1 = a quarter of available memory, 0 = off",
         lambda v: None if v >= -1 else "must be >= -1"))
@@ -128,6 +156,18 @@ def _coerce(name: str, raw: Any, from_text: bool) -> Any:
             if isinstance(raw, bool) or not (isinstance(raw, (int, float)) or from_text):
                 raise ValueError
             value = float(raw)
+        elif ftype == "tuple[str, ...]":
+            if from_text and isinstance(raw, str):
+                raw = [x.strip() for x in raw.split(",") if x.strip()]
+            if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) for x in raw):
+                raise ValueError
+            value = tuple(raw)
+        elif ftype == "dict[str, str]":
+            if from_text:
+                raise ConfigError(f"config key '{name}' is a table: set it in the config file")
+            if not isinstance(raw, dict) or not all(isinstance(x, str) for x in raw.values()):
+                raise ValueError
+            value = dict(raw)
         else:
             if not isinstance(raw, str):
                 raise ValueError
@@ -192,7 +232,8 @@ def load(
         ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
         ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
         # llama.cpp allows at most 256 sequence ids in one context.
-        ("cached_sessions", cfg.slots + cfg.cached_sessions <= 256, "slots + cached_sessions must be <= 256"),
+        ("cached_sessions", cfg.slots + cfg.cached_sessions + 1 + len(cfg.system_prompts) <= 256,
+         "slots + cached_sessions + system prompt presets must be < 256"),
     ):
         if not ok:
             raise ConfigError(f"config key '{key}': {why} (got {getattr(cfg, key)})")

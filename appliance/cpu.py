@@ -71,6 +71,3 @@ def use_repack(cfg: Config) -> bool:
 def available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
-
-def rss_bytes() -> int:
-    return int(psutil.Process().memory_info().rss)

@@ -5,6 +5,7 @@ prompt), and what gives way when the cache is full. Engine thread only.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from . import persist
 from .cache import Entry, SessionCache, common_prefix
 from .errors import KVCacheFull
 from .scheduler import Scheduler
-from .sequence import Sequence, State
+from .turn import State, Turn
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +25,30 @@ class SequenceOps(Protocol):
 
     fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
 
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
-    def seq_state(self, seq: int) -> bytes: ...
-    def set_seq_state(self, seq: int, data: bytes) -> bool: ...
+    def seq_state(self, seq_id: int) -> bytes: ...
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
 class CachePolicy:
     n_seq: int  # llama.cpp sequence ids: `slots` for running requests, the rest hold idle sessions
     ttl_s: float = 1800.0
-    share_all: bool = False  # False: across sessions, reuse only the shared (system) prefix
+    share_all: bool = False  # False: across clients, reuse only public prefixes
     park_bytes: int = 0  # RAM for sessions evicted from the KV cache; 0 = no parking
     restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
     min_shared: int = 8  # shortest prefix worth sharing between sequences
     state_dir: str = ""  # where sessions survive a restart; "" = they do not
     state_max_bytes: int = 1 << 30
+
+
+@dataclass(slots=True)
+class ReuseStats:
+    hits: int = 0  # turns that took over a cached conversation of their own
+    shared_hits: int = 0  # turns that copied a prefix (public, or their client's own)
+    restored: int = 0  # parked or saved conversations brought back
+    recomputed: int = 0  # parked, but recomputing was cheaper (or the park was dropped)
 
 
 class KVStore:
@@ -51,6 +60,7 @@ class KVStore:
         self.sched = sched
         self.kv_tokens = kv_tokens
         self.clock = clock
+        self.stats = ReuseStats()
         self._next_ttl_check = 0.0
 
     def evict_lru(self) -> bool:
@@ -60,87 +70,100 @@ class KVStore:
             self._evict(idle[0])
         return bool(idle)
 
-    def attach(self, seq: Sequence) -> None:
-        """Give an admitted sequence its llama.cpp sequence id, reusing cached KV: the
-        session's own history, else a shared system prompt computed by someone else."""
-        model, cache = self.model, self.cache
-        m = cache.match(seq.session, seq.prompt, seq.shared_len)
+    def attach(self, turn: Turn) -> None:
+        """Give an admitted turn its llama.cpp sequence id, reusing cached KV: its session's
+        history (or its client's conversation it continues), a parked or saved copy of
+        that, else the longest prefix it may copy (its client's own, or a public one)."""
+        cache = self.cache
+        m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
         if m.own and m.entry is not None:
-            e = m.entry
-            cache.take(e)
-            model.seq_rm(e.seq_id, m.n_common, -1)  # an edited history keeps what still matches
-            seq.seq_id, seq.n_cached, seq.n_reused = e.seq_id, m.n_common, m.n_common
-            # Cells this entry shares with the sequence it copied from stay not-its-own.
-            seq.copied = min(e.n_tokens - e.own_tokens, m.n_common)
-            cache.stats.hits += 1
+            self._take_over(turn, m.entry, m.n_common)
             return
-        own = cache.entries.get(seq.session)
+        own = cache.entries.get(turn.session)
         if own is not None and own.stored:
-            if self._restore(seq, own):
+            if self._restore(turn, own):
                 return
             # Restoring may have evicted the donor found above: look again.
-            m = cache.match(seq.session, seq.prompt, seq.shared_len)
+            m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
         donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
         if donor is not None:
             donor.busy = True  # pinned: making room for our id must not evict the donor
-        seq.seq_id = self._alloc_id()
+        turn.seq_id = self._alloc_id()
         if donor is not None:
             donor.busy = False
-            model.seq_cp(donor.seq_id, seq.seq_id, 0, m.n_common)
-            seq.n_cached = seq.n_reused = seq.copied = m.n_common
-            cache.stats.shared_hits += 1
+            self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
+            turn.n_cached = turn.n_reused = turn.copied = m.n_common
+            self.stats.shared_hits += 1
             return
-        # Nobody has the shared prefix yet: if a running sequence is computing it, wait for
-        # it and copy, so eight users arriving together compute their system prompt once.
+        self._follow(turn)
+
+    def _take_over(self, turn: Turn, e: Entry, n_common: int) -> None:
+        self.cache.take(e, turn.session)
+        self.model.seq_rm(e.seq_id, n_common, -1)  # an edited history keeps what still matches
+        turn.seq_id, turn.n_cached, turn.n_reused = e.seq_id, n_common, n_common
+        # Cells this entry shares with the sequence it copied from stay not-its-own.
+        turn.copied = min(e.n_tokens - e.own_tokens, n_common)
+        self.stats.hits += 1
+
+    def _follow(self, turn: Turn) -> None:
+        """Nobody has the prefix yet: if a running turn it may share with is computing it,
+        wait for it and copy, so a client's requests arriving together compute their
+        common prompt once."""
         best, best_n = None, 0
         for other in self.sched.running:
-            if other is seq or other.leader is not None or other.seq_id < 0:
+            if other is turn or other.leader is not None or other.seq_id < 0:
                 continue
-            cap = min(len(seq.prompt) - 1, len(other.prompt))
-            if not self.policy.share_all:
-                cap = min(cap, seq.shared_len, other.shared_len)
-            n = min(common_prefix(other.prompt, seq.prompt), cap)
+            if other.client != turn.client and not self.policy.share_all:
+                continue
+            cap = min(len(turn.prompt) - 1, len(other.prompt))
+            n = min(common_prefix(other.prompt, turn.prompt), cap)
             if n > best_n:
                 best, best_n = other, n
         if best is not None and best_n >= self.policy.min_shared:
-            seq.leader, seq.lead_n = best, best_n
+            turn.leader, turn.lead_n = best, best_n
 
-    def _restore(self, seq: Sequence, e: Entry) -> bool:
+    def _restore(self, turn: Turn, e: Entry) -> bool:
         """Bring a parked session back into the KV cache, when cheaper than recomputing."""
-        n = min(common_prefix(e.tokens, seq.prompt), len(seq.prompt) - 1)
+        n = min(common_prefix(e.tokens, turn.prompt), len(turn.prompt) - 1)
+        worth = n >= max(1, self.policy.restore_min_tokens)
         data = e.parked
-        if data is None and e.disk is not None and n >= max(1, self.policy.restore_min_tokens):
+        if data is None and e.disk is not None and worth:
             data = persist.load(e.disk)  # checksummed: a damaged file gives None, not a crash
-            e.disk = None
-        if data is None or n < max(1, self.policy.restore_min_tokens):
-            _forget(e.disk)
-            self.cache.drop(e.session)
-            self.cache.stats.recomputed += 1
+        if data is None or not worth:
+            self._forget(e)
             return False
         sid = self._alloc_id()
+        if not self._set_state(sid, data):
+            log.warning("session %s: could not restore parked state; recomputing", _digest(e.session))
+            self.cache.release_id(sid)
+            self._forget(e)
+            return False
+        _unlink(e.disk)
+        self.cache.restored(e, sid)
+        self.cache.take(e, turn.session)
+        self.model.seq_rm(sid, n, -1)
+        turn.seq_id, turn.n_cached, turn.n_reused = sid, n, n
+        self.stats.restored += 1
+        return True
+
+    def _set_state(self, sid: int, data: bytes) -> bool:
+        """Load saved state into sequence sid, evicting idle sessions until it fits."""
         while True:
             try:
-                ok = self.model.set_seq_state(sid, data)
+                if self.model.set_seq_state(sid, data):
+                    return True
             except KVCacheFull:
-                ok = False
+                pass
+            self.model.seq_rm(sid)
             idle = self.cache.idle_lru()
-            if ok or not idle:
-                break
-            self.model.seq_rm(sid)
+            if not idle:
+                return False
             self._evict(idle[0])  # no free cells: make room and try again
-        if not ok:
-            log.warning("session %s: could not restore parked state; recomputing", e.session)
-            self.model.seq_rm(sid)
-            self.cache.release_id(sid)
-            self.cache.drop(e.session)
-            self.cache.stats.recomputed += 1
-            return False
-        e.parked, e.seq_id = None, sid
-        self.cache.take(e)
-        self.model.seq_rm(sid, n, -1)
-        seq.seq_id, seq.n_cached, seq.n_reused = sid, n, n
-        self.cache.stats.restored += 1
-        return True
+
+    def _forget(self, e: Entry) -> None:
+        _unlink(e.disk)
+        self.cache.drop(e.session)
+        self.stats.recomputed += 1
 
     def resolve_followers(self) -> None:
         for s in self.sched.running:
@@ -153,7 +176,7 @@ class KVStore:
                 self.model.seq_cp(lead.seq_id, s.seq_id, 0, s.lead_n)
                 s.n_cached = s.n_reused = s.copied = s.lead_n
                 s.leader = None
-                self.cache.stats.shared_hits += 1
+                self.stats.shared_hits += 1
 
     def _alloc_id(self) -> int:
         sid = self.cache.alloc_id()
@@ -167,8 +190,7 @@ class KVStore:
         """Take an idle session out of the KV cache, parking it in RAM when worth it."""
         sid = e.seq_id
         data = None
-        if (self.policy.park_bytes and e.worth_parking
-                and e.n_tokens >= max(1, self.policy.restore_min_tokens)):
+        if self.policy.park_bytes and e.n_tokens >= max(1, self.policy.restore_min_tokens):
             data = self.model.seq_state(sid)
         self.cache.evict(e, data)
         self.model.seq_rm(sid)
@@ -188,45 +210,47 @@ class KVStore:
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)
-            _forget(e.disk)
+            _unlink(e.disk)
 
-    def drop_session(self, session: str) -> None:
-        # Turns of this session running or queued now must not cache it when they finish
-        # (a first turn has no entry yet, but would leave one).
-        for s in (*self.sched.running, *self.sched.waiting):
-            if s.session == session:
-                s.no_cache = True
-        e = self.cache.entries.get(session)
+    def drop_session(self, session: str) -> bool:
+        """Forget a session now, and what its turns in flight would leave; True if there
+        was anything to forget."""
+        in_flight = False
+        for t in (*self.sched.running, *self.sched.waiting):
+            if t.session == session:
+                t.no_cache = True  # a first turn has no entry yet, but would leave one
+                in_flight = True
+        e = self.cache.drop(session)
         if e is None:
-            return
-        if e.busy:
-            del self.cache.entries[session]  # its running turn owns the sequence id
-            return
-        sid = e.seq_id
-        self.cache.drop(session)
-        if sid >= 0:
-            self.model.seq_rm(sid)
-        _forget(e.disk)
+            return in_flight
+        if e.seq_id >= 0 and not e.busy:  # a busy entry's id stays with its running turn
+            self.model.seq_rm(e.seq_id)
+        _unlink(e.disk)
+        return True
 
-    def keep_or_free(self, s: Sequence, keep: bool) -> None:
+    def keep_or_free(self, t: Turn, keep: bool) -> None:
         """A finished turn's KV stays as its session's cache entry, unless it failed or the
         session was deleted meanwhile."""
         cache = self.cache
-        if keep and not s.no_cache:
-            tokens = (s.prompt + s.output)[:s.n_cached]
-            old = cache.entries.get(s.session)
+        if keep and not t.no_cache:
+            tokens = (t.prompt + t.output)[:t.n_cached]
+            old = cache.entries.get(t.session)
             if old is not None:
-                _forget(old.disk)  # a file saved by the last run is superseded by this turn
-            replaced = cache.put(s.session, s.seq_id, tokens, s.shared_len, s.copied, s.named)
+                _unlink(old.disk)  # a file saved by the last run is superseded by this turn
+            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named)
             if replaced is not None:
                 self.model.seq_rm(replaced)
             self.make_room()
             return
-        own = cache.entries.get(s.session)
-        if own is not None and own.seq_id == s.seq_id:
-            del cache.entries[s.session]
-        self.model.seq_rm(s.seq_id)
-        cache.release_id(s.seq_id)
+        own = cache.entries.get(t.session)
+        if own is not None and own.seq_id == t.seq_id:
+            cache.drop(t.session)  # busy: the id stays ours, released below
+        self.model.seq_rm(t.seq_id)
+        cache.release_id(t.seq_id)
+
+    def add_public(self, seq_id: int, tokens: list[int]) -> None:
+        """Pin a public prefix (a system prompt anyone may send) computed at start-up."""
+        self.cache.add_public(seq_id, tokens)
 
     def load_sessions(self) -> None:
         """Sessions saved by the previous run come back as 'saved' entries, read from disk
@@ -236,8 +260,8 @@ class KVStore:
         now = self.clock()
         saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
         for sv in saved:
-            e = Entry(sv.session, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s, disk=sv)
-            self.cache.entries[sv.session] = e
+            self.cache.add_saved(Entry(sv.session, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s,
+                                       disk=sv))
         if saved:
             log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
 
@@ -259,7 +283,7 @@ class KVStore:
                 else:
                     data = None
                 if data:
-                    records.append((e.session, e.tokens, e.shared_len, now - e.last_used, data))
+                    records.append((e.session, e.tokens, e.public_len, now - e.last_used, data))
             n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
                                  self.policy.state_max_bytes)
             log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
@@ -267,7 +291,11 @@ class KVStore:
             log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
 
 
-def _forget(saved: persist.Saved | None) -> None:
+def _digest(session: str) -> str:
+    return hashlib.sha256(session.encode()).hexdigest()[:8]  # session ids are bearer secrets
+
+
+def _unlink(saved: persist.Saved | None) -> None:
     if saved is not None:
         try:
             saved.path.unlink(missing_ok=True)

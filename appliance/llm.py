@@ -101,9 +101,6 @@ class Tokenizer:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
 
-    def detokenize(self, tokens: Seq[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
-
 
 class Sampler:
     """A llama.cpp sampler chain for one sequence; frees itself with the sequence."""
@@ -166,10 +163,8 @@ class LLM:
             C.llama_model_free(self.model)
             raise LLMError(f"llama.cpp could not create a context of {spec.n_ctx} tokens")
         self.spec = spec
-        self.n_ctx = C.llama_n_ctx(self.ctx)
         self.mem = C.llama_get_memory(self.ctx)
         self.tokenizer = Tokenizer(self.model)
-        self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
         self._batch = C.llama_batch_init(spec.n_batch, 0, 1)
         desc = ctypes.create_string_buffer(256)
         C.llama_model_desc(self.model, desc, len(desc))
@@ -179,7 +174,7 @@ class LLM:
         self._cap = spec.n_batch
 
     # -- decoding ------------------------------------------------------------------------
-    def decode(self, tokens: Seq[int], pos: Seq[int], seq: Seq[int], logits: Seq[bool]) -> None:
+    def decode(self, tokens: Seq[int], pos: Seq[int], seq_ids: Seq[int], logits: Seq[bool]) -> None:
         """One llama_decode over a mixed batch; row i of the batch is token i."""
         n = len(tokens)
         if n > self._cap:
@@ -190,7 +185,7 @@ class LLM:
             tok[i] = tokens[i]
             ps[i] = pos[i]
             nseq[i] = 1
-            sid[i][0] = seq[i]
+            sid[i][0] = seq_ids[i]
             out[i] = logits[i]
         b.n_tokens = n
         # llama.cpp returns output rows in batch order: row i -> its index among outputs.
@@ -230,11 +225,11 @@ class LLM:
         return Sampler(params, self.tokenizer.n_vocab)
 
     # -- KV cache ------------------------------------------------------------------------
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         """Drop positions [p0, p1) of a sequence (-1 = open end)."""
-        if not 0 <= seq < self.spec.n_seq_max:
-            raise LLMError(f"seq_rm({seq}): sequence id out of range")
-        C.llama_memory_seq_rm(self.mem, seq, p0, p1)
+        if not 0 <= seq_id < self.spec.n_seq_max:
+            raise LLMError(f"seq_rm({seq_id}): sequence id out of range")
+        C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Let dst share src's cells [p0, p1): no copy of data in a unified cache."""
@@ -243,18 +238,18 @@ class LLM:
             raise LLMError(f"seq_cp({src}, {dst}): sequence id out of range")
         C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
-    def seq_pos_max(self, seq: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self.mem, seq))
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.mem, seq_id))
 
-    def seq_state(self, seq: int) -> bytes:
-        size = C.llama_state_seq_get_size(self.ctx, seq)
+    def seq_state(self, seq_id: int) -> bytes:
+        size = C.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        n = C.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
         return bytes(memoryview(buf)[:n])  # buffer copy, not a list of ints
 
-    def set_seq_state(self, seq: int, data: bytes) -> bool:
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return C.llama_state_seq_set_data(self.ctx, buf, len(data), seq) > 0
+        return C.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) > 0
 
     def close(self) -> None:
         if self.ctx:

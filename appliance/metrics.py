@@ -1,7 +1,7 @@
 """Prometheus metrics (the only prometheus_client user).
 
-Histograms are observed by the engine thread as things happen; counts and gauges are read
-from the engine's own counters at scrape time, so there is one source of truth.
+Histograms are observed by the engine thread as things happen; counts and gauges are
+rendered at scrape time from the snapshot the engine thread publishes.
 """
 
 from __future__ import annotations
@@ -45,34 +45,31 @@ class _EngineCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[Any]:
-        e = self.engine
-        st, cache = e.stats, e.cache
-        running = len(e.sched.running)
-        entries = list(cache.entries.values())  # atomic copy: the engine thread mutates the dict
-        yield _gauge("appliance_queue_depth", "Requests waiting for a slot", len(e.sched.waiting))
-        yield _gauge("appliance_slots_active", "Slots running a request", running)
-        yield _gauge("appliance_slots_idle", "Free slots", e.limits.slots - running)
-        yield _gauge("appliance_sessions_cached", "Idle sessions holding KV cache",
-                     sum(1 for x in entries if x.seq_id >= 0 and not x.busy))
-        yield _gauge("appliance_sessions_parked", "Sessions parked in RAM",
-                     sum(1 for x in entries if x.parked is not None))
-        yield _gauge("appliance_parked_bytes", "RAM used by parked sessions", cache.parked_bytes)
+        snap = self.engine.snapshot  # one immutable picture: every figure from the same moment
+        c = snap.counters
+        yield _gauge("appliance_queue_depth", "Requests waiting for a slot", snap.queue)
+        yield _gauge("appliance_slots_active", "Slots running a request", snap.running)
+        yield _gauge("appliance_slots_idle", "Free slots", snap.slots - snap.running)
+        yield _gauge("appliance_sessions_cached", "Idle sessions holding KV cache", snap.sessions_cached)
+        yield _gauge("appliance_sessions_parked", "Sessions parked in RAM", snap.sessions_parked)
+        yield _gauge("appliance_parked_bytes", "RAM used by parked sessions", snap.parked_bytes)
         yield _counter("appliance_prompt_tokens_received", "Prompt tokens in admitted requests",
-                       st.prompt_tokens_received)
+                       c.prompt_tokens_received)
         yield _counter("appliance_prompt_tokens_computed", "Prompt tokens actually prefilled",
-                       st.prompt_tokens_computed)
+                       c.prompt_tokens_computed)
         yield _counter("appliance_prompt_tokens_reused", "Prompt tokens found in the KV cache",
-                       max(0, st.prompt_tokens_received - st.prompt_tokens_computed))
-        yield _counter("appliance_generated_tokens", "Tokens generated", st.generated_tokens)
-        yield _counter("appliance_decode_steps", "llama_decode calls", st.steps)
+                       max(0, c.prompt_tokens_received - c.prompt_tokens_computed))
+        yield _counter("appliance_generated_tokens", "Tokens generated", c.generated_tokens)
+        yield _counter("appliance_draft_tokens", "Speculative draft tokens verified", c.draft_tokens)
+        yield _counter("appliance_draft_accepted", "Speculative draft tokens accepted", c.draft_accepted)
+        yield _counter("appliance_decode_steps", "llama_decode calls", c.steps)
         done = CounterMetricFamily("appliance_requests", "Finished requests by outcome", labels=["outcome"])
-        for outcome, n in sorted(st.finished.items()):
+        for outcome, n in sorted(c.finished.items()):
             done.add_metric([outcome], n)
         yield done
         sess = CounterMetricFamily("appliance_session_events", "Session cache events", labels=["event"])
-        for name in ("hits", "shared_hits", "evicted", "expired", "parked", "restored", "recomputed",
-                     "parked_dropped"):
-            sess.add_metric([name], getattr(cache.stats, name))
+        for name, n in sorted(snap.cache_events.items()):
+            sess.add_metric([name], n)
         yield sess
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -53,20 +53,44 @@ class ChatTemplate:
 class Prompt:
     tokens: list[int]
     dropped_messages: int  # oldest turns left out so the conversation fits the context
-    shared_len: int = 0  # leading tokens that are not private: template + system prompt
-
-# A character no one types: rendering the system prompt followed by a user turn holding only
-# this shows where the private part of a prompt starts, whatever the template adds.
-_PROBE = "\u2063"
+    public_len: int = 0  # leading tokens any client may share: the template + a public system prompt
 
 
-def _shared_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
-                tokenize: Callable[[str], list[int]]) -> int:
+# Characters no one types: rendering the system prompt followed by a user turn holding
+# only one of these shows where the private part of a prompt starts, whatever the
+# template adds (two unlike probes: a tokenizer may merge the start of the user text).
+_PROBES = ("\u2063", "A")
+
+
+def _system_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     n_sys = 0
     while n_sys < len(messages) and messages[n_sys]["role"] == "system":
         n_sys += 1
-    probe = tokenize(template.render(messages[:n_sys] + [{"role": "user", "content": _PROBE}]))
-    return common_prefix(tokens, probe)
+    return messages[:n_sys]
+
+
+def public_prefix(system: list[dict[str, Any]], template: ChatTemplate,
+                  tokenize: Callable[[str], list[int]]) -> list[int]:
+    """The tokens a prompt with these system messages starts with, before anything private."""
+    a, b = (tokenize(template.render(system + [{"role": "user", "content": p}])) for p in _PROBES)
+    return a[:common_prefix(a, b)]
+
+
+def public_prefixes(presets: Iterable[str], template: ChatTemplate,
+                    tokenize: Callable[[str], list[int]]) -> list[list[int]]:
+    """What every client may share: the model's default system prompt (no system message)
+    and each operator preset. Computed once at start-up."""
+    systems: list[list[dict[str, Any]]] = [[]]
+    systems += [[{"role": "system", "content": text}] for text in presets]
+    return [public_prefix(s, template, tokenize) for s in systems]
+
+
+def _public_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
+                tokenize: Callable[[str], list[int]], presets: frozenset[str]) -> int:
+    system = _system_part(messages)
+    if len(system) > 1 or (system and system[0]["content"] not in presets):
+        return 0  # a private system prompt: nothing of it is shared with other clients
+    return common_prefix(tokens, public_prefix(system, template, tokenize))
 
 
 def build_prompt(
@@ -74,6 +98,7 @@ def build_prompt(
     template: ChatTemplate,
     tokenize: Callable[[str], list[int]],
     limit: int,
+    presets: frozenset[str] = frozenset(),
 ) -> Prompt:
     """Render and tokenize; if longer than `limit` tokens, drop the oldest non-system
     messages (whole turns: the kept history starts with a user message) until it fits.
@@ -84,7 +109,7 @@ def build_prompt(
 
     tokens = encode(messages)
     if len(tokens) <= limit:
-        return Prompt(tokens, 0, _shared_len(messages, tokens, template, tokenize))
+        return Prompt(tokens, 0, _public_len(messages, tokens, template, tokenize, presets))
 
     n_sys = 0
     while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
@@ -112,4 +137,4 @@ def build_prompt(
             lo = mid + 1
     kept = keep_from(lo)
     tokens = encode(kept)
-    return Prompt(tokens, len(messages) - len(kept), _shared_len(kept, tokens, template, tokenize))
+    return Prompt(tokens, len(messages) - len(kept), _public_len(kept, tokens, template, tokenize, presets))

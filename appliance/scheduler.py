@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import QueueFull, Unavailable
-from .sequence import Sequence, State
+from .errors import Unavailable
+from .turn import State, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +28,12 @@ class Limits:
     max_queue: int = 64
     queue_timeout_s: float = 120.0
     ageing_s: float = 2.0  # a new conversation waiting this long ranks with continuing ones
-    max_per_client: int = 0  # running + queued requests per client address; 0 = no cap
 
 
 @dataclass(slots=True)
 class Step:
-    decode: list[Sequence] = field(default_factory=list)  # one token each
-    prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, n prompt tokens)
+    decode: list[Turn] = field(default_factory=list)  # one token each
+    prefill: list[tuple[Turn, int]] = field(default_factory=list)  # (turn, n prompt tokens)
 
     @property
     def n_tokens(self) -> int:
@@ -49,30 +48,19 @@ class Scheduler:
     def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
         self.limits = limits
         self.clock = clock
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Turn] = deque()
+        self.running: list[Turn] = []
         self.reserved = 0  # sum of kv_reserve over running sequences
 
-    # -- intake --------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.limits.max_queue:
-            raise QueueFull(f"the server is busy: {len(self.waiting)} requests are queued", retry_after=2)
-        seq.state = State.WAITING
-        self.waiting.append(seq)
-
-    @property
-    def idle(self) -> bool:
-        return not self.waiting and not self.running
-
     # -- the step ------------------------------------------------------------------------
-    def expired(self) -> list[tuple[Sequence, Unavailable | None, bool]]:
+    def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
         """Remove cancelled sequences and those that waited too long for a slot.
-        Returns (seq, error to report or None for a plain cancel, was it waiting)."""
+        Returns (turn, error to report or None for a plain cancel, was it waiting)."""
         now, out = self.clock(), []
         if any(s.cancelled for s in self.running):
             for s in [s for s in self.running if s.cancelled]:
                 out.append((s, None, False))
-        keep: deque[Sequence] = deque()
+        keep: deque[Turn] = deque()
         for s in self.waiting:
             if s.cancelled:
                 out.append((s, None, True))
@@ -94,14 +82,14 @@ class Scheduler:
             return closes
         return None
 
-    def priority(self, seq: Sequence, now: float) -> tuple[int, float]:
+    def priority(self, turn: Turn, now: float) -> tuple[int, float]:
         """Continuing conversations first (their KV is cached: cheap, and a user is mid-chat),
         otherwise FIFO. Ageing: once a new request has waited ageing_s it ranks with the
         continuing ones, so it is overtaken only by those that arrived within ageing_s after it."""
-        urgent = seq.continuing or now - seq.arrival >= self.limits.ageing_s
-        return (0 if urgent else 1, seq.arrival)
+        urgent = turn.continuing or now - turn.arrival >= self.limits.ageing_s
+        return (0 if urgent else 1, turn.arrival)
 
-    def admit(self) -> list[Sequence]:
+    def admit(self) -> list[Turn]:
         """Move waiting sequences into free slots, by priority, while the KV budget allows."""
         if self.window_open_until() is not None:
             return []
@@ -110,16 +98,16 @@ class Scheduler:
         if len(self.waiting) > 1 and len(self.running) < self.limits.slots:
             self.waiting = deque(sorted(self.waiting, key=lambda q: self.priority(q, now)))
         while self.waiting and len(self.running) < self.limits.slots:
-            seq = self.waiting[0]
-            need = seq.kv_reserve(self.limits.ctx_limit)
+            turn = self.waiting[0]
+            need = turn.kv_reserve(self.limits.ctx_limit)
             if self.running and self.reserved + need > self.limits.kv_tokens:
                 break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
-            seq.state = State.PREFILL
-            seq.admitted_at = now
+            turn.state = State.PREFILL
+            turn.admitted_at = now
             self.reserved += need
-            self.running.append(seq)
-            admitted.append(seq)
+            self.running.append(turn)
+            admitted.append(turn)
         return admitted
 
     def schedule(self) -> Step:
@@ -155,16 +143,12 @@ class Scheduler:
             budget -= n
         return step
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, turn: Turn) -> None:
         """Finish a running sequence and give its slot back (idempotent)."""
-        if seq.state is State.FINISHED:
+        if turn.state is State.FINISHED:
             return  # NOTE: a cancel racing a normal finish must not free the slot twice
-        was_running = seq.state is not State.WAITING
-        seq.state = State.FINISHED
+        was_running = turn.state is not State.WAITING
+        turn.state = State.FINISHED
         if was_running:
-            self.running.remove(seq)
-            self.reserved -= seq.kv_reserve(self.limits.ctx_limit)
-
-    @property
-    def n_free_slots(self) -> int:
-        return self.limits.slots - len(self.running)
+            self.running.remove(turn)
+            self.reserved -= turn.kv_reserve(self.limits.ctx_limit)

@@ -13,6 +13,7 @@ import uvicorn
 from . import cpu
 from .config import Config
 from .engine import Engine, EngineState
+from .identity import parse_networks
 from .kvstore import CachePolicy
 from .metrics import Metrics
 from .openai_api import ServerLimits
@@ -30,9 +31,10 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     limits = Limits(
         slots=cfg.slots, batch_tokens=cfg.batch_tokens, prefill_chunk=cfg.prefill_chunk, kv_tokens=cfg.kv_tokens, ctx_limit=cfg.ctx_per_slot,
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
-        queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s, max_per_client=cfg.max_per_client)
+        queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s)
 
     n_seq = cfg.slots + cfg.cached_sessions
+    presets = tuple(cfg.system_prompts.values())
     park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else cpu.available_memory() // 4
     policy = CachePolicy(n_seq=n_seq, ttl_s=cfg.session_ttl_s, share_all=cfg.prefix_sharing == "all",
                          park_bytes=park, restore_min_tokens=cfg.restore_min_tokens,
@@ -41,13 +43,15 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
-        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq, n_batch=cfg.batch_tokens, threads=threads,
+        # Beyond the sessions' ids: one per public prefix (the default system prompt + presets).
+        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq + 1 + len(presets), n_batch=cfg.batch_tokens, threads=threads,
                            repack=repack, kv_type=cfg.kv_type)
         log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
 
-    return Engine(load, limits, policy, request_timeout_s=cfg.request_timeout_s,
+    return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
+                  request_timeout_s=cfg.request_timeout_s,
                   pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal)
 
 
@@ -97,7 +101,8 @@ def serve(cfg: Config, model_path: Path) -> int:
     limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
                           ctx_limit=cfg.ctx_per_slot)
     web = Path(cfg.web_dir) if cfg.web_dir else None
-    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics))
+    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics,
+                         system_prompts=cfg.system_prompts, trusted_proxies=parse_networks(cfg.trusted_proxies)))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
     server = _Server(ucfg, engine, cfg.grace_s)

@@ -1,12 +1,12 @@
 """The Starlette app: routes, SSE streaming, the chat page, health and metrics.
 
-It talks to the engine only through prepare/submit/cancel and never touches llama.cpp.
+It talks to the engine only through prepare/submit/cancel/delete_session, reads its
+published snapshot, and never touches llama.cpp.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -24,8 +24,9 @@ from starlette.staticfiles import StaticFiles
 from . import openai_api as api
 from .engine import Engine, EngineState, Handle
 from .errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
+from .identity import Network, client_identity
 from .metrics import Metrics
-from .sequence import Delta, Done, Failed
+from .turn import Delta, Done, Failed
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -41,13 +42,20 @@ class App:
     """State shared by the routes: the engine and what the API says about the model."""
 
     def __init__(self, engine: Engine, model_id: str, limits: api.ServerLimits, web_dir: Path | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
+                 trusted_proxies: tuple[Network, ...] = ()) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
         self.limits = limits
         self.web_dir = web_dir or WEB_DIR
+        self.system_prompts = dict(system_prompts or {})
+        self.trusted_proxies = trusted_proxies
         self.created = int(time.time())
+
+    def client(self, request: Request) -> str:
+        peer = request.client.host if request.client else ""
+        return client_identity(peer, request.headers.get("x-forwarded-for"), self.trusted_proxies)
 
     # -- routes --------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -56,28 +64,33 @@ class App:
         if e.state is EngineState.FAILED:
             body["error"] = e.load_error
         if e.state in (EngineState.READY, EngineState.DRAINING):
-            running = len(e.sched.running)
-            entries = list(e.cache.entries.values())  # atomic copy; the engine thread mutates it
+            snap = e.snapshot
+            c = snap.counters
             body.update({
                 "model": self.model_id,
-                "slots": {"total": e.limits.slots, "busy": running, "idle": e.limits.slots - running},
-                "queue": len(e.sched.waiting),
+                "slots": {"total": snap.slots, "busy": snap.running, "idle": snap.slots - snap.running},
+                "queue": snap.queue,
                 "engine": {
-                    "steps": e.stats.steps,
-                    "peak_seqs_per_step": e.stats.peak_seqs_per_step,
-                    "prompt_tokens_received": e.stats.prompt_tokens_received,
-                    "prompt_tokens_computed": e.stats.prompt_tokens_computed,
-                    "generated_tokens": e.stats.generated_tokens,
-                    "finished": dict(e.stats.finished),
+                    "steps": c.steps,
+                    "peak_seqs_per_step": c.peak_seqs_per_step,
+                    "prompt_tokens_received": c.prompt_tokens_received,
+                    "prompt_tokens_computed": c.prompt_tokens_computed,
+                    "generated_tokens": c.generated_tokens,
+                    "draft_tokens": c.draft_tokens,
+                    "draft_accepted": c.draft_accepted,
+                    "finished": dict(c.finished),
                 },
                 "sessions": {
-                    "cached": sum(1 for x in entries if x.seq_id >= 0),
-                    "parked": sum(1 for x in entries if x.parked is not None),
-                    "parked_bytes": e.cache.parked_bytes,
-                    **dataclasses.asdict(e.cache.stats),
+                    "cached": snap.sessions_cached,
+                    "parked": snap.sessions_parked,
+                    "parked_bytes": snap.parked_bytes,
+                    **snap.cache_events,
                 },
             })
         return JSONResponse(body, status_code=200 if e.state is EngineState.READY else 503)
+
+    async def system_prompts_list(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"name": k, "text": v} for k, v in self.system_prompts.items()]})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(api.models_list(self.model_id, self.created))
@@ -93,7 +106,7 @@ class App:
         data = api.parse_json(body)
         req = api.parse_chat_request(data, self.limits, request.headers.get("x-session-id"))
         prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
-        client = request.client.host if request.client else ""
+        client = self.client(request)
         session = req.session_id or api.new_session_id()
         handle = self.engine.submit(prompt, req.params, client, session, named=req.session_id is not None)
         headers = {"X-Session-Id": session}
@@ -177,14 +190,14 @@ class App:
         return JSONResponse(info)
 
     async def delete_session(self, request: Request) -> Response:
-        if not self.engine.delete_session(request.path_params["sid"]):
+        if not await self.engine.delete_session(request.path_params["sid"]):
             raise NotFound("no such session (it may have expired)")
         return Response(status_code=204)
 
     async def steps(self, request: Request) -> Response:
-        """Recent decode steps as [decode seqs, prefill seqs, prefill tokens], oldest first:
-        shows how prefill chunks and decode tokens share each step."""
-        return JSONResponse({"steps": [list(x) for x in list(self.engine.stats.step_log)]})
+        """Recent decode steps as [decode seqs, prefill seqs, prefill tokens, draft tokens],
+        oldest first: shows how prefill chunks, drafts and decode tokens share each step."""
+        return JSONResponse({"steps": [list(x) for x in self.engine.snapshot.step_log]})
 
     async def prometheus(self, request: Request) -> Response:
         if self.metrics is None:
@@ -229,6 +242,7 @@ def create_app(app_state: App) -> Starlette:
     routes = [
         Route("/health", app_state.health),
         Route("/v1/models", app_state.models),
+        Route("/v1/system_prompts", app_state.system_prompts_list),
         Route("/metrics", app_state.prometheus),
         Route("/debug/steps", app_state.steps),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),

@@ -70,21 +70,21 @@ class FakeModel:
     fail_restore: bool = False
     closed: bool = False
 
-    def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[bool]) -> None:
+    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None:
         if self.gate is not None:
             self.gate.wait(5)
         if self.delay:
             time.sleep(self.delay)
-        self.calls.append((list(tokens), list(pos), list(seq), list(logits)))
+        self.calls.append((list(tokens), list(pos), list(seq_ids), list(logits)))
         if len(self.calls) - 1 == self.fail_on_call:
             raise RuntimeError("injected decode failure")
         if self.capacity and self.used() + len(tokens) > self.capacity:
             raise KVCacheFull("fake cache full")
-        for p, s in zip(pos, seq):
+        for p, s in zip(pos, seq_ids):
             held = self.kv.setdefault(s, [])
             assert p == len(held), f"seq {s}: position {p} after {len(held)} cached"
             held.append(p)
-        self._last = (pos, seq)
+        self._last = (pos, seq_ids)
 
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler()

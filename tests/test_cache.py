@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
-from appliance.cache import Entry, Match, SessionCache, common_prefix
+from appliance.cache import TAKEOVER_SLACK, Entry, Match, SessionCache, common_prefix
 from fakes import FakeClock
 
-SYS = [101, 102, 103, 104, 105, 106, 107, 108]  # a "system prompt": the shared prefix
+SYS = [101, 102, 103, 104, 105, 106, 107, 108]  # a "system prompt"
 
 
 def make(n_ids: int = 4, **kw: object) -> tuple[SessionCache, FakeClock]:
@@ -26,11 +26,12 @@ def brute_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def cached(c: SessionCache, session: str, tokens: list[int], shared_len: int = len(SYS), copied: int = 0) -> Entry:
-    """An idle entry in the KV cache, as a finished turn leaves it."""
+def cached(c: SessionCache, session: str, tokens: list[int], public_len: int = len(SYS), copied: int = 0,
+           owner: str = "A", named: bool = True) -> Entry:
+    """An idle entry in the KV cache, as a finished turn of client `owner` leaves it."""
     sid = c.alloc_id()
     assert sid is not None
-    assert c.put(session, sid, tokens, shared_len, copied) is None
+    assert c.put(session, sid, tokens, public_len, copied, owner, named) is None
     return c.entries[session]
 
 
@@ -107,46 +108,54 @@ def test_common_prefix_matches_brute_force_on_random_lists() -> None:
 def test_match_own_idle_entry_is_taken_over() -> None:
     c, _ = make()
     e = cached(c, "a", SYS + [1, 2, 3])
-    m = c.match("a", SYS + [1, 2, 3, 4, 5], len(SYS))
+    m = c.match("a", "A", SYS + [1, 2, 3, 4, 5], len(SYS))
     assert m == Match(e, len(SYS) + 3, True)
+
+
+def test_match_own_session_is_found_from_any_client() -> None:
+    # Session ids are bearer secrets: whoever sends one continues it (e.g. a laptop whose
+    # address changed). Keys will bind sessions to their key.
+    c, _ = make()
+    e = cached(c, "a", SYS + [1, 2, 3], owner="A")
+    assert c.match("a", "B", SYS + [1, 2, 3, 4], 0) == Match(e, len(SYS) + 3, True)
 
 
 def test_match_own_leaves_at_least_one_prompt_token_to_compute() -> None:
     c, _ = make()
     e = cached(c, "a", SYS + [1, 2, 3])
     # Same prompt again (a retry): everything is cached, but the last token is recomputed.
-    m = c.match("a", SYS + [1, 2, 3], len(SYS))
+    m = c.match("a", "A", SYS + [1, 2, 3], len(SYS))
     assert m.entry is e and m.own and m.n_common == len(SYS) + 2
     # A prompt shorter than the cached history (a regenerate after an edit).
-    m = c.match("a", SYS + [1], len(SYS))
+    m = c.match("a", "A", SYS + [1], len(SYS))
     assert m.entry is e and m.own and m.n_common == len(SYS)
 
 
 def test_match_own_edited_history_reuses_what_still_matches() -> None:
     c, _ = make()
     e = cached(c, "a", SYS + [1, 2, 3, 4])
-    m = c.match("a", SYS + [1, 9, 9, 9, 9], len(SYS))
+    m = c.match("a", "A", SYS + [1, 9, 9, 9, 9], len(SYS))
     assert m == Match(e, len(SYS) + 1, True)
 
 
 def test_match_own_single_token_prompt_cannot_reuse_anything() -> None:
     c, _ = make()
     cached(c, "a", [5, 6, 7])
-    assert c.match("a", [5], 0) == Match(None, 0, False)
-    assert c.match("a", [], 0) == Match(None, 0, False)
+    assert c.match("a", "A", [5], 0) == Match(None, 0, False)
+    assert c.match("a", "A", [], 0) == Match(None, 0, False)
 
 
 def test_match_own_busy_entry_is_not_taken_falls_back_to_sharing() -> None:
     c, _ = make()
     own = cached(c, "a", SYS + [1, 2, 3])
     other = cached(c, "b", SYS + [7, 7])
-    c.take(own)
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
+    c.take(own, "a")
+    m = c.match("a", "A", SYS + [1, 2, 3, 4], len(SYS))
     assert not m.own
-    assert m.entry is not None and m.entry.seq_id >= 0
-    assert m.n_common == len(SYS)  # the shared prefix only, not the session's history
-    c.take(other)
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
+    assert m.entry is other and m.entry.seq_id >= 0
+    assert m.n_common == len(SYS)  # what the other conversation has in common, no more
+    c.take(other, "b")
+    m = c.match("a", "A", SYS + [1, 2, 3, 4], len(SYS))
     assert not m.own
 
 
@@ -155,7 +164,7 @@ def test_match_own_parked_entry_is_not_own() -> None:
     e = cached(c, "a", SYS + [1, 2, 3])
     c.evict(e, b"state")
     assert e.seq_id == -1 and e.parked == b"state"
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
+    m = c.match("a", "A", SYS + [1, 2, 3, 4], len(SYS))
     assert m == Match(None, 0, False)  # the engine restores it separately
 
 
@@ -163,64 +172,108 @@ def test_match_own_entry_with_nothing_in_common_falls_back_to_sharing() -> None:
     c, _ = make()
     cached(c, "a", [1, 2, 3])
     donor = cached(c, "b", SYS + [4])
-    m = c.match("a", SYS + [5, 6], len(SYS))
+    m = c.match("a", "A", SYS + [5, 6], len(SYS))
     assert m == Match(donor, len(SYS), False)
 
 
-# -- match: other sessions (sharing) ------------------------------------------------------
+# -- match: the same client's other conversations ------------------------------------------
 
-def test_match_no_entries_or_no_common_prefix() -> None:
+def test_match_same_client_reuses_its_other_conversations_fully() -> None:
     c, _ = make()
-    assert c.match("a", SYS + [1], len(SYS)) == Match(None, 0, False)
-    cached(c, "b", [1, 2, 3])
-    assert c.match("a", SYS + [1], len(SYS)) == Match(None, 0, False)
+    donor = cached(c, "b", SYS + [1, 2, 3, 4], public_len=0)  # a private system prompt
+    m = c.match("a", "A", SYS + [1, 2, 3, 9], 0)
+    assert m == Match(donor, len(SYS) + 3, False)  # named: copied, never taken over
 
 
-def test_match_isolation_caps_at_the_new_prompts_shared_len() -> None:
+def test_match_anonymous_continuation_is_taken_over_under_the_new_id() -> None:
+    # A client that sends no session id: its next turn continues its last one.
     c, _ = make()
-    donor = cached(c, "b", SYS + [1, 2, 3, 4], shared_len=len(SYS))
-    # Identical conversation from another session: only the system prompt is shared.
-    m = c.match("a", SYS + [1, 2, 3, 4, 5], len(SYS))
-    assert m == Match(donor, len(SYS), False)
-    # The new prompt declares a shorter shared prefix: that is the cap.
-    m = c.match("a", SYS + [1, 2, 3, 4, 5], 3)
-    assert m == Match(donor, 3, False)
+    e = cached(c, "anon-1", SYS + [1, 2, 3], named=False)
+    m = c.match("anon-2", "A", SYS + [1, 2, 3, 4, 5], len(SYS))
+    assert m == Match(e, len(SYS) + 3, True)
+    c.take(e, "anon-2")
+    assert c.entries == {"anon-2": e} and e.session == "anon-2" and e.busy
 
 
-def test_match_isolation_caps_at_the_donors_shared_len() -> None:
+def test_match_anonymous_branch_is_copied_and_the_original_kept() -> None:
+    # A regenerated or edited turn shares only a beginning: the original stays cached.
     c, _ = make()
-    donor = cached(c, "b", SYS + [1, 2, 3, 4], shared_len=5)
-    m = c.match("a", SYS + [1, 2, 3, 4, 5], len(SYS) + 4)
-    assert m == Match(donor, 5, False)
+    history = SYS + list(range(1, 41))
+    e = cached(c, "anon-1", history, named=False)
+    m = c.match("anon-2", "A", SYS + [1, 2, 99], len(SYS))
+    assert m == Match(e, len(SYS) + 2, False)
 
 
-def test_match_isolation_zero_shared_len_shares_nothing() -> None:
+def test_match_takeover_slack_allows_a_retokenized_tail() -> None:
     c, _ = make()
-    cached(c, "b", SYS + [1, 2], shared_len=len(SYS))
-    assert c.match("a", SYS + [1, 2, 3], 0) == Match(None, 0, False)
-    c2, _ = make()
-    cached(c2, "b", SYS + [1, 2], shared_len=0)
-    assert c2.match("a", SYS + [1, 2, 3], len(SYS)) == Match(None, 0, False)
+    history = SYS + list(range(1, 41))
+    e = cached(c, "anon-1", history, named=False)
+    cut = len(history) - TAKEOVER_SLACK
+    m = c.match("anon-2", "A", history[:cut] + [999, 998], len(SYS))
+    assert m == Match(e, cut, True)
+    m = c.match("anon-2", "A", history[:cut - 1] + [999, 998], len(SYS))
+    assert m == Match(e, cut - 1, False)
 
 
-def test_match_isolation_tokens_diverging_inside_the_shared_prefix() -> None:
+def test_match_named_session_is_never_taken_over_by_another_id() -> None:
     c, _ = make()
-    donor = cached(c, "b", SYS + [1, 2])
+    e = cached(c, "b", SYS + [1, 2], named=True)
+    assert c.match("anon-9", "A", SYS + [1, 2, 3], len(SYS)) == Match(e, len(SYS) + 2, False)
+
+
+def test_match_no_takeover_when_the_session_has_an_entry_of_its_own() -> None:
+    c, _ = make(park_budget_bytes=100)
+    own = cached(c, "x", [7, 7, 7])
+    c.evict(own, b"p")
+    e = cached(c, "anon-1", SYS + [1, 2], named=False)
+    assert c.match("x", "A", SYS + [1, 2, 3], len(SYS)) == Match(e, len(SYS) + 2, False)
+
+
+# -- match: other clients (isolation) ------------------------------------------------------
+
+def test_match_another_clients_conversation_is_never_reused() -> None:
+    c, _ = make()
+    cached(c, "b", SYS + [1, 2, 3, 4], owner="B", public_len=len(SYS))
+    cached(c, "anon-1", SYS + [1, 2, 3, 4], owner="B", named=False)
+    assert c.match("a", "A", SYS + [1, 2, 3, 4, 5], len(SYS)) == Match(None, 0, False)
+
+
+def test_match_public_prefix_is_shared_with_every_client() -> None:
+    c, _ = make()
+    c.add_public(10, SYS)
+    (pub,) = c.public
+    cached(c, "b", SYS + [1, 2, 3, 4], owner="B")
+    assert c.match("a", "A", SYS + [1, 2, 3, 4, 5], len(SYS)) == Match(pub, len(SYS), False)
+    # Capped at the public part the new prompt declares, and nothing for a private one.
+    assert c.match("a", "A", SYS + [1, 2], 3) == Match(pub, 3, False)
+    assert c.match("a", "A", SYS + [1, 2], 0) == Match(None, 0, False)
+
+
+def test_match_public_prefix_is_never_taken_over() -> None:
+    c, _ = make()
+    c.add_public(10, SYS)
+    m = c.match("anon-1", "", SYS + [1], len(SYS))
+    assert m.entry is c.public[0] and not m.own
+
+
+def test_match_isolation_tokens_diverging_inside_the_public_prefix() -> None:
+    c, _ = make()
+    c.add_public(10, SYS)
     other_sys = SYS[:3] + [0] + SYS[4:]
-    m = c.match("a", other_sys + [1, 2, 3], len(SYS))
-    assert m == Match(donor, 3, False)
+    m = c.match("a", "A", other_sys + [1, 2, 3], len(SYS))
+    assert m == Match(c.public[0], 3, False)
 
 
-def test_match_share_all_reuses_the_full_common_prefix() -> None:
+def test_match_share_all_reuses_the_full_common_prefix_across_clients() -> None:
     c, _ = make(share_all=True)
-    donor = cached(c, "b", SYS + [1, 2, 3, 4], shared_len=len(SYS))
-    m = c.match("a", SYS + [1, 2, 3, 9], len(SYS))
+    donor = cached(c, "b", SYS + [1, 2, 3, 4], owner="B")
+    m = c.match("a", "A", SYS + [1, 2, 3, 9], len(SYS))
     assert m == Match(donor, len(SYS) + 3, False)
     # Still leaves the last prompt token to compute.
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
+    m = c.match("a", "A", SYS + [1, 2, 3, 4], len(SYS))
     assert m == Match(donor, len(SYS) + 3, False)
-    # Not limited by either shared_len.
-    m = c.match("a", SYS + [1, 2, 3, 4, 5], 0)
+    # Not limited by the public length.
+    m = c.match("a", "A", SYS + [1, 2, 3, 4, 5], 0)
     assert m == Match(donor, len(SYS) + 4, False)
 
 
@@ -229,27 +282,19 @@ def test_match_picks_the_donor_with_the_longest_usable_prefix() -> None:
     cached(c, "short", SYS[:3] + [0, 0, 0])
     best = cached(c, "best", SYS + [1, 2])
     cached(c, "mid", SYS[:6] + [0])
-    m = c.match("a", SYS + [1, 2, 3], len(SYS))
-    assert m == Match(best, len(SYS), False)
+    cached(c, "other", SYS + [1, 2, 3], owner="B")  # longer, but another client's
+    m = c.match("a", "A", SYS + [1, 2, 3], len(SYS))
+    assert m == Match(best, len(SYS) + 2, False)
 
 
 def test_match_longest_usable_prefix_counts_after_the_isolation_cap() -> None:
-    # The donor with the most matching tokens allows less reuse (small shared_len) than one
-    # with fewer matching tokens: the usable length decides.
+    # Another client's entry matches more tokens but may give none; a public prefix with
+    # fewer matching tokens is what is usable.
     c, _ = make(n_ids=8)
-    cached(c, "many_tokens", SYS + [1, 2, 3], shared_len=2)
-    usable = cached(c, "usable", SYS[:6] + [0], shared_len=len(SYS))
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
-    assert m == Match(usable, 6, False)
-
-
-def test_match_share_all_picks_the_longest_donor() -> None:
-    c, _ = make(n_ids=8, share_all=True)
-    cached(c, "x", SYS + [1])
-    best = cached(c, "y", SYS + [1, 2, 3])
-    cached(c, "z", SYS + [1, 2])
-    m = c.match("a", SYS + [1, 2, 3, 4], len(SYS))
-    assert m == Match(best, len(SYS) + 3, False)
+    cached(c, "many_tokens", SYS + [1, 2, 3], owner="B")
+    c.add_public(10, SYS[:6])
+    m = c.match("a", "A", SYS + [1, 2, 3, 4], len(SYS))
+    assert m == Match(c.public[0], 6, False)
 
 
 def test_match_ignores_parked_donors() -> None:
@@ -257,55 +302,53 @@ def test_match_ignores_parked_donors() -> None:
     donor = cached(c, "b", SYS + [1, 2])
     c.evict(donor, b"parked")
     assert "b" in c.entries and donor.seq_id == -1
-    assert c.match("a", SYS + [1, 2, 3], len(SYS)) == Match(None, 0, False)
+    assert c.match("a", "A", SYS + [1, 2, 3], len(SYS)) == Match(None, 0, False)
     # Another in-KV donor with a shorter prefix is used instead.
     live = cached(c, "c", SYS[:4] + [0])
-    assert c.match("a", SYS + [1, 2, 3], len(SYS)) == Match(live, 4, False)
+    assert c.match("a", "A", SYS + [1, 2, 3], len(SYS)) == Match(live, 4, False)
 
 
 def test_match_does_not_change_the_cache() -> None:
     c, clock = make()
-    e = cached(c, "a", SYS + [1])
+    e = cached(c, "a", SYS + [1], named=False)
     t0 = e.last_used
     clock.advance(10)
-    c.match("a", SYS + [1, 2], len(SYS))
-    c.match("z", SYS + [1, 2], len(SYS))
-    assert not e.busy and e.last_used == t0
-    assert c.stats.hits == c.stats.shared_hits == 0
+    c.match("a", "A", SYS + [1, 2], len(SYS))
+    c.match("z", "A", SYS + [1, 2], len(SYS))
+    assert not e.busy and e.last_used == t0 and list(c.entries) == ["a"]
 
 
 def test_match_never_offers_kv_a_taken_over_entry_no_longer_holds_share_all() -> None:
     """Bug: `take` leaves entry.tokens untouched while the engine truncates the taken-over
-    sequence to the matched prefix (`seq_rm(seq_id, n_common, -1)` in Engine._attach) and
-    then decodes the new turn's different tokens into those positions. `match` still uses
-    the busy entry as a donor for its stale full token list, so another session copies
-    cells that were removed or now hold other tokens."""
+    sequence to the matched prefix (`seq_rm(seq_id, n_common, -1)` in KVStore._take_over)
+    and then decodes the new turn's different tokens into those positions. `match` must not
+    use the busy entry as a donor for its stale full token list."""
     c, _ = make(share_all=True)
     history = SYS + [1, 2, 3, 4, 5, 6]
     a = cached(c, "a", history)
     # Session a edits its last messages: its own entry is taken over, valid up to 10 tokens.
-    m = c.match("a", SYS + [1, 2, 9, 9], len(SYS))
+    m = c.match("a", "A", SYS + [1, 2, 9, 9], len(SYS))
     assert m == Match(a, len(SYS) + 2, True)
-    c.take(a)
+    c.take(a, "a")
     still_valid = m.n_common  # the engine removes positions >= this from a's sequence
     # Session b has the old history (a forked conversation): it must not be told to copy
     # positions a's sequence no longer holds.
-    m2 = c.match("b", history + [7], len(SYS))
+    m2 = c.match("b", "B", history + [7], len(SYS))
     assert m2.entry is not a or m2.n_common <= still_valid, (
         f"b copies {m2.n_common} tokens from a's sequence, which holds only {still_valid} valid ones")
 
 
-def test_match_never_offers_kv_a_taken_over_entry_no_longer_holds_isolation() -> None:
-    """The same bug with isolation on: session a changes its system prompt, so its taken-over
-    sequence keeps only the first 3 tokens; session b still has the old system prompt and is
-    offered all 8 tokens of a's (now stale) shared prefix."""
+def test_match_never_offers_kv_a_taken_over_entry_no_longer_holds_same_client() -> None:
+    """The same bug within one client: session a changes its system prompt, so its
+    taken-over sequence keeps only the first 3 tokens; session b of the same client still
+    has the old system prompt and must not be offered a's (now stale) tokens."""
     c, _ = make()
     a = cached(c, "a", SYS + [1, 2, 3])
     new_sys = SYS[:3] + [0] * 5
-    m = c.match("a", new_sys + [1, 2, 3, 4], len(new_sys))
+    m = c.match("a", "A", new_sys + [1, 2, 3, 4], len(new_sys))
     assert m == Match(a, 3, True)
-    c.take(a)
-    m2 = c.match("b", SYS + [5, 6], len(SYS))
+    c.take(a, "a")
+    m2 = c.match("b", "A", SYS + [5, 6], len(SYS))
     assert m2.entry is not a or m2.n_common <= 3, (
         f"b copies {m2.n_common} tokens from a's sequence, which holds only 3 valid ones")
 
@@ -350,7 +393,7 @@ def test_put_creates_an_idle_entry() -> None:
     sid = c.alloc_id()
     assert c.put("a", sid, SYS + [1, 2, 3], len(SYS), copied=len(SYS)) is None  # type: ignore[arg-type]
     e = c.entries["a"]
-    assert (e.session, e.seq_id, e.tokens, e.shared_len) == ("a", sid, SYS + [1, 2, 3], len(SYS))
+    assert (e.session, e.seq_id, e.tokens, e.public_len) == ("a", sid, SYS + [1, 2, 3], len(SYS))
     assert e.own_tokens == 3  # the copied system prompt is counted by its donor
     assert e.n_tokens == len(SYS) + 3
     assert e.last_used == 50.0 and not e.busy and e.parked is None
@@ -377,7 +420,7 @@ def test_put_replacing_an_idle_entry_with_another_id_frees_the_old_one() -> None
 def test_put_replacing_a_busy_entry_keeps_its_id_for_the_running_turn() -> None:
     c, _ = make(n_ids=3)
     old = cached(c, "a", SYS + [1])
-    c.take(old)  # turn 1 runs in the entry's sequence
+    c.take(old, old.session)  # turn 1 runs in the entry's sequence
     sid2 = c.alloc_id()  # turn 2 of the same session runs at the same time
     assert sid2 is not None
     assert c.put("a", sid2, SYS + [1, 2], len(SYS), 0) is None
@@ -393,7 +436,7 @@ def test_put_replacing_a_busy_entry_keeps_its_id_for_the_running_turn() -> None:
 def test_put_with_the_same_id_replaces_nothing() -> None:
     c, _ = make(n_ids=3)
     e = cached(c, "a", SYS + [1])
-    c.take(e)  # the usual multi-turn case: the turn ran in the entry's own sequence
+    c.take(e, e.session)  # the usual multi-turn case: the turn ran in the entry's own sequence
     assert c.put("a", e.seq_id, SYS + [1, 2, 3], len(SYS), 0) is None
     assert e.seq_id not in c.free_ids
     assert c.entries["a"].tokens == SYS + [1, 2, 3] and not c.entries["a"].busy
@@ -427,7 +470,7 @@ def test_drop_idle_entry_releases_its_id() -> None:
 def test_drop_busy_entry_keeps_its_id() -> None:
     c, _ = make(n_ids=2)
     e = cached(c, "a", [1, 2])
-    c.take(e)
+    c.take(e, e.session)
     assert c.drop("a") is e
     assert "a" not in c.entries and e.seq_id not in c.free_ids
     all_ids_accounted(c, 2, running={e.seq_id})
@@ -453,7 +496,7 @@ def test_take_marks_busy_and_refreshes_last_used() -> None:
     c, clock = make()
     e = cached(c, "a", [1, 2])
     clock.advance(42)
-    c.take(e)
+    c.take(e, e.session)
     assert e.busy and e.last_used == clock()
 
 
@@ -466,7 +509,7 @@ def test_cached_tokens_counts_only_idle_entries_in_kv() -> None:
     busy = cached(c, "c", [1] * 7)
     parked = cached(c, "d", [2] * 5)
     assert c.cached_tokens == 10 + 3 + 7 + 5
-    c.take(busy)
+    c.take(busy, busy.session)
     assert c.cached_tokens == 10 + 3 + 5
     c.evict(parked, b"p")
     assert c.cached_tokens == 10 + 3
@@ -490,7 +533,7 @@ def test_idle_lru_orders_by_last_used_and_skips_busy_and_parked() -> None:
     e = cached(c, "e", [4])
     assert c.idle_lru() == [a, b, d, e]
     clock.advance(1)
-    c.take(a)  # busy: not evictable
+    c.take(a, a.session)  # busy: not evictable
     assert c.idle_lru() == [b, d, e]
     c.evict(d, b"x")  # parked: no longer in the KV cache
     assert c.idle_lru() == [b, e]
@@ -506,9 +549,9 @@ def test_take_then_put_moves_a_session_to_the_back_of_the_lru() -> None:
     clock.advance(1)
     b = cached(c, "b", [2])
     clock.advance(1)
-    m = c.match("a", [1, 3], 0)
+    m = c.match("a", "A", [1, 3], 0)
     assert m.own and m.entry is a
-    c.take(a)
+    c.take(a, a.session)
     clock.advance(1)
     c.put("a", a.seq_id, [1, 3, 4], 0, 0)
     assert [e.session for e in c.idle_lru()] == ["b", "a"]
@@ -527,7 +570,7 @@ def test_expired_removes_old_idle_entries_and_frees_their_ids() -> None:
     assert gone == [old]
     assert set(c.entries) == {"young"} and c.entries["young"] is young
     assert old.seq_id in c.free_ids
-    assert c.stats.expired == 1
+    assert c.events.expired == 1
     all_ids_accounted(c, 3)
 
 
@@ -549,17 +592,17 @@ def test_expired_removes_parked_entries_without_releasing_an_id() -> None:
     assert c.expired() == [e]
     assert c.entries == {} and c.parked_bytes == 0
     assert sorted(c.free_ids) == free_before and -1 not in c.free_ids
-    assert c.stats.expired == 1
+    assert c.events.expired == 1
 
 
 def test_expired_leaves_busy_entries_alone_however_old() -> None:
     c, clock = make(n_ids=2, ttl_s=10.0)
     e = cached(c, "a", [1, 2])
-    c.take(e)
+    c.take(e, e.session)
     clock.advance(1e9)
     assert c.expired() == []
     assert c.entries["a"] is e and e.seq_id not in c.free_ids
-    assert c.stats.expired == 0
+    assert c.events.expired == 0
 
 
 def test_expired_counts_every_entry_and_nothing_twice() -> None:
@@ -570,9 +613,9 @@ def test_expired_counts_every_entry_and_nothing_twice() -> None:
     c.evict(p, b"z")
     clock.advance(6)
     assert {e.session for e in c.expired()} == {"a", "b", "c"}
-    assert c.stats.expired == 3
+    assert c.events.expired == 3
     assert c.expired() == []
-    assert c.stats.expired == 3
+    assert c.events.expired == 3
     all_ids_accounted(c, 4)
 
 
@@ -580,7 +623,7 @@ def test_take_refresh_keeps_an_entry_from_expiring() -> None:
     c, clock = make(ttl_s=10.0)
     e = cached(c, "a", [1])
     clock.advance(9)
-    c.take(e)
+    c.take(e, e.session)
     c.put("a", e.seq_id, [1, 2], 0, 0)
     clock.advance(9)
     assert c.expired() == []
@@ -596,7 +639,7 @@ def test_evict_without_parked_data_removes_the_entry() -> None:
     sid = e.seq_id
     c.evict(e, None)
     assert "a" not in c.entries and sid in c.free_ids
-    assert (c.stats.evicted, c.stats.parked) == (1, 0)
+    assert (c.events.evicted, c.events.parked) == (1, 0)
     all_ids_accounted(c, 2)
 
 
@@ -608,7 +651,7 @@ def test_evict_parks_within_budget() -> None:
     assert c.entries["a"] is e
     assert e.seq_id == -1 and e.parked == b"0123456789" and e.tokens == [1, 2, 3]
     assert sid in c.free_ids
-    assert (c.stats.evicted, c.stats.parked, c.stats.parked_dropped) == (1, 1, 0)
+    assert (c.events.evicted, c.events.parked, c.events.parked_dropped) == (1, 1, 0)
     assert c.parked_bytes == 10
     all_ids_accounted(c, 2)
 
@@ -618,7 +661,7 @@ def test_evict_parked_data_larger_than_the_whole_budget_removes_the_entry() -> N
     e = cached(c, "a", [1, 2, 3])
     c.evict(e, b"x" * 11)
     assert "a" not in c.entries
-    assert (c.stats.evicted, c.stats.parked) == (1, 0)
+    assert (c.events.evicted, c.events.parked) == (1, 0)
     assert c.parked_bytes == 0
     all_ids_accounted(c, 2)
 
@@ -627,7 +670,7 @@ def test_evict_with_no_park_budget_removes_the_entry() -> None:
     c, _ = make(n_ids=2)  # park_budget_bytes=0
     e = cached(c, "a", [1])
     c.evict(e, b"x")
-    assert "a" not in c.entries and c.stats.parked == 0
+    assert "a" not in c.entries and c.events.parked == 0
 
 
 def test_park_budget_drops_least_recently_used_parked_entries() -> None:
@@ -638,14 +681,14 @@ def test_park_budget_drops_least_recently_used_parked_entries() -> None:
         clock.advance(1)
     c.evict(ents["a"], b"1234")
     c.evict(ents["b"], b"1234")
-    assert c.parked_bytes == 8 and c.stats.parked_dropped == 0
+    assert c.parked_bytes == 8 and c.events.parked_dropped == 0
     c.evict(ents["c"], b"1234")  # 12 > 10: a (least recently used) goes
     assert "a" not in c.entries and set(c.entries) == {"b", "c", "d"}
-    assert c.parked_bytes == 8 and c.stats.parked_dropped == 1
+    assert c.parked_bytes == 8 and c.events.parked_dropped == 1
     c.evict(ents["d"], b"123456789")  # needs both b and c gone
     assert set(c.entries) == {"d"} and c.entries["d"].parked == b"123456789"
-    assert c.parked_bytes == 9 and c.stats.parked_dropped == 3
-    assert (c.stats.evicted, c.stats.parked) == (4, 4)
+    assert c.parked_bytes == 9 and c.events.parked_dropped == 3
+    assert (c.events.evicted, c.events.parked) == (4, 4)
     all_ids_accounted(c, 5)
 
 
@@ -663,7 +706,7 @@ def test_park_budget_never_drops_the_entry_just_parked() -> None:
     c.evict(oldest, b"yyyyyyyy")
     assert c.entries == {"oldest": oldest} and oldest.parked == b"yyyyyyyy"
     assert c.parked_bytes == 8 <= 10
-    assert c.stats.parked_dropped == 2
+    assert c.events.parked_dropped == 2
 
 
 def test_park_budget_drops_only_as_many_as_needed() -> None:
@@ -675,14 +718,14 @@ def test_park_budget_drops_only_as_many_as_needed() -> None:
         c.evict(e, b"xx")  # 8 bytes parked
     c.evict(ents[4], b"xxxx")  # 12: drop the single oldest parked entry (2 bytes)
     assert set(c.entries) == {"s1", "s2", "s3", "s4"}
-    assert c.parked_bytes == 10 and c.stats.parked_dropped == 1
+    assert c.parked_bytes == 10 and c.events.parked_dropped == 1
 
 
 def test_park_budget_leaves_in_kv_and_busy_entries_alone() -> None:
     c, clock = make(n_ids=5, park_budget_bytes=6)
     idle = cached(c, "idle", [1])
     busy = cached(c, "busy", [2])
-    c.take(busy)
+    c.take(busy, busy.session)
     clock.advance(1)
     p1 = cached(c, "p1", [3])
     p2 = cached(c, "p2", [4])
@@ -690,7 +733,7 @@ def test_park_budget_leaves_in_kv_and_busy_entries_alone() -> None:
     c.evict(p2, b"xxxx")
     assert set(c.entries) == {"idle", "busy", "p2"}
     assert c.entries["idle"] is idle and c.entries["busy"] is busy
-    assert c.parked_bytes == 4 and c.stats.parked_dropped == 1
+    assert c.parked_bytes == 4 and c.events.parked_dropped == 1
     all_ids_accounted(c, 5, running={busy.seq_id})
 
 
@@ -723,17 +766,17 @@ def test_random_workload_keeps_ids_budget_and_counts_consistent() -> None:
             if op < 0.4 and len(running) < slots:
                 s = rng.choice(sessions)
                 prompt = SYS + [rng.randrange(3) for _ in range(rng.randrange(1, 6))]
-                m = c.match(s, prompt, len(SYS))
+                m = c.match(s, "A", prompt, len(SYS))
                 copied = 0
                 if m.own and m.entry is not None:
-                    c.take(m.entry)
+                    c.take(m.entry, m.entry.session)
                     sid = m.entry.seq_id
                 else:
                     own = c.entries.get(s)
                     if own is not None and own.parked is not None and rng.random() < 0.6:
                         sid = alloc()
-                        own.parked, own.seq_id = None, sid
-                        c.take(own)
+                        c.restored(own, sid)
+                        c.take(own, s)
                     else:
                         if own is not None and own.parked is not None:
                             c.drop(s)
@@ -748,11 +791,11 @@ def test_random_workload_keeps_ids_budget_and_counts_consistent() -> None:
                 keep = rng.random() < 0.85 and s not in deleted
                 deleted.discard(s)
                 if keep:
-                    c.put(s, sid, prompt + [7, 7], len(SYS), copied)
+                    c.put(s, sid, prompt + [7, 7], len(SYS), copied, "A")
                 else:
                     own = c.entries.get(s)
                     if own is not None and own.seq_id == sid:
-                        del c.entries[s]
+                        c.drop(s)  # busy: the id stays with the turn, released next
                     c.release_id(sid)
             elif op < 0.85:
                 s = rng.choice(sessions)
@@ -778,4 +821,4 @@ def test_random_workload_keeps_ids_budget_and_counts_consistent() -> None:
                 assert (e.parked is None) or e.seq_id == -1
                 assert e.busy == (e.seq_id in run_ids and e.seq_id >= 0)
             assert c.cached_tokens == sum(e.own_tokens for e in c.idle_lru())
-        assert c.stats.evicted >= c.stats.parked >= 0
+        assert c.events.evicted >= c.events.parked >= 0

@@ -12,7 +12,7 @@ from appliance.engine import Engine, EngineState, Handle
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
-from appliance.sequence import Delta, Done, Failed
+from appliance.turn import Delta, Done, Failed
 from fakes import FakeModel
 
 
@@ -54,7 +54,7 @@ def test_one_request_streams_reply_then_done() -> None:
         assert isinstance(end, Done) and end.finish_reason == "stop"
         assert (end.prompt_tokens, end.completion_tokens) == (3, 5)
         # The finished turn's KV stays as its session's cache entry (prompt + answer).
-        (entry,) = eng.cache.entries.values()
+        (entry,) = eng.core.cache.entries.values()
         assert entry.tokens == [1, 2, 3, *map(ord, "hello")] and not entry.busy
         assert model.kv[entry.seq_id] == list(range(8))
         eng.stop()
@@ -87,7 +87,7 @@ def test_newcomer_joins_running_batch_at_next_step() -> None:
         # (b's prompt is six 7s; a's decode token is its last sampled 'x'.)
         mixed = [c for c in model.calls if c[0].count(7) == 6 and ord("x") in c[0]]
         assert mixed, "b's prefill was not batched with a's decode"
-        assert eng.stats.peak_seqs_per_step == 2
+        assert eng.snapshot.counters.peak_seqs_per_step == 2
         eng.stop()
     run(main())
 
@@ -98,9 +98,10 @@ def test_window_batches_requests_submitted_together() -> None:
         eng = Engine(lambda: model, limits(max_wait_s=0.2))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
+        n_start = len(model.calls)  # the warm-up and the public prefix
         hs = [eng.submit([3] * 5, SamplingParams(max_tokens=8)) for _ in range(4)]
         await asyncio.gather(*(collect(h) for h in hs))
-        prefill_call = model.calls[1]  # [0] is the warm-up
+        prefill_call = model.calls[n_start]
         assert sorted(set(prefill_call[2])) == [0, 1, 2, 3] and len(prefill_call[0]) == 20
         eng.stop()
     run(main())
@@ -115,7 +116,7 @@ def test_cancel_while_generating_frees_slot_and_cache() -> None:
         h.cancel()
         _, end = await collect(h)
         assert isinstance(end, Done) and end.finish_reason == "cancelled"
-        assert not eng.sched.running and eng.sched.n_free_slots == 1
+        assert not eng.core.sched.running and (eng.snapshot.slots - eng.snapshot.running) == 1
         # What was computed stays cached for the session's next turn.
         assert eng.session_info("s1")["state"] == "cached"
         text, end = await collect(eng.submit([1], SamplingParams(max_tokens=2)))
@@ -145,13 +146,13 @@ def test_cancel_while_queued() -> None:
 
 def test_decode_failure_fails_that_step_and_engine_keeps_serving() -> None:
     async def main() -> None:
-        model = FakeModel(reply="ok", fail_on_call=1)  # call 0 is the warm-up
+        model = FakeModel(reply="ok", fail_on_call=2)  # calls 0 and 1: the warm-up and the public prefix
         eng = await started(model)
         _, end = await collect(eng.submit([1, 2], SamplingParams(max_tokens=5)))
         assert isinstance(end, Failed) and end.error.status == 500
         text, end = await collect(eng.submit([1, 2], SamplingParams(max_tokens=5)))
         assert text == "ok" and isinstance(end, Done)
-        assert eng.sched.n_free_slots == 4
+        assert (eng.snapshot.slots - eng.snapshot.running) == 4
         eng.stop()
     run(main())
 
@@ -211,7 +212,7 @@ async def cached_engine(model: FakeModel, slots: int = 2, n_seq: int = 3, park: 
 
 
 def computed(eng: Engine) -> int:
-    return eng.stats.prompt_tokens_computed
+    return eng.snapshot.counters.prompt_tokens_computed
 
 
 def test_second_turn_prefills_only_new_tokens() -> None:
@@ -226,7 +227,7 @@ def test_second_turn_prefills_only_new_tokens() -> None:
         _, end = await collect(eng.submit(turn2, SamplingParams(max_tokens=5), session="u1"))
         # KV held turn1 + "ab" (EOS ended the answer and is never decoded): 22 reused.
         assert end.cached_tokens == 22 and computed(eng) == 20 + 6
-        assert eng.cache.stats.hits == 1
+        assert eng.snapshot.cache_events["hits"] == 1
         # An edited history reuses exactly the part that still matches.
         edited = turn1[:10] + [999] * 5
         _, end = await collect(eng.submit(edited, SamplingParams(max_tokens=5), session="u1"))
@@ -235,19 +236,69 @@ def test_second_turn_prefills_only_new_tokens() -> None:
     run(main())
 
 
-def test_other_sessions_reuse_only_the_shared_prefix() -> None:
+def test_other_clients_reuse_nothing_private_and_the_same_client_reuses_all() -> None:
     async def main() -> None:
         model = FakeModel(reply="a")
+        eng = await cached_engine(model, n_seq=4)
+        system = list(range(1, 11))  # a private system prompt (no public entry holds it)
+        p1 = Prompt(system + [50, 51, 52, 53], 0, public_len=10)
+        await collect(eng.submit(p1, SamplingParams(max_tokens=3), client="alice", session="a1"))
+        # Bob's prompt matches Alice's well beyond the system prompt: he gets nothing.
+        p2 = Prompt(system + [50, 51, 52, 99], 0, public_len=10)
+        _, end = await collect(eng.submit(p2, SamplingParams(max_tokens=3), client="bob", session="b1"))
+        assert end.cached_tokens == 0 and not model.copies
+        # Alice's other conversation reuses all she has in common with her first one.
+        _, end = await collect(eng.submit(p2, SamplingParams(max_tokens=3), client="alice", session="a2"))
+        assert end.cached_tokens == 13
+        assert model.copies and model.copies[-1][2] == 13
+        eng.stop()
+    run(main())
+
+
+def test_anonymous_second_turn_continues_the_clients_first() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="ab")
         eng = await cached_engine(model)
-        system = list(range(1, 11))
-        p1 = Prompt(system + [50, 51, 52, 53], 0, shared_len=10)
-        await collect(eng.submit(p1, SamplingParams(max_tokens=3), session="alice"))
-        # Bob's prompt matches Alice's well beyond the system prompt, but isolation caps
-        # what he may reuse at the shared part.
-        p2 = Prompt(system + [50, 51, 52, 99], 0, shared_len=10)
-        _, end = await collect(eng.submit(p2, SamplingParams(max_tokens=3), session="bob"))
-        assert end.cached_tokens == 10
-        assert model.copies and model.copies[-1][2] == 10
+        turn1 = list(range(100, 120))
+        await collect(eng.submit(turn1, SamplingParams(max_tokens=5), client="alice"))
+        turn2 = turn1 + [ord("a"), ord("b")] + list(range(200, 206))
+        _, other = await collect(eng.submit(turn2, SamplingParams(max_tokens=5), client="bob"))
+        assert other.cached_tokens == 0
+        _, end = await collect(eng.submit(turn2, SamplingParams(max_tokens=5), client="alice"))
+        assert end.cached_tokens == 22 and eng.snapshot.cache_events["hits"] == 1
+        # Taken over, not copied: alice's conversation is one cache entry, not two.
+        assert len([v for v in eng.snapshot.sessions.values() if v.cached_tokens >= 22]) == 2  # alice, bob
+        eng.stop()
+    run(main())
+
+
+def test_presets_are_shared_by_every_client_private_prompts_by_none() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="ok")
+        preset = "You answer in French."
+        eng = Engine(lambda: model, limits(slots=2), CachePolicy(n_seq=4, min_shared=4), presets=(preset,))
+        eng.start(asyncio.get_running_loop())
+        await asyncio.to_thread(eng.ready.wait, 5)
+        computed_at_start = computed(eng)
+
+        async def ask(client: str, system: str, user: str) -> Done:
+            msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            prompt = await eng.prepare(msgs, 5)
+            _, end = await collect(eng.submit(prompt, SamplingParams(max_tokens=5), client=client))
+            assert isinstance(end, Done)
+            return end
+
+        head = len(f"<|im_start|>system\n{preset}<|im_end|>\n<|im_start|>user\n")
+        a = await ask("alice", preset, "Hello there")
+        b = await ask("bob", preset, "Good morning")
+        assert a.cached_tokens == b.cached_tokens == head  # both copied the preset
+        secret = "The launch code is 1234. Never reveal it."
+        await ask("alice", secret, "Hi")
+        c = await ask("carol", secret, "Hi")
+        assert c.cached_tokens == 0  # nothing of alice's private system prompt
+        d = await ask("bob", secret, "Hi")  # only what bob's own first turn had in common
+        assert d.cached_tokens == len("<|im_start|>system\n")
+        assert computed_at_start == 0  # public prefixes are not counted as users' prompts
         eng.stop()
     run(main())
 
@@ -260,7 +311,7 @@ def test_requests_arriving_together_compute_shared_prefix_once() -> None:
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         system = list(range(1, 41))
-        hs = [eng.submit(Prompt(system + [200 + i] * 5, 0, shared_len=40), SamplingParams(max_tokens=4),
+        hs = [eng.submit(Prompt(system + [200 + i] * 5, 0, public_len=40), SamplingParams(max_tokens=4),
                          session=f"s{i}") for i in range(4)]
         ends = [(await collect(h))[1] for h in hs]
         assert computed(eng) == 40 + 4 * 5  # the system prompt once, then each user's part
@@ -277,12 +328,12 @@ def test_lru_eviction_and_parking_restore_instead_of_recompute() -> None:
         hist = {s: list(range(10 * i + 100, 10 * i + 130)) for i, s in enumerate("abc")}
         for s in "abc":
             await collect(eng.submit(hist[s], SamplingParams(max_tokens=2), session=s))
-        assert eng.cache.stats.evicted == 1 and eng.cache.stats.parked == 1
+        assert eng.snapshot.cache_events["evicted"] == 1 and eng.snapshot.cache_events["parked"] == 1
         assert eng.session_info("a")["state"] == "parked"
         before = computed(eng)
         follow = hist["a"] + [ord("r"), 7, 8, 9]
         _, end = await collect(eng.submit(follow, SamplingParams(max_tokens=2), session="a"))
-        assert eng.cache.stats.restored == 1
+        assert eng.snapshot.cache_events["restored"] == 1
         assert end.cached_tokens == 31 and computed(eng) - before == 3
         eng.stop()
     run(main())
@@ -293,9 +344,9 @@ def test_short_parked_history_is_recomputed() -> None:
         model = FakeModel(reply="r")
         eng = await cached_engine(model, slots=1, n_seq=2, park=10**6, restore_min=50)
         for s in "abc":
-            await collect(eng.submit(list(range(1, 20)), SamplingParams(max_tokens=2), session=s))
+            await collect(eng.submit(list(range(1, 20)), SamplingParams(max_tokens=2), client=s, session=s))
         # 'a' (20 tokens) was evicted without parking: below the restore threshold.
-        assert eng.session_info("a") is None and eng.cache.stats.parked == 0
+        assert eng.session_info("a") is None and eng.snapshot.cache_events["parked"] == 0
         eng.stop()
     run(main())
 
@@ -305,14 +356,14 @@ def test_delete_session_drops_its_cache() -> None:
         model = FakeModel(reply="d")
         eng = await cached_engine(model)
         await collect(eng.submit([1, 2, 3, 4], SamplingParams(max_tokens=2), session="gone"))
-        sid = eng.cache.entries["gone"].seq_id
-        assert eng.delete_session("gone") is True
+        sid = eng.core.cache.entries["gone"].seq_id
+        assert await eng.delete_session("gone") is True
         for _ in range(100):
             if eng.session_info("gone") is None:
                 break
             await asyncio.sleep(0.01)
         assert eng.session_info("gone") is None and sid not in model.kv
-        assert eng.delete_session("gone") is False
+        assert await eng.delete_session("gone") is False
         eng.stop()
     run(main())
 
@@ -328,7 +379,7 @@ def test_restore_makes_room_in_a_full_cache() -> None:
             await collect(eng.submit(hist[s], SamplingParams(max_tokens=2), session=s))
         assert eng.session_info("a")["state"] == "parked"
         _, end = await collect(eng.submit(hist["a"] + [ord("r"), 5], SamplingParams(max_tokens=2), session="a"))
-        assert eng.cache.stats.restored == 1 and eng.cache.stats.recomputed == 0
+        assert eng.snapshot.cache_events["restored"] == 1 and eng.snapshot.cache_events["recomputed"] == 0
         assert end.cached_tokens == 31
         eng.stop()
     run(main())
@@ -340,32 +391,29 @@ def test_failed_restore_recomputes_and_never_copies_from_an_evicted_donor() -> N
         eng = await cached_engine(model, slots=1, n_seq=2, park=10**6)
         system = list(range(1, 21))
         for s in "abc":
-            await collect(eng.submit(Prompt(system + [ord(s)] * 10, 0, shared_len=20),
+            await collect(eng.submit(Prompt(system + [ord(s)] * 10, 0, public_len=20),
                                      SamplingParams(max_tokens=2), session=s))
         (parked,) = [s for s in "abc" if eng.session_info(s)["state"] == "parked"]
         model.fail_restore = True
-        text, end = await collect(eng.submit(Prompt(system + [ord(parked)] * 10 + [ord("r"), 9], 0, shared_len=20),
+        text, end = await collect(eng.submit(Prompt(system + [ord(parked)] * 10 + [ord("r"), 9], 0, public_len=20),
                                              SamplingParams(max_tokens=2), session=parked))
         assert isinstance(end, Done) and text == "r"
-        assert eng.cache.stats.recomputed == 1 and eng.state is EngineState.READY
+        assert eng.snapshot.cache_events["recomputed"] == 1 and eng.state is EngineState.READY
         # Whatever donor it used still existed: every copy came from a live sequence.
         assert all(src >= 0 for src, _, _ in model.copies)
         eng.stop()
     run(main())
 
 
-def test_one_off_sessions_with_server_made_ids_are_not_parked() -> None:
+def test_anonymous_sessions_are_parked_like_named_ones() -> None:
     async def main() -> None:
         model = FakeModel(reply="r")
         eng = await cached_engine(model, slots=1, n_seq=2, park=10**6)
-        for s in "abc":  # one turn each, ids made up by the server
-            await collect(eng.submit(list(range(1, 30)), SamplingParams(max_tokens=2), session=s, named=False))
-        assert eng.cache.stats.evicted == 1 and eng.cache.stats.parked == 0
-        # A session that came back for a second turn is worth parking even so.
-        await collect(eng.submit(list(range(1, 30)), SamplingParams(max_tokens=2), session="c", named=False))
-        for s in "de":
-            await collect(eng.submit(list(range(40, 70)), SamplingParams(max_tokens=2), session=s))
-        assert eng.session_info("c")["state"] == "parked"
+        for client in "abc":  # one turn each from three clients, ids made up by the server
+            await collect(eng.submit(list(range(1, 30)), SamplingParams(max_tokens=2), client=client,
+                                     session=f"anon-{client}", named=False))
+        assert eng.snapshot.cache_events["evicted"] == 1 and eng.snapshot.cache_events["parked"] == 1
+        assert eng.session_info("anon-a")["state"] == "parked"
         eng.stop()
     run(main())
 
@@ -376,11 +424,11 @@ def test_delete_during_a_first_turn_leaves_nothing_cached() -> None:
         eng = await cached_engine(model)
         h = eng.submit([1, 2, 3], SamplingParams(max_tokens=200), session="new")
         await h.events().__anext__()  # streaming its first answer; no cache entry yet
-        assert eng.delete_session("new") is True
+        assert await eng.delete_session("new") is True
         h.cancel()
         await collect(h)
         await asyncio.sleep(0.05)
         assert eng.session_info("new") is None
-        assert all(len(v) == 0 for v in model.kv.values())
+        assert all(len(v) == 0 for sid, v in model.kv.items() if sid < 3)  # 3 ids; the public prefix beyond
         eng.stop()
     run(main())

@@ -15,7 +15,7 @@ from appliance.kvstore import CachePolicy
 from appliance.prompt import Prompt
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
-from appliance.sequence import Delta, Done, Failed
+from appliance.turn import Delta, Done, Failed
 from fakes import FakeModel
 
 
@@ -41,7 +41,7 @@ async def drive(seed: int) -> tuple[Any, dict[str, int]]:
                 base = base[: rng.randint(1, len(base))]  # an edited history
             prompt = base + [rng.randint(100, 999) for _ in range(rng.randint(1, 40))]
             params = SamplingParams(max_tokens=rng.randint(1, 30))
-            h: Handle = eng.submit(Prompt(prompt, 0, shared_len=len(system)), params, client=str(i), session=sid)
+            h: Handle = eng.submit(Prompt(prompt, 0, public_len=len(system)), params, client=str(i), session=sid)
             cancel_after = rng.choice([None, None, 0, 1, 3, 10])
             text = []
             n = 0
@@ -61,7 +61,7 @@ async def drive(seed: int) -> tuple[Any, dict[str, int]]:
                     assert isinstance(ev, Failed)
                     outcomes.append(f"failed {ev.error.status}")
             if rng.random() < 0.1:
-                eng.delete_session(sid)
+                await eng.delete_session(sid)
                 history.pop(sid, None)
             await asyncio.sleep(rng.random() * 0.01)
 
@@ -69,24 +69,24 @@ async def drive(seed: int) -> tuple[Any, dict[str, int]]:
     await asyncio.sleep(0.05)
     # Nothing stuck, nothing leaked.
     assert eng.state is EngineState.READY
-    assert not eng.sched.running and not eng.sched.waiting and eng.n_active == 0
-    assert eng.sched.reserved == 0
-    held = sorted(e.seq_id for e in eng.cache.entries.values() if e.seq_id >= 0)
-    assert sorted(held + eng.cache.free_ids) == list(range(5)), "a sequence id leaked or is held twice"
-    assert not any(e.busy for e in eng.cache.entries.values())
+    assert not eng.core.sched.running and not eng.core.sched.waiting and eng.n_active == 0
+    assert eng.core.sched.reserved == 0
+    held = sorted(e.seq_id for e in eng.core.cache.entries.values() if e.seq_id >= 0)
+    assert sorted(held + eng.core.cache.free_ids) == list(range(5)), "a sequence id leaked or is held twice"
+    assert not any(e.busy for e in eng.core.cache.entries.values())
     for sid in range(5):  # the KV cache holds only what the cache entries say it holds
-        entry = next((e for e in eng.cache.entries.values() if e.seq_id == sid), None)
+        entry = next((e for e in eng.core.cache.entries.values() if e.seq_id == sid), None)
         assert model.kv.get(sid, []) == (list(range(entry.n_tokens)) if entry else []), sid
     # Every request ended, and none with a server error.
     assert outcomes and not [o for o in outcomes if o.startswith("failed 500")], outcomes
     eng.stop()
-    return eng.cache.stats, dict(eng.stats.finished)
+    return dict(eng.snapshot.cache_events), dict(eng.snapshot.counters.finished)
 
 
 def test_random_workloads_leave_a_consistent_engine() -> None:
     stats = [asyncio.run(asyncio.wait_for(drive(seed), 60)) for seed in range(12)]
     # Guard the test itself: together the workloads must reach every path they claim to.
-    total = {k: sum(getattr(c, k) for c, _ in stats) for k in
+    total = {k: sum(c[k] for c, _ in stats) for k in
              ("hits", "shared_hits", "evicted", "parked", "restored")}
     assert all(v > 0 for v in total.values()), total
     finished = {k: sum(f.get(k, 0) for _, f in stats) for k in ("cancelled", "length")}

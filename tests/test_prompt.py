@@ -10,7 +10,7 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from appliance.errors import BadRequest, ContextLengthExceeded
-from appliance.prompt import CHATML, ChatTemplate, build_prompt
+from appliance.prompt import CHATML, ChatTemplate, build_prompt, public_prefix, public_prefixes
 
 Messages = list[dict[str, Any]]
 
@@ -319,13 +319,25 @@ def test_every_limit_small_conversations(chatml: ChatTemplate, n_turns: int) -> 
             assert p.dropped_messages == len(messages) - len(expected)
 
 
-def test_shared_len_covers_template_and_system_prompt_only(chatml: ChatTemplate) -> None:
+def test_public_len_covers_template_and_a_preset_system_prompt_only(chatml: ChatTemplate) -> None:
     system = msg("system", "You are helpful.")
-    a = build_prompt([system, msg("user", "alpha question")], chatml, byte_tokens, 10_000)
-    b = build_prompt([system, msg("user", "beta question")], chatml, byte_tokens, 10_000)
+    presets = frozenset({"You are helpful."})
+    a = build_prompt([system, msg("user", "alpha question")], chatml, byte_tokens, 10_000, presets)
+    b = build_prompt([system, msg("user", "beta question")], chatml, byte_tokens, 10_000, presets)
     head = byte_tokens(chatml.render([system], add_generation_prompt=False) + "<|im_start|>user\n")
-    assert a.shared_len == b.shared_len == len(head)
-    assert a.tokens[:a.shared_len] == b.tokens[:b.shared_len] == head
-    # No system message: only the template's own opening is shared.
+    assert a.public_len == b.public_len == len(head)
+    assert a.tokens[:a.public_len] == b.tokens[:b.public_len] == head
+    assert public_prefix([system], chatml, byte_tokens) == head
+    # No system message: the template's own opening (its default system prompt) is public.
     c = build_prompt([msg("user", "hi")], chatml, byte_tokens, 10_000)
-    assert c.shared_len == len(byte_tokens("<|im_start|>user\n"))
+    assert c.public_len == len(byte_tokens("<|im_start|>user\n"))
+    # A system prompt that is not a preset is private: nothing of it is public.
+    d = build_prompt([system, msg("user", "alpha question")], chatml, byte_tokens, 10_000)
+    assert d.public_len == 0
+
+
+def test_public_prefixes_default_first_then_presets(chatml: ChatTemplate) -> None:
+    out = public_prefixes(["P1", "P2"], chatml, byte_tokens)
+    assert out[0] == byte_tokens("<|im_start|>user\n")
+    assert out[1] == byte_tokens("<|im_start|>system\nP1<|im_end|>\n<|im_start|>user\n")
+    assert out[2] == byte_tokens("<|im_start|>system\nP2<|im_end|>\n<|im_start|>user\n")

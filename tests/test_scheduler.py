@@ -7,7 +7,7 @@ import pytest
 from appliance.errors import QueueFull, Unavailable
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits, Scheduler
-from appliance.sequence import Sequence, State
+from appliance.turn import State, Turn
 from fakes import FakeClock
 
 
@@ -21,8 +21,8 @@ def make(clock: FakeClock, **kw: object) -> Scheduler:
 _rid = iter(range(1, 10_000))
 
 
-def seq(clock: FakeClock, n_prompt: int = 10, max_tokens: int = 16) -> Sequence:
-    return Sequence(rid=next(_rid), prompt=list(range(1, n_prompt + 1)),
+def seq(clock: FakeClock, n_prompt: int = 10, max_tokens: int = 16) -> Turn:
+    return Turn(rid=next(_rid), prompt=list(range(1, n_prompt + 1)),
                     params=SamplingParams(max_tokens=max_tokens), arrival=clock())
 
 
@@ -41,12 +41,12 @@ def test_window_admits_together_what_arrives_together() -> None:
     clock = FakeClock()
     s = make(clock)
     a = seq(clock)
-    s.add(a)
+    s.waiting.append(a)
     assert s.admit() == []  # window open: the engine is idle and only one waits
     assert s.window_open_until() == pytest.approx(clock() + 0.05)
     clock.advance(0.02)
     b = seq(clock)
-    s.add(b)
+    s.waiting.append(b)
     assert s.admit() == []
     clock.advance(0.031)  # the window (opened by a) closes
     assert s.admit() == [a, b]
@@ -57,9 +57,9 @@ def test_window_admits_together_what_arrives_together() -> None:
 def test_window_closes_early_when_min_batch_wait() -> None:
     clock = FakeClock()
     s = make(clock, min_batch=2)
-    s.add(seq(clock))
+    s.waiting.append(seq(clock))
     assert s.admit() == []
-    s.add(seq(clock))
+    s.waiting.append(seq(clock))
     assert len(s.admit()) == 2  # no clock advance needed
 
 
@@ -67,12 +67,12 @@ def test_running_batch_admits_newcomer_at_next_step_without_window() -> None:
     clock = FakeClock()
     s = make(clock, max_wait_s=10.0)
     a = seq(clock)
-    s.add(a)
+    s.waiting.append(a)
     clock.advance(10.1)
     assert s.admit() == [a]
     run_step(s)
     b = seq(clock)
-    s.add(b)
+    s.waiting.append(b)
     assert s.window_open_until() is None  # busy engine: no window
     assert s.admit() == [b]
     step = s.schedule()
@@ -84,12 +84,12 @@ def test_decode_tokens_first_and_budget_never_exceeded() -> None:
     s = make(clock, slots=4, batch_tokens=16, max_wait_s=0.0)
     short = [seq(clock, n_prompt=3) for _ in range(2)]
     for q in short:
-        s.add(q)
+        s.waiting.append(q)
     s.admit()
     run_step(s)  # both short prompts done in one step
     assert all(q.state is State.DECODE for q in short)
     long = seq(clock, n_prompt=100)
-    s.add(long)
+    s.waiting.append(long)
     s.admit()
     steps = 0
     while long.prefill_left:
@@ -106,31 +106,21 @@ def test_short_prompts_prefill_before_long_ones() -> None:
     clock = FakeClock()
     s = make(clock, batch_tokens=20, max_wait_s=0.0)
     long = seq(clock, n_prompt=200)
-    s.add(long)
+    s.waiting.append(long)
     clock.advance(0.001)
     short = seq(clock, n_prompt=5)
-    s.add(short)
+    s.waiting.append(short)
     s.admit()
     step = s.schedule()
     assert step.prefill == [(short, 5), (long, 15)]
-
-
-def test_full_queue_raises_429() -> None:
-    clock = FakeClock()
-    s = make(clock, max_queue=2)
-    s.add(seq(clock))
-    s.add(seq(clock))
-    with pytest.raises(QueueFull) as e:
-        s.add(seq(clock))
-    assert e.value.status == 429 and e.value.retry_after
 
 
 def test_queue_timeout_gives_503() -> None:
     clock = FakeClock()
     s = make(clock, slots=1, max_wait_s=0.0, queue_timeout_s=5.0)
     a, b = seq(clock), seq(clock)
-    s.add(a)
-    s.add(b)
+    s.waiting.append(a)
+    s.waiting.append(b)
     assert s.admit() == [a]  # b waits: no slot
     clock.advance(5.1)
     out = s.expired()
@@ -145,7 +135,7 @@ def test_cancel_in_every_state_frees_the_slot(where: str) -> None:
     clock = FakeClock()
     s = make(clock, slots=1, batch_tokens=4, max_wait_s=0.0)
     a = seq(clock, n_prompt=10)
-    s.add(a)
+    s.waiting.append(a)
     if where != "queued":
         s.admit()
         run_step(s)
@@ -160,9 +150,9 @@ def test_cancel_in_every_state_frees_the_slot(where: str) -> None:
     s.release(a)
     s.release(a)  # twice is harmless
     assert a.state is State.FINISHED and not s.running and not s.waiting
-    assert s.n_free_slots == 1
+    assert len(s.running) == 0 and s.reserved == 0
     b = seq(clock)
-    s.add(b)
+    s.waiting.append(b)
     assert s.admit() == [b]
 
 
@@ -172,7 +162,7 @@ def test_kv_budget_limits_admission() -> None:
     s = make(clock, slots=4, kv_tokens=250, ctx_limit=200, max_wait_s=0.0)
     qs = [seq(clock, n_prompt=10, max_tokens=90) for _ in range(3)]
     for q in qs:
-        s.add(q)
+        s.waiting.append(q)
     assert s.admit() == qs[:2]
     s.release(qs[0])
     assert s.admit() == [qs[2]]
@@ -183,8 +173,8 @@ def test_slots_limit_admission() -> None:
     s = make(clock, slots=2, max_wait_s=0.0)
     qs = [seq(clock) for _ in range(3)]
     for q in qs:
-        s.add(q)
-    assert s.admit() == qs[:2] and s.n_free_slots == 0
+        s.waiting.append(q)
+    assert s.admit() == qs[:2] and len(s.running) == s.limits.slots
     s.release(qs[1])
     assert s.admit() == [qs[2]]
 
@@ -193,8 +183,8 @@ def test_follower_waits_for_its_leader() -> None:
     clock = FakeClock()
     s = make(clock, max_wait_s=0.0)
     lead, follow = seq(clock, n_prompt=30), seq(clock, n_prompt=32)
-    s.add(lead)
-    s.add(follow)
+    s.waiting.append(lead)
+    s.waiting.append(follow)
     s.admit()
     follow.leader, follow.lead_n = lead, 25
     step = s.schedule()
@@ -207,12 +197,12 @@ def test_continuing_conversations_first_otherwise_fifo() -> None:
     clock = FakeClock()
     s = make(clock, slots=1, max_wait_s=0.0, ageing_s=5.0)
     running = seq(clock)
-    s.add(running)
+    s.waiting.append(running)
     s.admit()
     new1, new2, cont = seq(clock), seq(clock), seq(clock)
     cont.continuing = True
     for q in (new1, new2, cont):
-        s.add(q)
+        s.waiting.append(q)
         clock.advance(0.1)
     s.release(running)
     assert s.admit() == [cont]
@@ -227,10 +217,10 @@ def test_ageing_bounds_how_often_a_request_is_overtaken() -> None:
     ageing = 1.0
     s = make(clock, slots=1, max_wait_s=0.0, ageing_s=ageing, queue_timeout_s=1e9, max_queue=1000)
     blocker = seq(clock)
-    s.add(blocker)
+    s.waiting.append(blocker)
     s.admit()
     victim = seq(clock)  # a new conversation
-    s.add(victim)
+    s.waiting.append(victim)
     overtaken = 0
     current = blocker
     # A continuing request arrives every 0.1 s and a slot frees every 0.1 s.
@@ -238,7 +228,7 @@ def test_ageing_bounds_how_often_a_request_is_overtaken() -> None:
         clock.advance(0.1)
         c = seq(clock)
         c.continuing = True
-        s.add(c)
+        s.waiting.append(c)
         s.release(current)
         (current,) = s.admit()
         if current is victim:
@@ -253,12 +243,12 @@ def test_prefill_chunk_is_smaller_while_streams_wait() -> None:
     clock = FakeClock()
     s = make(clock, slots=4, batch_tokens=64, prefill_chunk=10, max_wait_s=0.0)
     long = seq(clock, n_prompt=300)
-    s.add(long)
+    s.waiting.append(long)
     s.admit()
     assert s.schedule().prefill == [(long, 64)]  # nobody streaming: full batch
     run_step(s)
     short = seq(clock, n_prompt=2)
-    s.add(short)
+    s.waiting.append(short)
     s.admit()
     run_step(s)  # short: 2 tokens, long: 62 more
     assert short.state is State.DECODE

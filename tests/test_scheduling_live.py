@@ -96,7 +96,7 @@ def test_long_paste_never_stalls_a_generating_stream(big: Live) -> None:
     long_steps = [s for s in steps if s[2] >= 40]  # steps carrying a chunk of the paste
     assert sum(s[2] for s in long_steps) >= 2500
     # Every one of them also advanced the stream that was already generating.
-    assert all(decode >= 1 for decode, _, _ in long_steps), long_steps
+    assert all(decode >= 1 for decode, *_ in long_steps), long_steps
 
 
 def test_tiny_queue_gives_429_and_accepted_requests_complete(bundled_model: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""A request's life inside the engine, and the events it sends back to its HTTP stream."""
+"""One conversation turn inside the engine (a request: prompt in, tokens out), and the
+events it sends back to its HTTP stream."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ class State(Enum):
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class Turn:
     rid: int
     prompt: list[int]
     params: SamplingParams
     arrival: float  # engine clock, s
     sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
-    client: str = ""
-    session: str = ""  # the conversation this turn belongs to (X-Session-Id)
+    client: str = ""  # the client identity (address, forwarded address or key): KV reuse is per client
+    session: str = ""  # the conversation this turn belongs to (X-Session-Id, or one the server made)
     named: bool = True  # the client sent the session id (False: the server made one up)
-    shared_len: int = 0  # leading prompt tokens other sessions may share (system prompt)
+    public_len: int = 0  # leading prompt tokens that any client may share (public system prompt)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
     state: State = State.WAITING
@@ -38,16 +39,16 @@ class Sequence:
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     last_emit_at: float = 0.0  # for inter-token latency
-    finish_reason: str = ""
     n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
-    copied: int = 0  # of those, tokens copied from another session's sequence
+    copied: int = 0  # of those, tokens whose cells another sequence owns (shared prefix)
     # Waits for `leader` to compute the shared prefix [0, lead_n), then copies it.
-    leader: Sequence | None = field(default=None, repr=False)
+    leader: Turn | None = field(default=None, repr=False)
     lead_n: int = 0
-    # Engine-side helpers (sampler chain, text stream) live here so a finished sequence
-    # takes them with it.
+    # Engine-side helpers (sampler chain, text stream, draft state) live here so a
+    # finished turn takes them with it.
     sampler: Any = field(default=None, repr=False)
     text: Any = field(default=None, repr=False)
+    drafts: Any = field(default=None, repr=False)
 
     @property
     def n_prompt(self) -> int:
@@ -62,7 +63,7 @@ class Sequence:
         return self.output[-1] if self.output else self.prompt[-1]
 
     def kv_reserve(self, ctx_limit: int) -> int:
-        """KV cells this sequence may come to hold: admission keeps the sum within budget,
+        """KV cells this turn may come to hold: admission keeps the sum within budget,
         so a decode never runs out of cache mid-answer."""
         return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
 

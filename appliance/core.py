@@ -1,0 +1,336 @@
+"""The engine core: everything the engine thread owns (model, scheduler, session cache, KV
+store, counters) and what it does with it each loop iteration: take commands, expire,
+admit, then one decode step read as its phases (build the batch, decode, advance, sample,
+emit). Built whole inside the engine thread, after the model has loaded; nothing here is
+touched from another thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Protocol
+
+from .cache import SessionCache
+from .errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
+from .inbox import Cancel, Command, DeleteSession, Inbox, Submit
+from .kvstore import CachePolicy, KVStore
+from .sampling import SamplingParams
+from .scheduler import Limits, Scheduler, Step
+from .snapshot import Counters, SessionView, Snapshot
+from .textstream import TextStream
+from .turn import Delta, Done, Failed, State, Turn
+
+log = logging.getLogger(__name__)
+Events = list[tuple[Callable[[Any], None], Any]]
+
+
+class Model(Protocol):
+    """What the engine needs from llm.LLM; unit tests supply a fake."""
+
+    tokenizer: Any
+    fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
+
+    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
+    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int]: ...
+    def new_sampler(self, params: SamplingParams) -> Any: ...
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_pos_max(self, seq_id: int) -> int: ...
+    def seq_state(self, seq_id: int) -> bytes: ...
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Stats:
+    steps: int = 0
+    peak_seqs_per_step: int = 0
+    prompt_tokens_received: int = 0
+    prompt_tokens_computed: int = 0
+    generated_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    # Recent steps as (decode seqs, prefill seqs, prefill tokens, draft tokens): shows that
+    # a long prefill never stalls the streams already generating.
+    step_log: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+@dataclass(slots=True)
+class Batch:
+    """One llama_decode call: row i of the batch is token i."""
+
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want: list[bool] = field(default_factory=list)  # logits for this row
+    picks: list[tuple[Turn, int]] = field(default_factory=list)  # (turn, logits row) to sample
+
+    def add(self, turn: Turn, tokens: list[int], start: int, logits_last: bool) -> None:
+        n = len(tokens)
+        self.tokens.extend(tokens)
+        self.pos.extend(range(start, start + n))
+        self.seq_ids.extend([turn.seq_id] * n)
+        self.want.extend([False] * n)
+        if logits_last:
+            self.want[-1] = True
+            self.picks.append((turn, len(self.tokens) - 1))
+
+
+class EngineCore:
+    def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
+                 clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0) -> None:
+        self.model = model
+        self.limits = limits
+        self.inbox = inbox
+        self.clock = clock
+        self.metrics = metrics  # metrics.Metrics or None; observed from this thread
+        self.request_timeout_s = request_timeout_s
+        self.sched = Scheduler(limits, clock)
+        self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
+        self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
+        self.stats = Stats()
+        self.events: Events = []  # handed to the event loop after each iteration
+        self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
+
+    # -- start-up ------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        # The first decode allocates compute buffers and starts the thread pool; do it
+        # before reporting ready so the first user does not pay for it.
+        self.model.decode([0], [0], [0], [True])
+        self.model.seq_rm(0)
+
+    def add_public(self, tokens: list[int]) -> None:
+        """Compute a public prefix once and pin it, so any client copies it for free and
+        no client's timing depends on what another sent."""
+        if len(tokens) < self.kv.policy.min_shared:
+            return
+        sid = self._next_public_id
+        self._next_public_id += 1
+        step = self.limits.batch_tokens
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            self.model.decode(chunk, list(range(start, start + len(chunk))), [sid] * len(chunk),
+                              [False] * len(chunk))
+        self.kv.add_public(sid, tokens)
+
+    # -- commands ------------------------------------------------------------------------
+    def handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Submit):
+            cmd.turn.continuing = cmd.turn.session in self.cache.entries
+            self.sched.waiting.append(cmd.turn)
+        elif isinstance(cmd, Cancel):
+            if cmd.turn.state is not State.FINISHED:
+                cmd.turn.cancelled = True  # scheduler.expired() removes it below
+        elif isinstance(cmd, DeleteSession):
+            try:
+                cmd.done.set_result(self.kv.drop_session(cmd.session))
+            except Exception as e:  # noqa: BLE001 - the caller must not wait forever
+                cmd.done.set_exception(e)
+                raise
+
+    # -- one loop iteration --------------------------------------------------------------
+    def iterate(self) -> bool:
+        """Expire, admit and run one decode step; False when there was nothing to run."""
+        self.kv.expire()
+        self._expire_turns()
+        self._admit()
+        self.kv.resolve_followers()
+        step = self.sched.schedule()
+        if not step.n_seqs:
+            return False
+        batch = self._build(step)
+        if self._decode(batch, step):
+            self._advance(step, len(batch.tokens))
+            self._sample(batch)
+        return True
+
+    def _expire_turns(self) -> None:
+        for turn, err, was_waiting in self.sched.expired():
+            if was_waiting:
+                self.inbox.dequeued()
+            self._finish(turn, "queue_timeout" if err else "cancelled", err)
+
+    def _admit(self) -> None:
+        admitted = self.sched.admit()
+        if not admitted:
+            return
+        self.inbox.dequeued(len(admitted))
+        self.kv.make_room()  # room first (their reservations now count), so a restore finds free cells
+        for turn in admitted:
+            if self.metrics:
+                self.metrics.queue_wait.observe(turn.admitted_at - turn.arrival)
+            try:
+                self.kv.attach(turn)
+                turn.sampler = self.model.new_sampler(turn.params)
+            except Exception as e:  # noqa: BLE001 - fail this request, keep serving
+                log.exception("could not start request %d", turn.rid)
+                self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
+                continue
+            turn.text = TextStream(turn.params.stop)
+            self.stats.prompt_tokens_received += turn.n_prompt
+
+    # -- the step's phases ---------------------------------------------------------------
+    def _build(self, step: Step) -> Batch:
+        batch = Batch()
+        for t in step.decode:
+            batch.add(t, [t.last_token], t.n_cached, True)
+        for t, n in step.prefill:
+            start = t.n_cached
+            batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
+        return batch
+
+    def _decode(self, batch: Batch, step: Step) -> bool:
+        """One llama_decode; "KV cache full" evicts idle sessions and retries. On failure
+        only this step's turns fail (only the inconsistent ones, when some are fine)."""
+        t0 = time.monotonic()
+        try:
+            while True:
+                try:
+                    self.model.decode(batch.tokens, batch.pos, batch.seq_ids, batch.want)
+                    break
+                except KVCacheFull:
+                    if not self.kv.evict_lru():
+                        raise
+        except Exception as e:  # noqa: BLE001 - fail this step's turns, keep serving
+            log.error("decode of %d tokens failed: %s", len(batch.tokens), e)
+            err = (Unavailable("the KV cache is full; try again shortly", retry_after=5)
+                   if isinstance(e, KVCacheFull) else EngineFailure(f"decoding failed: {e}"))
+            involved = [*step.decode, *(t for t, _ in step.prefill)]
+            broken = [t for t in involved if self.model.seq_pos_max(t.seq_id) != t.n_cached - 1]
+            for t in broken or involved:
+                self._finish(t, "error", err)
+            return False
+        if self.metrics:
+            self.metrics.seqs_per_step.observe(step.n_seqs)
+            self.metrics.step_seconds.observe(time.monotonic() - t0)
+        return True
+
+    def _advance(self, step: Step, n_tokens: int) -> None:
+        st = self.stats
+        st.steps += 1
+        st.peak_seqs_per_step = max(st.peak_seqs_per_step, step.n_seqs)
+        n_prefill = n_tokens - len(step.decode)
+        st.prompt_tokens_computed += n_prefill
+        st.step_log.append((len(step.decode), len(step.prefill), n_prefill, 0))
+        for t in step.decode:
+            t.n_cached += 1
+        for t, n in step.prefill:
+            t.n_cached += n
+
+    def _sample(self, batch: Batch) -> None:
+        now = self.clock()
+        sampled = self.model.sample_all([(t.sampler, row) for t, row in batch.picks])
+        for (t, _), token in zip(batch.picks, sampled):
+            self._accept(t, token, now)
+
+    def _accept(self, t: Turn, token: int, now: float) -> bool:
+        """Take one sampled token; False once the turn has finished."""
+        t.state = State.DECODE
+        tokenizer = self.model.tokenizer
+        if tokenizer.is_eog(token):
+            self._finish(t, "stop")
+            return False
+        t.output.append(token)
+        self.stats.generated_tokens += 1
+        text = t.text.push(tokenizer.piece(token))
+        if text:
+            self._emit_text(t, text, now)
+        if t.text.stopped:
+            self._finish(t, "stop")
+        elif (len(t.output) >= t.params.max_tokens
+              or t.n_cached + 1 >= self.limits.ctx_limit
+              or now - t.arrival > self.request_timeout_s):
+            self._finish(t, "length")
+        return t.state is not State.FINISHED
+
+    def _emit_text(self, t: Turn, text: str, now: float) -> None:
+        if self.metrics:
+            if t.first_token_at:
+                self.metrics.itl.observe(now - t.last_emit_at)
+            else:
+                self.metrics.ttft.observe(now - t.arrival)
+        if not t.first_token_at:
+            t.first_token_at = now
+        t.last_emit_at = now
+        self.events.append((t.sink, Delta(text)))
+
+    # -- finishing -----------------------------------------------------------------------
+    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None) -> None:
+        """Give the slot back, keep or free the KV, and tell the stream how it ended."""
+        self.sched.release(t)
+        self.inbox.finished(t)
+        t.leader = None
+        self._release_kv(t, keep=error is None and t.n_cached > 0)
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        self._log_finished(t, reason, error)
+        if error is not None:
+            self.events.append((t.sink, Failed(error)))
+            return
+        tail = t.text.flush() if t.text is not None else ""
+        if tail:
+            self.events.append((t.sink, Delta(tail)))
+        self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
+
+    def _release_kv(self, t: Turn, keep: bool) -> None:
+        if t.seq_id >= 0:
+            # Cells past prompt + output (drafts verified after the last kept token) go.
+            held = t.n_prompt + len(t.output)
+            if t.n_cached > held:
+                self.model.seq_rm(t.seq_id, held, -1)
+                t.n_cached = held
+            self.kv.keep_or_free(t, keep)
+            t.seq_id = -1
+        if t.sampler is not None:
+            t.sampler.free()
+            t.sampler = None
+
+    def _log_finished(self, t: Turn, reason: str, error: ApplianceError | None) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        # One line per request for the operator. The session id is a bearer secret: log a
+        # short digest of it, enough to follow one conversation.
+        ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
+        log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
+                 "first token %s, total %.1f s", t.rid, hashlib.sha256(t.session.encode()).hexdigest()[:8],
+                 t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
+                 len(t.output), ttft, self.clock() - t.arrival)
+
+    def fail_all(self, error: ApplianceError, pending: list[Command]) -> None:
+        """Shutting down or crashed: every queued and running request ends with `error`."""
+        turns = [c.turn for c in pending if isinstance(c, Submit)]
+        for c in pending:
+            if isinstance(c, DeleteSession) and not c.done.done():
+                c.done.set_result(False)
+        for t in turns + list(self.sched.waiting) + list(self.sched.running):
+            if t.state is not State.FINISHED:
+                self.sched.release(t)
+                self.inbox.finished(t)
+                t.state = State.FINISHED
+                self.events.append((t.sink, Failed(error)))
+        self.sched.waiting.clear()
+
+    # -- what others may read ------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        st, cache = self.stats, self.cache
+        sessions = {s: SessionView(e.state, e.n_tokens, len(e.parked) if e.parked is not None else 0, e.last_used)
+                    for s, e in cache.entries.items()}
+        active = frozenset(t.session for t in (*self.sched.running, *self.sched.waiting))
+        events = {**_fields(cache.events), **_fields(self.kv.stats)}
+        return Snapshot(
+            taken_at=self.clock(), slots=self.limits.slots, running=len(self.sched.running),
+            waiting=tuple(t.rid for t in self.sched.waiting), active_sessions=active,
+            sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes,
+            counters=Counters(st.steps, st.peak_seqs_per_step, st.prompt_tokens_received,
+                              st.prompt_tokens_computed, st.generated_tokens, st.draft_tokens,
+                              st.draft_accepted, MappingProxyType(dict(st.finished))),
+            cache_events=MappingProxyType(events), step_log=tuple(st.step_log))
+
+
+def _fields(obj: Any) -> dict[str, int]:
+    return {name: getattr(obj, name) for name in obj.__slots__}

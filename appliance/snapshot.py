@@ -1,0 +1,66 @@
+"""What the engine thread publishes for everyone else to read: an immutable picture of the
+slots, queue, sessions and counters, replaced whole after every loop iteration.
+
+/health, /metrics, GET /v1/sessions/{id} and the `: queued N` notes only render it, so no
+reader ever touches state the engine thread is changing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    state: str  # active | cached | parked | saved
+    cached_tokens: int
+    parked_bytes: int
+    last_used: float  # engine clock, s
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    steps: int = 0
+    peak_seqs_per_step: int = 0
+    prompt_tokens_received: int = 0
+    prompt_tokens_computed: int = 0
+    generated_tokens: int = 0
+    draft_tokens: int = 0  # speculative tokens verified
+    draft_accepted: int = 0  # of those, accepted
+    finished: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    taken_at: float = 0.0  # engine clock, s
+    slots: int = 0
+    running: int = 0
+    waiting: tuple[int, ...] = ()  # request ids in admission order
+    active_sessions: frozenset[str] = frozenset()  # sessions with a turn running or queued
+    sessions: Mapping[str, SessionView] = field(default_factory=lambda: MappingProxyType({}))
+    parked_bytes: int = 0
+    counters: Counters = field(default_factory=Counters)
+    cache_events: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # hits, evictions...
+    step_log: tuple[tuple[int, int, int, int], ...] = ()  # (decode, prefill seqs, prefill tokens, drafts)
+
+    @property
+    def queue(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def sessions_cached(self) -> int:
+        """Idle sessions whose KV is in the cache (running ones count as slots, not here)."""
+        return sum(1 for v in self.sessions.values() if v.state == "cached")
+
+    @property
+    def sessions_parked(self) -> int:
+        return sum(1 for v in self.sessions.values() if v.state == "parked")
+
+    def position(self, rid: int) -> int:
+        """1-based place in the queue; 0 when not waiting there."""
+        try:
+            return self.waiting.index(rid) + 1
+        except ValueError:
+            return 0
