@@ -2,12 +2,15 @@
 
 Reports tokens/s, TTFT, end-to-end and inter-token latency per concurrency level, optionally
 side by side with a peer server measured in the same invocation under the same machine load.
+Each simulated user has its own connection and, against a loopback URL, its own source address.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ipaddress
 import json
 import math
 import statistics
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
+
+from . import sse
 
 Arrival = Literal["together", "staggered"]
 
@@ -86,6 +91,9 @@ class Workload:
     long_prompt_tokens: int = 0  # 0 = no extra long-paste client
     turns: int = 1  # > 1: each concurrent client is one user holding a conversation this long
     think_s: float = 1.0  # a user's pause between reading an answer and sending the next turn
+    # Most OpenAI clients send no session id; the server must then tell users apart by
+    # address and prompt prefix, so runs should measure both ways.
+    session_ids: bool = True
 
 
 @dataclass(slots=True)
@@ -124,7 +132,7 @@ class RequestResult:
     def gaps(self) -> list[float]:
         """Inter-token latency per chunk (a chunk may carry more than one token)."""
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
 @dataclass(slots=True)
@@ -252,6 +260,32 @@ def base_url(url: str) -> str:
     return url
 
 
+def is_loopback(url: str) -> bool:
+    """True for 127.x.y.z and localhost: the only targets we can reach from many addresses."""
+    host = httpx.URL(base_url(url)).host
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # IPv6 has one loopback address (::1), so there is nothing to spread users over.
+    return addr.version == 4 and addr.is_loopback
+
+
+def user_address(i: int) -> str:
+    """Source address of simulated user i (0-based): 127.0.0.2, 127.0.0.3, ...
+
+    The whole of 127/8 reaches the local host, so each user can arrive from their own address
+    as each PC in an office does; the server keys cache reuse and fairness by it. 127.0.0.1
+    stays for everything that is not a user (health checks, resolve_model).
+    """
+    hi, lo = divmod(i, 253)  # .2 to .254 in each /24
+    if hi > 255:
+        raise ValueError(f"no loopback address for user {i}")
+    return f"127.0.{hi}.{lo + 2}"
+
+
 def fresh_system(system: str) -> str:
     """A random tag up front, so no server can have this system prompt cached already."""
     return f"[run {uuid.uuid4().hex[:8]}] {system}"
@@ -293,7 +327,7 @@ async def _request(
         "max_tokens": workload.max_tokens, "temperature": workload.temperature,
         "messages": messages,
     }
-    headers = {"X-Session-Id": session or f"bench-{uuid.uuid4()}"}
+    headers = {"X-Session-Id": session or f"bench-{uuid.uuid4()}"} if workload.session_ids else {}
     res = RequestResult(t_start=time.perf_counter())
     try:
         # httpx timeouts are per read; asyncio.timeout bounds the whole request.
@@ -319,41 +353,31 @@ async def _request(
 async def _read_stream(
     resp: httpx.Response, res: RequestResult, first_token: asyncio.Event | None
 ) -> None:
-    async for line in resp.aiter_lines():
-        # SSE: blank lines separate events, ':' lines are keep-alive comments.
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            res.done = True
-            return
-        try:
-            event = json.loads(data)
-        except ValueError:
-            res.reason = "bad json in stream"
-            return
-        if not isinstance(event, dict):
-            continue
-        if "error" in event:
-            err = event["error"]
-            kind = (err.get("type") or err.get("code")) if isinstance(err, dict) else None
-            res.reason = f"stream error: {kind or 'error'}"
-            return
-        if isinstance(usage := event.get("usage"), dict):
-            if isinstance(n := usage.get("completion_tokens"), int):
-                res.usage_tokens = n
-            if isinstance(n := usage.get("prompt_tokens"), int):
-                res.prompt_tokens = n
-        choices = event.get("choices")
-        first = choices[0] if isinstance(choices, list) and choices else None
-        delta = first.get("delta") if isinstance(first, dict) else None
-        content = delta.get("content") if isinstance(delta, dict) else None
-        # A role-only or empty delta is not a token: TTFT starts at the first visible text.
-        if isinstance(content, str) and content:
-            res.token_times.append(time.perf_counter())
-            res.text += content
-            if first_token is not None:
-                first_token.set()
+    try:
+        async for event in sse.aiter_events(sse.alines(resp.aiter_text())):
+            if event == sse.DONE:
+                res.done = True
+                return
+            if not isinstance(event, dict):
+                continue
+            if "error" in event:
+                err = event["error"]
+                kind = (err.get("type") or err.get("code")) if isinstance(err, dict) else None
+                res.reason = f"stream error: {kind or 'error'}"
+                return
+            if isinstance(usage := event.get("usage"), dict):
+                if isinstance(n := usage.get("completion_tokens"), int):
+                    res.usage_tokens = n
+                if isinstance(n := usage.get("prompt_tokens"), int):
+                    res.prompt_tokens = n
+            # A role-only or empty delta is not a token: TTFT starts at the first visible text.
+            if content := sse.content(event):
+                res.token_times.append(time.perf_counter())
+                res.text += content
+                if first_token is not None:
+                    first_token.set()
+    except ValueError:
+        res.reason = "bad json in stream"
 
 
 async def measure(
@@ -370,16 +394,29 @@ async def measure(
     if multi_turn:
         requests = concurrency
     endpoint = base_url(url) + "/v1/chat/completions"
-    limits = httpx.Limits(max_connections=concurrency + 2,
-                          max_keepalive_connections=concurrency + 2)
     results: list[RequestResult] = []
     long_results: list[RequestResult] = []
     gate, first_token = asyncio.Event(), asyncio.Event()
     next_index = 0  # shared counter; safe without a lock: only awaits switch tasks
+    local = is_loopback(url)
+    # One TLS context for all users: building one loads the CA bundle (~10 ms of CPU each).
+    tls = httpx.create_ssl_context()
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, http2=False,
-                                 trust_env=False) as client:
-        async def conversation(k: int) -> None:
+    def user_client(i: int) -> httpx.AsyncClient:
+        # One client per simulated user: its own connection and, on loopback, its own source
+        # address, so the server sees an office of users rather than one very busy one.
+        transport = httpx.AsyncHTTPTransport(
+            verify=tls, local_address=user_address(i) if local else None,
+            limits=httpx.Limits(max_connections=2, max_keepalive_connections=2))
+        return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+
+    async with contextlib.AsyncExitStack() as stack:
+        # Made before the clock starts: users 0..concurrency-1 are the workers, the last
+        # one pastes the long document.
+        clients = [await stack.enter_async_context(user_client(i))
+                   for i in range(concurrency + (1 if workload.long_prompt_tokens else 0))]
+
+        async def conversation(client: httpx.AsyncClient, k: int) -> None:
             # One session id for the whole conversation, so per-session caches can reuse it.
             session = f"bench-{uuid.uuid4()}"
             messages = _opening(workload.system, workload.prompts[k % len(workload.prompts)])
@@ -402,7 +439,7 @@ async def measure(
                 await asyncio.sleep(i * stagger_s)
             while next_index < requests:
                 k, next_index = next_index, next_index + 1
-                await conversation(k)
+                await conversation(clients[i], k)
                 if multi_turn:
                     return  # one user, one conversation: no worker takes a second one
 
@@ -411,7 +448,7 @@ async def measure(
             await first_token.wait()
             doc = long_document(workload.long_prompt_tokens)
             prompt = "Summarise the following document in three sentences.\n\n" + doc
-            long_results.append(await _request(client, endpoint, workload,
+            long_results.append(await _request(clients[-1], endpoint, workload,
                                                _opening(workload.system, prompt), timeout))
 
         workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
@@ -430,7 +467,7 @@ async def measure(
         for r in results:
             if r.ok:
                 t = r.token_times
-                during += [b - a for a, b in zip(t, t[1:]) if lr.t_start < b <= lr.t_end]
+                during += [b - a for a, b in zip(t, t[1:], strict=False) if lr.t_start < b <= lr.t_end]
     return LevelResult(label, concurrency, wall, results, long_results, during)
 
 
@@ -494,6 +531,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "conversation (--requests is then ignored; a failed turn ends that conversation)")
     a("--think-s", type=_non_negative_float, default=1.0,
       help="seconds a user pauses between an answer and its next turn (default 1.0)")
+    a("--no-session-id", dest="session_ids", action="store_false",
+      help="send no X-Session-Id, as most OpenAI clients do (users are then told apart "
+           "by source address: on loopback each simulated user has its own 127.0.0.N)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -535,7 +575,7 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
         models[lb] = args.model or await resolve_model(url)
     base = Workload(max_tokens=args.max_tokens, temperature=args.temperature,
                     long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
-                    think_s=args.think_s)
+                    think_s=args.think_s, session_ids=args.session_ids)
     for c in args.concurrency:
         n = args.requests or max(2 * c, 8)
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
@@ -638,7 +678,7 @@ def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
                      "rounds": args.rounds, "arrival": args.arrival,
                      "long_prompt_tokens": args.long_prompt_tokens,
                      "fresh_system": args.fresh_system, "turns": args.turns,
-                     "think_s": args.think_s,
+                     "think_s": args.think_s, "session_ids": args.session_ids,
                      "requests": args.requests, "timeout": args.timeout},
         "percentiles": "linear interpolation between closest ranks",
         "levels": levels,

@@ -4,7 +4,6 @@ question, a new session each), median of the last 10. Usage: measure-ttft.py BAS
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -12,11 +11,16 @@ import uuid
 
 import httpx
 
+from appliance import sse
+from appliance.bench import is_loopback, user_address
+
 
 def main() -> None:
     url = sys.argv[1].rstrip("/")
     ttfts = []
-    with httpx.Client(trust_env=False, timeout=60) as c:
+    # The one user arrives from its own address, as in `appliance bench`.
+    transport = httpx.HTTPTransport(local_address=user_address(0)) if is_loopback(url) else None
+    with httpx.Client(trust_env=False, timeout=60, transport=transport) as c:
         for i in range(12):
             body = {"messages": [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
                                  {"role": "user", "content": f"Name a colour number {i}."}],
@@ -24,12 +28,10 @@ def main() -> None:
             t0 = time.perf_counter()
             with c.stream("POST", url + "/v1/chat/completions", json=body,
                           headers={"X-Session-Id": uuid.uuid4().hex}) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        d = json.loads(line[6:])
-                        if d.get("choices") and d["choices"][0]["delta"].get("content"):
-                            ttfts.append(time.perf_counter() - t0)
-                            break
+                for ev in sse.iter_events(sse.lines(r.iter_text())):
+                    if sse.content(ev):
+                        ttfts.append(time.perf_counter() - t0)
+                        break
             time.sleep(0.2)
     print(f"median time to first token: {statistics.median(ttfts[2:]) * 1000:.0f} ms "
           f"(all, ms: {[round(t * 1000) for t in ttfts]})")

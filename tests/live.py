@@ -1,19 +1,27 @@
-"""Start the real appliance on the bundled model in a subprocess, on a free port."""
+"""Start the real appliance on the bundled model in a subprocess, on a free port.
+
+Tests that simulate several people pass `as_user=i`: each user then connects from its own
+loopback address (127.0.0.2, ...), as the server tells clients apart by address.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
+
+from appliance import sse
+from appliance.bench import user_address
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,9 +38,22 @@ class Live:
     port: int
     log_path: Path
     client: httpx.Client = field(init=False)
+    _users: dict[int, httpx.Client] = field(init=False, default_factory=dict)
+    _users_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
+
+    def user_client(self, i: int | None) -> httpx.Client:
+        """The client of simulated user i (its own source address); None = the default client."""
+        if i is None:
+            return self.client
+        with self._users_lock:  # users run in threads
+            if i not in self._users:
+                transport = httpx.HTTPTransport(local_address=user_address(i))
+                self._users[i] = httpx.Client(base_url=self.url, timeout=120, trust_env=False,
+                                              transport=transport)
+            return self._users[i]
 
     @property
     def url(self) -> str:
@@ -68,18 +89,19 @@ class Live:
     def health(self) -> dict[str, Any]:
         return dict(self.client.get("/health").json())
 
-    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> httpx.Response:
-        return self.client.post("/v1/chat/completions", json={"messages": messages, **kw})
+    def chat(self, messages: list[dict[str, Any]], *, as_user: int | None = None,
+             **kw: Any) -> httpx.Response:
+        return self.user_client(as_user).post("/v1/chat/completions", json={"messages": messages, **kw})
 
-    def stream(self, messages: list[dict[str, Any]], **kw: Any) -> Iterator[dict[str, Any] | str]:
+    def stream(self, messages: list[dict[str, Any]], *, as_user: int | None = None,
+               **kw: Any) -> Iterator[dict[str, Any] | str]:
         """Yield each SSE data payload: parsed JSON, or the string '[DONE]'."""
         body = {"messages": messages, "stream": True, **kw}
-        with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        with self.user_client(as_user).stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    data = line[6:]
-                    yield data if data == "[DONE]" else json.loads(data)
+            for ev in sse.iter_events(sse.lines(r.iter_text())):
+                assert not isinstance(ev, sse.Comment)  # not asked for
+                yield ev
 
     def wait_idle(self, timeout: float = 30) -> dict[str, Any]:
         """Wait until no slot is busy and nothing is queued."""
@@ -94,6 +116,8 @@ class Live:
 
     def stop(self) -> int:
         self.client.close()
+        for c in self._users.values():
+            c.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -118,5 +142,4 @@ def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = N
 
 
 def content_of(events: list[dict[str, Any] | str]) -> str:
-    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events
-                   if isinstance(e, dict) and e.get("choices"))
+    return "".join(sse.content(e) for e in events)

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from appliance import sse
 from live import Live, content_of, start
 
 pytestmark = pytest.mark.integration
@@ -50,8 +51,7 @@ def test_streamed_answer_in_chinese_is_valid_utf8(server: Live) -> None:
     with server.client.stream("POST", "/v1/chat/completions", json=body) as r:
         for part in r.iter_bytes():
             raw += part
-    events = [json.loads(line[6:]) for line in raw.decode("utf-8").splitlines()
-              if line.startswith("data: {")]
+    events = [e for e in sse.iter_events(sse.lines([raw.decode("utf-8")])) if isinstance(e, dict)]
     pieces = [e["choices"][0]["delta"].get("content") or "" for e in events]
     text = "".join(pieces)
     assert "\ufffd" not in text  # no character was split into broken bytes
@@ -194,8 +194,8 @@ def test_streaming_client_disconnect_frees_slot(server: Live) -> None:
     with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             n = 0
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
+            for ev in sse.iter_events(sse.lines(r.iter_text())):
+                if isinstance(ev, dict):
                     n += 1
                     if n == 5:
                         break  # leave mid-answer: closing the client drops the connection
@@ -266,10 +266,8 @@ def test_sigterm_lets_running_stream_finish_then_exits_0(bundled_model: Path, tm
     statuses = []
     with httpx.Client(base_url=live.url, timeout=120, trust_env=False) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line[6:])
+            for ev in sse.iter_events(sse.lines(r.iter_text())):
+                events.append(ev)
                 if len(events) == 3:
                     live.proc.send_signal(signal.SIGTERM)
                     time.sleep(0.3)
@@ -279,7 +277,7 @@ def test_sigterm_lets_running_stream_finish_then_exits_0(bundled_model: Path, tm
                                       trust_env=False, timeout=5)
                     statuses.append((late.status_code, late.json()["error"]["type"]))
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     assert statuses == [(503, "draining"), (503, "server_unavailable")]
     assert live.proc.wait(60) == 0
     with pytest.raises(OSError):

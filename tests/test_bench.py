@@ -40,8 +40,9 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
     # One engine lock, like a single-batch CPU server: a long prefill holds it and every
     # other stream's next token waits, which is exactly what --long-prompt-tokens measures.
     engine = asyncio.Lock()
-    # Every request received, and the text streamed back, so tests can check the history.
-    seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": []}
+    # Every request received, where from, and the text streamed back, so tests can check
+    # the history and that each simulated user has its own address.
+    seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": [], "hosts": []}
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
@@ -50,6 +51,7 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
         body = await request.json()
         seen["session_ids"].append(request.headers.get("x-session-id", ""))
         seen["bodies"].append(body)
+        seen["hosts"].append(request.client.host if request.client else "")
         is_long = len(body["messages"][-1]["content"]) > 2000
         # A reply unique to this request, so a resent history shows whose answer it holds.
         n = len(seen["bodies"])
@@ -91,11 +93,23 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def unicode(request: Request) -> StreamingResponse:
+        # Raw UTF-8 as the appliance sends it (ensure_ascii=False): U+2028 is no line end.
+        async def events() -> AsyncIterator[str]:
+            yield _chunk({"role": "assistant", "content": ""})
+            for piece in ("one\u2028", "two\u0085", "three"):
+                yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]},
+                                            ensure_ascii=False) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     app = Starlette(routes=[
         Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/busy/v1/chat/completions", busy, methods=["POST"]),
         Route("/broken/v1/chat/completions", broken, methods=["POST"]),
+        Route("/unicode/v1/chat/completions", unicode, methods=["POST"]),
     ])
     app.state.seen = seen
     return app
@@ -185,6 +199,55 @@ def test_request_shape(fast: FakeServer) -> None:
     assert bodies[0]["messages"][1]["content"] != bodies[1]["messages"][1]["content"]
 
 
+def test_workers_arrive_from_distinct_loopback_addresses(fast: FakeServer) -> None:
+    start = len(fast.seen["bodies"])
+    _measure(fast.url, 2, 6, turns=2)
+    sessions, hosts = fast.seen["session_ids"][start:], fast.seen["hosts"][start:]
+    assert len(hosts) == 4
+    # One user = one address: both turns of a conversation come from its user's address.
+    by_session: defaultdict[str, set[str]] = defaultdict(set)
+    for session, host in zip(sessions, hosts, strict=True):
+        by_session[session].add(host)
+    assert sorted(h for (h,) in by_session.values()) == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_localhost_url_also_gets_user_addresses(fast: FakeServer) -> None:
+    start = len(fast.seen["hosts"])
+    _measure(fast.url.replace("127.0.0.1", "localhost"), 2, 4)
+    assert set(fast.seen["hosts"][start:]) == {"127.0.0.2", "127.0.0.3"}
+
+
+def test_loopback_detection_and_user_addresses() -> None:
+    for url in ("http://127.0.0.1:8080", "http://localhost:1/v1", "http://127.9.9.9/",
+                "https://LOCALHOST:8443/v1/chat/completions"):
+        assert bench.is_loopback(url), url
+    # ::1 is a single address; other hosts are reached from the machine's own address.
+    for url in ("http://[::1]:8080", "http://10.0.0.5:8080", "http://192.168.1.20",
+                "http://example.com:80", "http://localhost.example.com"):
+        assert not bench.is_loopback(url), url
+    assert [bench.user_address(i) for i in (0, 1, 252, 253)] == \
+        ["127.0.0.2", "127.0.0.3", "127.0.0.254", "127.0.1.2"]
+
+
+def test_no_session_id_sends_none_and_keeps_conversations_per_address(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start = len(fast.seen["bodies"])
+    out_path = tmp_path / "bench.json"
+    assert _run("--url", fast.url, "--concurrency", "2", "--turns", "2", "--think-s", "0",
+                "--max-tokens", "8", "--no-session-id", "--json", str(out_path)) == 0
+    bodies, hosts = fast.seen["bodies"][start:], fast.seen["hosts"][start:]
+    assert fast.seen["session_ids"][start:] == [""] * 4
+    # Without an id only the address ties turn 2 to turn 1 of the same user.
+    by_host: defaultdict[str, list[dict]] = defaultdict(list)
+    for host, body in zip(hosts, bodies, strict=True):
+        by_host[host].append(body)
+    assert sorted(by_host) == ["127.0.0.2", "127.0.0.3"]
+    for first, second in by_host.values():
+        assert second["messages"][:2] == first["messages"]
+    assert json.loads(out_path.read_text())["settings"]["session_ids"] is False
+
+
 def test_429_counts_as_rejected(fast: FakeServer) -> None:
     level = _measure(fast.url + "/busy", 2, 4)
     assert level.num_rejected == 4
@@ -197,6 +260,13 @@ def test_error_event_mid_stream_counts_failed(fast: FakeServer) -> None:
     level = _measure(fast.url + "/broken", 1, 2)
     assert level.num_failed == 2 and level.num_rejected == 0 and not level.completed
     assert level.failure_reasons == {"stream error: server_error": 2}
+
+
+def test_unicode_line_separators_inside_an_answer_are_not_line_ends(fast: FakeServer) -> None:
+    level = _measure(fast.url + "/unicode", 1, 1)
+    (res,) = level.results
+    assert res.ok, res.reason
+    assert res.text == "one\u2028two\u0085three" and len(res.token_times) == 3
 
 
 def test_connection_refused_is_a_failure_not_a_crash() -> None:
@@ -220,6 +290,11 @@ def test_long_paste_stalls_short_streams(fast: FakeServer) -> None:
     assert stalled > LONG_PREFILL_S / 2 > normal
     prompts = [b["messages"][1]["content"] for b in fast.seen["bodies"][-9:]]
     assert sum(len(p) >= 1000 * bench.CHARS_PER_TOKEN for p in prompts) == 1
+    # The paster is a third user: two workers on .2 and .3, the paste from .4.
+    hosts = {h for p, h in zip(prompts, fast.seen["hosts"][-9:], strict=True)
+             if len(p) >= 1000 * bench.CHARS_PER_TOKEN}
+    assert hosts == {"127.0.0.4"}
+    assert set(fast.seen["hosts"][-9:]) == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
 
 
 def test_staggered_arrival_completes(fast: FakeServer) -> None:
@@ -246,6 +321,7 @@ def test_run_compare_prints_table_and_writes_json(
 
     report = json.loads(out_path.read_text())
     assert [s["label"] for s in report["servers"]] == ["ours", "theirs"]
+    assert report["settings"]["session_ids"] is True
     assert all(s["model"] == "fake-model" for s in report["servers"])
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
     for lv in report["levels"]:
@@ -297,7 +373,7 @@ def test_multi_turn_conversations(
     bodies, replies = fast.seen["bodies"][start:], fast.seen["replies"][start:]
     assert len(bodies) == 6  # 2 users x 3 turns; --requests is ignored
     conversations: defaultdict[str, list[tuple[dict, str]]] = defaultdict(list)
-    for session, body, reply in zip(fast.seen["session_ids"][start:], bodies, replies):
+    for session, body, reply in zip(fast.seen["session_ids"][start:], bodies, replies, strict=True):
         conversations[session].append((body, reply))
     assert len(conversations) == 2 and all(s.startswith("bench-") for s in conversations)
     for turns in conversations.values():
