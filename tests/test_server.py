@@ -414,11 +414,18 @@ def test_wrong_method_is_405(client: TestClient, method: str, path: str) -> None
     assert error_of(client.request(method, path), 405)["type"] == "invalid_request_error"
 
 
-@pytest.mark.xfail(strict=True, reason="server._http_error builds a new response from "
-                   "HTTPException.detail and drops HTTPException.headers, so a 405 carries no "
-                   "Allow header (RFC 9110 section 15.5.6 requires one)")
-def test_405_says_which_methods_are_allowed(client: TestClient) -> None:
-    assert client.get(CHAT).headers["allow"] == "POST"
+@pytest.mark.parametrize("method,path,allowed", [
+    ("GET", CHAT, {"POST"}),
+    ("POST", "/v1/models", {"GET", "HEAD"}),
+    pytest.param("PATCH", "/v1/sessions/s", {"GET", "HEAD", "DELETE"}, marks=pytest.mark.xfail(
+        strict=True, reason="GET and DELETE /v1/sessions/{sid} are two Routes; Starlette answers "
+        "405 from the first partial match, so Allow says GET, HEAD and leaves out DELETE")),
+])
+def test_405_says_which_methods_are_allowed(client: TestClient, method: str, path: str,
+                                            allowed: set[str]) -> None:
+    # RFC 9110 section 15.5.6: a 405 must list the methods the resource does support.
+    allow = client.request(method, path).headers.get("allow", "")
+    assert {m.strip() for m in allow.split(",") if m.strip()} == allowed
 
 
 def test_big_body_is_413(client: TestClient) -> None:
