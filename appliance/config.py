@@ -90,6 +90,8 @@ class Config:
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
+    spec_budget: int = field(default=16, metadata=_opt(
+        "speculative draft tokens per decode step, less one per generating stream; 0 = off", _non_negative))
     max_wait_ms: int = field(default=20, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
     max_queue: int = field(default=64, metadata=_opt("requests waiting for a slot before 429", _non_negative))

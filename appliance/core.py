@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Protocol
 
+import numpy as np
+
 from .cache import SessionCache
 from .errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
 from .inbox import Cancel, Command, DeleteSession, Inbox, Submit
@@ -22,6 +24,7 @@ from .kvstore import CachePolicy, KVStore
 from .sampling import SamplingParams
 from .scheduler import Limits, Scheduler, Step
 from .snapshot import Counters, SessionView, Snapshot
+from .spec import NgramIndex, TurnDrafts, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
 from .textstream import TextStream
 from .turn import Delta, Done, Failed, State, Turn
 
@@ -37,6 +40,8 @@ class Model(Protocol):
 
     def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
     def sample_all(self, picks: list[tuple[Any, int]]) -> list[int]: ...
+    def greedy_rows(self, first: int, n: int) -> list[int]: ...
+    def logits_rows(self, first: int, n: int) -> np.ndarray: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
@@ -69,28 +74,35 @@ class Batch:
     pos: list[int] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
     want: list[bool] = field(default_factory=list)  # logits for this row
-    picks: list[tuple[Turn, int]] = field(default_factory=list)  # (turn, logits row) to sample
+    # (turn, first logits row, draft tokens verified in the rows after it) to sample
+    picks: list[tuple[Turn, int, list[int]]] = field(default_factory=list)
+    n_drafts: int = 0
 
-    def add(self, turn: Turn, tokens: list[int], start: int, logits_last: bool) -> None:
+    def add(self, turn: Turn, tokens: list[int], start: int, logits: bool, draft: list[int] | None = None) -> None:
+        """tokens at positions start...; with logits, the last 1 + len(draft) rows get them."""
+        draft = draft or []
         n = len(tokens)
         self.tokens.extend(tokens)
         self.pos.extend(range(start, start + n))
         self.seq_ids.extend([turn.seq_id] * n)
-        self.want.extend([False] * n)
-        if logits_last:
-            self.want[-1] = True
-            self.picks.append((turn, len(self.tokens) - 1))
+        n_out = 1 + len(draft) if logits else 0
+        self.want.extend([False] * (n - n_out) + [True] * n_out)
+        if logits:
+            self.picks.append((turn, len(self.tokens) - n_out, draft))
+        self.n_drafts += len(draft)
 
 
 class EngineCore:
     def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
-                 clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0) -> None:
+                 clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0,
+                 spec_budget: int = 0) -> None:
         self.model = model
         self.limits = limits
         self.inbox = inbox
         self.clock = clock
         self.metrics = metrics  # metrics.Metrics or None; observed from this thread
         self.request_timeout_s = request_timeout_s
+        self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
         self.sched = Scheduler(limits, clock)
         self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
         self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
@@ -146,7 +158,7 @@ class EngineCore:
             return False
         batch = self._build(step)
         if self._decode(batch, step):
-            self._advance(step, len(batch.tokens))
+            self._advance(step, batch)
             self._sample(batch)
         return True
 
@@ -173,17 +185,34 @@ class EngineCore:
                 self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
                 continue
             turn.text = TextStream(turn.params.stop)
+            if self.spec_budget and not turn.params.has_penalties:
+                # Penalties would have to see each draft: such turns simply get none.
+                turn.drafts = TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(turn.params.seed))
             self.stats.prompt_tokens_received += turn.n_prompt
 
     # -- the step's phases ---------------------------------------------------------------
     def _build(self, step: Step) -> Batch:
         batch = Batch()
-        for t in step.decode:
-            batch.add(t, [t.last_token], t.n_cached, True)
+        drafts = self._drafts(step.decode)
+        for t, d in zip(step.decode, drafts):
+            batch.add(t, [t.last_token, *d], t.n_cached, True, d)
         for t, n in step.prefill:
             start = t.n_cached
             batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
         return batch
+
+    def _drafts(self, decode: list[Turn]) -> list[list[int]]:
+        """Each generating turn's draft tokens for this step, within the step's budget."""
+        budget = step_budget(len(decode), self.spec_budget) if self.spec_budget else 0
+        if budget <= 0:
+            return [[] for _ in decode]
+        found = []
+        for t in decode:
+            d = t.drafts
+            # Never draft past max_tokens or the context: the KV reservation covers neither.
+            room = min(t.params.max_tokens - len(t.output), self.limits.ctx_limit - t.n_cached) - 2
+            found.append(d.index.draft(min(d.state.want(), room)) if d is not None and room > 0 else [])
+        return [d[:n] for d, n in zip(found, allocate([len(d) for d in found], budget))]
 
     def _decode(self, batch: Batch, step: Step) -> bool:
         """One llama_decode; "KV cache full" evicts idle sessions and retries. On failure
@@ -211,13 +240,13 @@ class EngineCore:
             self.metrics.step_seconds.observe(time.monotonic() - t0)
         return True
 
-    def _advance(self, step: Step, n_tokens: int) -> None:
+    def _advance(self, step: Step, batch: Batch) -> None:
         st = self.stats
         st.steps += 1
         st.peak_seqs_per_step = max(st.peak_seqs_per_step, step.n_seqs)
-        n_prefill = n_tokens - len(step.decode)
+        n_prefill = len(batch.tokens) - len(step.decode) - batch.n_drafts
         st.prompt_tokens_computed += n_prefill
-        st.step_log.append((len(step.decode), len(step.prefill), n_prefill, 0))
+        st.step_log.append((len(step.decode), len(step.prefill), n_prefill, batch.n_drafts))
         for t in step.decode:
             t.n_cached += 1
         for t, n in step.prefill:
@@ -225,9 +254,37 @@ class EngineCore:
 
     def _sample(self, batch: Batch) -> None:
         now = self.clock()
-        sampled = self.model.sample_all([(t.sampler, row) for t, row in batch.picks])
-        for (t, _), token in zip(batch.picks, sampled):
+        plain = [(t, row) for t, row, d in batch.picks if not d]
+        sampled = self.model.sample_all([(t.sampler, row) for t, row in plain])
+        for (t, _), token in zip(plain, sampled):
+            if t.drafts is not None and t.state is State.DECODE:
+                t.drafts.state.record(0, 0)  # a step without drafts counts down a pause
             self._accept(t, token, now)
+        for t, row, d in batch.picks:
+            if d:
+                self._verify(t, row, d, now)
+
+    def _verify(self, t: Turn, row: int, draft: list[int], now: float) -> None:
+        """Keep the drafts the model agrees with plus one token of its own; the rejected
+        drafts' cells leave the KV cache."""
+        k, p = len(draft), t.params
+        assert t.drafts is not None
+        if p.greedy:
+            out = accept_greedy(draft, self.model.greedy_rows(row, k + 1))
+        else:
+            logits = self.model.logits_rows(row, k + 1)
+            rows = [sparse_row(logits[i], p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
+            out = accept_sampled(draft, rows, t.drafts.rng)
+        n_ok = len(out) - 1
+        t.drafts.state.record(k, n_ok)
+        self.stats.draft_tokens += k
+        self.stats.draft_accepted += n_ok
+        t.n_cached += n_ok
+        if n_ok < k:
+            self.model.seq_rm(t.seq_id, t.n_cached, -1)
+        for token in out:
+            if not self._accept(t, token, now):
+                break
 
     def _accept(self, t: Turn, token: int, now: float) -> bool:
         """Take one sampled token; False once the turn has finished."""
@@ -237,6 +294,8 @@ class EngineCore:
             self._finish(t, "stop")
             return False
         t.output.append(token)
+        if t.drafts is not None:
+            t.drafts.index.extend((token,))
         self.stats.generated_tokens += 1
         text = t.text.push(tokenizer.piece(token))
         if text:

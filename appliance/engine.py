@@ -83,6 +83,7 @@ class Engine:
         *,
         max_per_client: int = 0,
         presets: tuple[str, ...] = (),
+        spec_budget: int = 0,
         request_timeout_s: float = 600.0,
         pin: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
@@ -95,6 +96,7 @@ class Engine:
         self.policy = policy or CachePolicy(n_seq=limits.slots + 1)
         assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
         self.presets = presets  # operator system prompts, shared by every client
+        self.spec_budget = spec_budget
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.metrics = metrics
@@ -233,7 +235,8 @@ class Engine:
         tok = model.tokenizer
         template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
         core = EngineCore(model, self.limits, self.policy, self.inbox, clock=self.clock,
-                          metrics=self.metrics, request_timeout_s=self.request_timeout_s)
+                          metrics=self.metrics, request_timeout_s=self.request_timeout_s,
+                          spec_budget=self.spec_budget)
         core.warm_up()
         for tokens in public_prefixes(self.presets, template, tok.tokenize):
             core.add_public(tokens)

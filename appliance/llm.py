@@ -213,6 +213,20 @@ class LLM:
                 out[k] = self.sample(smp, row)
         return out
 
+    def _rows(self, first: int, n: int) -> np.ndarray:
+        # A turn's draft rows are consecutive in the batch, hence among the outputs: a view,
+        # valid until the next decode.
+        k = self._out_index[first]
+        allrows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(len(self._out_index), self.tokenizer.n_vocab))
+        return allrows[k:k + n]
+
+    def greedy_rows(self, first: int, n: int) -> list[int]:
+        """The argmax of batch rows first..first+n-1 of the last decode."""
+        return [int(x) for x in np.argmax(self._rows(first, n), axis=1)]
+
+    def logits_rows(self, first: int, n: int) -> np.ndarray:
+        return self._rows(first, n)
+
     def sample(self, sampler: Sampler, row: int) -> int:
         """Sample from the logits of batch row `row` (must have had logits=True)."""
         return int(C.llama_sampler_sample(sampler._chain, self.ctx, row))

@@ -51,6 +51,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
         return LLM(model_path, spec)
 
     return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
+                  spec_budget=cfg.spec_budget,
                   request_timeout_s=cfg.request_timeout_s,
                   pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal)
 

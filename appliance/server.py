@@ -223,7 +223,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
     err = ApplianceError(str(exc.detail))
     err.status, err.type = exc.status_code, "invalid_request_error"
-    return error_response(err)
+    response = error_response(err)
+    response.headers.update(exc.headers or {})  # e.g. a 405's Allow
+    return response
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

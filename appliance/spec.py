@@ -188,3 +188,12 @@ def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: fl
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+@dataclass(slots=True)
+class TurnDrafts:
+    """What one generating turn carries for speculation."""
+
+    index: NgramIndex
+    state: DraftState = field(default_factory=DraftState)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)  # sampled acceptance

@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from appliance.errors import KVCacheFull
 from appliance.sampling import SamplingParams
 
@@ -132,3 +134,32 @@ class FakeModel:
 
     def close(self) -> None:
         self.closed = True
+
+
+@dataclass
+class RuleModel(FakeModel):
+    """A fake with known logits: the model's next token after token t is always rule(t)
+    (letters cycle a->b->...->z->a), in any batch. For speculative decoding tests: drafts
+    copied from a prompt that follows the rule are accepted, others rejected."""
+
+    vocab: int = 256
+
+    @staticmethod
+    def rule(t: int) -> int:
+        return (t - 97 + 1) % 26 + 97 if 97 <= t <= 122 else 97
+
+    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None:
+        super().decode(tokens, pos, seq_ids, logits)
+        self._row_tokens = list(tokens)
+
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+        return [self.rule(self._row_tokens[row]) for _, row in picks]
+
+    def greedy_rows(self, first: int, n: int) -> list[int]:
+        return [self.rule(self._row_tokens[first + i]) for i in range(n)]
+
+    def logits_rows(self, first: int, n: int) -> np.ndarray:
+        out = np.zeros((n, self.vocab), dtype=np.float32)
+        for i in range(n):
+            out[i, self.rule(self._row_tokens[first + i])] = 30.0  # p ~ 1 - 1e-11 at temperature 1
+        return out
