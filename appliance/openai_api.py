@@ -241,6 +241,11 @@ def models_list(model_id: str, created: int | None = None) -> dict[str, Any]:
         {"id": model_id, "object": "model", "created": created or int(time.time()), "owned_by": "appliance"}]}
 
 
+# Line separators that some clients split lines at (Python's str.splitlines, httpx's
+# iter_lines): escaped, so an answer containing one never cuts its SSE event in two.
+_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(obj: dict[str, Any] | str) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    return f"data: {data.translate(_SEPARATORS)}\n\n".encode()

@@ -183,6 +183,12 @@ class App:
         return JSONResponse(api.completion(cid, created, self.model_id, text, _reason(end), use, **extra),
                             headers=headers)
 
+    async def session(self, request: Request) -> Response:
+        # One route for both methods, so a 405 lists both in Allow.
+        if request.method == "DELETE":
+            return await self.delete_session(request)
+        return await self.get_session(request)
+
     async def get_session(self, request: Request) -> Response:
         info = self.engine.session_info(request.path_params["sid"])
         if info is None:
@@ -248,8 +254,7 @@ def create_app(app_state: App) -> Starlette:
         Route("/metrics", app_state.prometheus),
         Route("/debug/steps", app_state.steps),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
-        Route("/v1/sessions/{sid}", app_state.get_session, methods=["GET"]),
-        Route("/v1/sessions/{sid}", app_state.delete_session, methods=["DELETE"]),
+        Route("/v1/sessions/{sid}", app_state.session, methods=["GET", "DELETE"]),
         Route("/", app_state.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.
         Mount("/static", StaticFiles(directory=app_state.web_dir), name="web"),
