@@ -90,6 +90,9 @@ class Config:
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
+    prefill_group: int = field(default=256, metadata=_opt(
+        "finish the shortest waiting prompts that fit in this many tokens in one step, for earlier "
+        "first tokens; 0 = off", _non_negative))
     spec_budget: int = field(default=16, metadata=_opt(
         "speculative draft tokens per decode step, less one per generating stream; 0 = off", _non_negative))
     max_wait_ms: int = field(default=20, metadata=_opt("admission window when the engine is idle, ms", _non_negative))

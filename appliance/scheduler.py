@@ -23,6 +23,7 @@ class Limits:
     kv_tokens: int  # KV cells shared by all running sequences
     ctx_limit: int  # tokens (prompt + output) one sequence may hold
     prefill_chunk: int = 0  # prompt tokens per step while others stream (0 = batch_tokens)
+    prefill_group: int = 0  # finish the shortest prompts that fit in this many tokens first (0 = off)
     max_wait_s: float = 0.03  # admission window when idle
     min_batch: int = 0  # close the window once this many wait (0 = slots)
     max_queue: int = 64
@@ -111,16 +112,11 @@ class Scheduler:
         return admitted
 
     def schedule(self) -> Step:
-        """Plan one decode step over the running sequences (call admit() first)."""
+        """Plan one decode step over the running turns (call admit() first)."""
         step = Step()
         for s in self.running:
             if s.state is State.DECODE:
                 step.decode.append(s)
-        budget = self.limits.batch_tokens - len(step.decode)
-        if step.decode and self.limits.prefill_chunk:
-            # Streams are waiting on this step: a smaller prompt chunk keeps their
-            # inter-token latency low; with nobody streaming, prefill at full speed.
-            budget = min(budget, self.limits.prefill_chunk)
         # A follower waits while its leader computes the prompt prefix they share; the
         # leader stops at the end of that prefix, so next step everyone goes on together.
         shared_end: dict[int, int] = {}
@@ -132,6 +128,7 @@ class Scheduler:
         # paste still advances whenever budget is left.
         prefilling = sorted((s for s in self.running if s.state is State.PREFILL and s.leader is None),
                             key=lambda s: (s.prefill_left, s.arrival))
+        budget = self._prefill_budget(len(step.decode), prefilling)
         for s in prefilling:
             if budget <= 0:
                 break
@@ -142,6 +139,23 @@ class Scheduler:
             step.prefill.append((s, n))
             budget -= n
         return step
+
+    def _prefill_budget(self, n_decode: int, prefilling: list[Turn]) -> int:
+        """Prompt tokens for this step. First tokens sooner: the shortest waiting prompts
+        that fit in `prefill_group` tokens together are finished in this step, so they get
+        their first token now instead of after one big step over every prompt (with nobody
+        streaming yet) or several small chunks (while others stream). Longer prompts go at
+        full speed when nobody streams, and in `prefill_chunk` pieces when someone does, so
+        a long paste never freezes the streams."""
+        room = self.limits.batch_tokens - n_decode
+        group = 0
+        for s in prefilling:
+            if group + s.prefill_left > self.limits.prefill_group:
+                break
+            group += s.prefill_left
+        if n_decode and self.limits.prefill_chunk:
+            return min(room, max(self.limits.prefill_chunk, group))
+        return min(room, group or room)
 
     def release(self, turn: Turn) -> None:
         """Finish a running sequence and give its slot back (idempotent)."""

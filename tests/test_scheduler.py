@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.errors import QueueFull, Unavailable
+from appliance.errors import Unavailable
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits, Scheduler
 from appliance.turn import State, Turn
@@ -254,3 +254,55 @@ def test_prefill_chunk_is_smaller_while_streams_wait() -> None:
     assert short.state is State.DECODE
     step = s.schedule()
     assert step.decode == [short] and step.prefill == [(long, 10)]
+
+
+# -- first tokens sooner: prefill groups ----------------------------------------------------
+
+def test_prefill_group_finishes_the_shortest_prompts_first_when_idle() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=8, batch_tokens=512, max_wait_s=0.0, prefill_group=64)
+    a, b, c, d = (seq(clock, n_prompt=n) for n in (10, 10, 30, 200))
+    for q in (d, c, b, a):
+        s.waiting.append(q)
+    s.admit()
+    step = s.schedule()
+    # 10 + 10 + 30 fit the group: they get their first token after this short step; the
+    # 200-token prompt does not start until they stream.
+    assert sorted(step.prefill, key=lambda x: x[0].rid) == [(a, 10), (b, 10), (c, 30)]
+
+
+def test_prefill_group_nothing_fits_goes_at_full_speed() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=8, batch_tokens=512, max_wait_s=0.0, prefill_group=64)
+    a, b = seq(clock, n_prompt=100), seq(clock, n_prompt=300)
+    s.waiting.extend([a, b])
+    s.admit()
+    assert s.schedule().prefill == [(a, 100), (b, 300)]
+
+
+def test_prefill_group_completes_a_short_prompt_while_others_stream() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=8, batch_tokens=512, max_wait_s=0.0, prefill_chunk=16, prefill_group=64)
+    streaming = seq(clock, n_prompt=4)
+    s.waiting.append(streaming)
+    s.admit()
+    run_step(s)
+    assert streaming.state is State.DECODE
+    short, paste = seq(clock, n_prompt=50), seq(clock, n_prompt=3000)
+    s.waiting.extend([short, paste])
+    s.admit()
+    step = s.schedule()
+    assert step.decode == [streaming]
+    assert step.prefill == [(short, 50)]  # whole, beyond the 16-token chunk
+    run_step(s)
+    step = s.schedule()
+    assert step.prefill == [(paste, 16)]  # a long paste still goes in chunks
+
+
+def test_prefill_group_off_is_the_old_policy() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=8, batch_tokens=64, max_wait_s=0.0)
+    a, b = seq(clock, n_prompt=10), seq(clock, n_prompt=100)
+    s.waiting.extend([a, b])
+    s.admit()
+    assert s.schedule().prefill == [(a, 10), (b, 54)]
