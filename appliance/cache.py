@@ -16,8 +16,9 @@ client sends changes what another can find in the cache, or how fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 # A turn continues one of its client's anonymous conversations (takes its sequence over)
 # when the match covers all but this many of its cached tokens: the rendered template may

@@ -11,9 +11,10 @@ import hashlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 

@@ -9,9 +9,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from enum import Enum
 from itertools import count
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from .core import EngineCore, Events, Model
 from .errors import ApplianceError, EngineFailure, Unavailable
@@ -61,7 +62,7 @@ class Handle:
         """The next event, or None after `timeout` seconds (cancelling a queue get is safe)."""
         try:
             return await asyncio.wait_for(self._get(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     @property

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from . import persist
 from .cache import Entry, SessionCache, common_prefix
@@ -274,6 +275,7 @@ class KVStore:
             for e in list(self.cache.entries.values()):
                 if e.busy:
                     continue
+                data: bytes | None
                 if e.seq_id >= 0:
                     data = self.model.seq_state(e.seq_id)
                 elif e.parked is not None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence as Seq
 
 import llama_cpp as C
 import numpy as np

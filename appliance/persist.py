@@ -13,9 +13,10 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 log = logging.getLogger(__name__)
 MAGIC = b"APPLIANCE-KV\x01"

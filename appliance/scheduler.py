@@ -9,8 +9,8 @@ are prefilled together.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .errors import Unavailable
 from .turn import State, Turn
@@ -57,7 +57,8 @@ class Scheduler:
     def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
         """Remove cancelled sequences and those that waited too long for a slot.
         Returns (turn, error to report or None for a plain cancel, was it waiting)."""
-        now, out = self.clock(), []
+        now = self.clock()
+        out: list[tuple[Turn, Unavailable | None, bool]] = []
         if any(s.cancelled for s in self.running):
             for s in [s for s in self.running if s.cancelled]:
                 out.append((s, None, False))

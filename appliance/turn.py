@@ -3,9 +3,10 @@ events it sends back to its HTTP stream."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ApplianceError
 from .sampling import SamplingParams

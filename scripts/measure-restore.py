@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from appliance.llm import LLM, ContextSpec
 from appliance import cpu
 from appliance.config import Config
+from appliance.llm import LLM, ContextSpec
 
 
 def main() -> None:

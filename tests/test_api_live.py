@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from live import Live, content_of, start
 
 from appliance import sse
-from live import Live, content_of, start
 
 pytestmark = pytest.mark.integration
 

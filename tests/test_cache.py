@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import random
 
-from appliance.cache import TAKEOVER_SLACK, Entry, Match, SessionCache, common_prefix
 from fakes import FakeClock
+
+from appliance.cache import TAKEOVER_SLACK, Entry, Match, SessionCache, common_prefix
 
 SYS = [101, 102, 103, 104, 105, 106, 107, 108]  # a "system prompt"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from live import start
 
 pytestmark = pytest.mark.integration

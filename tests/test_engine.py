@@ -7,13 +7,13 @@ import threading
 from typing import Any
 
 import pytest
+from fakes import FakeModel
 
 from appliance.engine import Engine, EngineState, Handle
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
 from appliance.turn import Delta, Done, Failed
-from fakes import FakeModel
 
 
 def limits(**kw: Any) -> Limits:

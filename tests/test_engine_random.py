@@ -10,13 +10,14 @@ import asyncio
 import random
 from typing import Any
 
+from fakes import FakeModel
+
 from appliance.engine import Engine, EngineState, Handle
 from appliance.kvstore import CachePolicy
 from appliance.prompt import Prompt
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
 from appliance.turn import Delta, Done, Failed
-from fakes import FakeModel
 
 
 async def drive(seed: int) -> tuple[Any, dict[str, int]]:

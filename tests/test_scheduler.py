@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from appliance.errors import Unavailable
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits, Scheduler
 from appliance.turn import State, Turn
-from fakes import FakeClock
 
 
 def make(clock: FakeClock, **kw: object) -> Scheduler:

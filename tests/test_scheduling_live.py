@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from live import Live, start
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from appliance.spec import (DraftState, NgramIndex, Row, accept_greedy, accept_sampled, allocate,
-                            sparse_row, step_budget)
+from appliance.spec import DraftState, NgramIndex, Row, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
 
 # -- n-gram lookup ---------------------------------------------------------------------------
 
@@ -318,7 +317,7 @@ def reference_row(logits: list[float], temperature: float, top_k: int, top_p: fl
 
 def test_sparse_row_matches_the_reference_chain() -> None:
     rng = np.random.default_rng(42)
-    for trial in range(60):
+    for _ in range(60):
         logits = rng.normal(scale=3.0, size=50)
         logits[rng.integers(0, 50)] = logits.max()  # a tie at the top now and then
         for temperature, top_k, top_p, min_p in [(0.0, 40, 1.0, 0.05), (0.7, 40, 1.0, 0.05),
