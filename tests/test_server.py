@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fakes import FakeModel
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -31,7 +32,6 @@ from appliance.metrics import Metrics
 from appliance.openai_api import ServerLimits
 from appliance.scheduler import Limits
 from appliance.server import App, create_app
-from fakes import FakeModel
 
 MODEL_ID = "fake-model"
 REPLY = "hello"

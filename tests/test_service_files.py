@@ -13,15 +13,15 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import struct
+import subprocess
 import sys
 import sysconfig
 import tempfile
 import textwrap
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

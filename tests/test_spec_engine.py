@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fakes import RuleModel
+from test_engine import collect, run
+
 from appliance.engine import Engine, EngineState
 from appliance.kvstore import CachePolicy
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
 from appliance.turn import Done
-from fakes import RuleModel
-from test_engine import collect, run
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
