@@ -69,6 +69,199 @@ FOLLOW_UPS: tuple[str, ...] = (
     "What are the risks?",
 )
 
+# --workload rewrite: the user pastes text and asks for it back with small fixes, so most of
+# the answer copies the prompt (what n-gram speculative decoding drafts from). Prose and code
+# alternate, so neighbouring users differ in kind as well as in text. Paragraphs are 60-120
+# words with a few typos, snippets 8-15 lines with one small bug: one answer fits in ~160 tokens.
+_PROSE: tuple[str, ...] = (
+    "Next monday the finance team will move from the third floor to the new offices on the "
+    "ground floor. Please pack your desks by Friday afternoon and label every box with your "
+    "name and teh room number. The movers will arrive at seven in the morning, so the lifts "
+    "will be busy untill about ten. If you have equipment that needs special handling, such as "
+    "monitors or the shared scanner, tell Maria before Thursday so she can arange extra help. "
+    "Thank you for your patience during the move.",
+    "From the first of next month, all staff accounts will require a password of at least "
+    "twelve characters. The IT team recomends using a short sentence that is easy to remember "
+    "but hard to guess, rather than a single word with numbers added at the end. Passwords will "
+    "no longer expire every ninety days, but you must change yours immediatly if you think "
+    "someone else has seen it. Never share your password by email or chat, even with colleages "
+    "from IT, who will never ask for it.",
+    "Thank you for contacting us about the late delivery of your order. We are sorry that the "
+    "parcel arrived four days after the date we promised, and we understand how frustating this "
+    "must have been. The delay was caused by a problem at our regional warehouse, which has now "
+    "been resolved. As an apology, we have refunded the delivery charge to your orginal payment "
+    "method; it should apear within five working days. Please do not hesitate to get in touch "
+    "if there is anything else we can do for you.",
+    "In this week's planning meeting the team aggreed to postpone the website redesign until "
+    "the new brand guidelines are finished. Sam will complete the accessibility audit of the "
+    "current site by the end of the month, and the results will decide which pages we fix "
+    "first. Priya raised concerns about the hosting costs, wich have risen by almost a third "
+    "since last year. We will compare at least two other providers before the contract renews "
+    "in Febuary. The next meeting is on Tuesday at half past ten in the small conference room.",
+    "The new standing desk adjusts smoothly from 65 to 125 centimetres at the touch of a "
+    "button, and it remembers up to four height settings. Its steel frame supports loads of up "
+    "to eighty kilograms, which is enough for two large monitors and a laptop. The desktop is "
+    "made from recycled wood with a scratch-resistent finish that is easy to clean. Assembly "
+    "takes about thirty minutes with the tools included in the box. Every desk comes with a "
+    "five year waranty on the frame and the motor, and a two year waranty on the controls.",
+    "Our spring clean-up day was a great sucess thanks to the forty volunteers who joined us in "
+    "the park on Saturday. Together we collected more than sixty bags of litter, cleared the "
+    "overgrown path by the pond and planted two hundred bulbs along the main entrance. The local "
+    "bakery kindly donated coffee and pastries for everyone, and several children made posters "
+    "asking visitors to take there rubbish home. We will definately organise another event in "
+    "the autumn, so keep an eye on the noticeboard and our website for the date.",
+    "Employees who wish to take annual leave should submit a request through the HR portal at "
+    "least two weeks in advance. Requests for more then five consecutive days need approvel "
+    "from both your manager and the head of department. Unused leave of up to five days can be "
+    "carryed over into the next year, but it must be taken before the end of March or it will "
+    "be lost. If you are unsure how many days you have left, the portal shows your current "
+    "balance on the home page under the heading 'My Absences'.",
+    "Version 2.4 of the reporting tool introduces sheduled exports, so you can have any saved "
+    "report emailed to you every morning as a spreadsheet. We have also rewritten the search "
+    "page, which now returns results about three times faster on large acounts. Charts can be "
+    "copied directly into presentations with thier colours and labels intact. This release "
+    "fixes a bug that caused some dates to be shown in the wrong time zone after the clocks "
+    "changed. As always, please report any problems through the feedback button in the top "
+    "right corner of the screen.",
+)
+
+# (fence tag, language name, snippet); each has exactly one small bug or typo.
+_CODE: tuple[tuple[str, str, str], ...] = (
+    ("python", "Python", '''\
+def average_order_value(orders):
+    """Return the mean total of the given orders, or 0.0 if there are none."""
+    if not orders:
+        return 0.0
+    total = 0
+    for order in orders:
+        total += order["total"]
+    return total / len(order)'''),
+    ("javascript", "JavaScript", '''\
+function formatPrice(cents, currency = "EUR") {
+  if (!Number.isInteger(cents)) {
+    throw new TypeError("cents must be an integer");
+  }
+  const amount = cents / 100;
+  return new Intl.NumberFormat("en-GB", {
+    style: "currency",
+    currency: currency,
+  }).format(amout);
+}
+
+console.log(formatPrice(1999));'''),
+    ("sql", "SQL", '''\
+SELECT c.customer_id,
+       c.name,
+       COUNT(o.order_id) AS orders,
+       SUM(o.total) AS revenue
+FROM customers c
+JOIN orders o ON o.customer_id = c.customer_id
+WHERE o.created_at >= DATE '2024-01-01'
+GROUP BY c.customer_id, c.name
+ORDER BY revenu DESC
+LIMIT 10;'''),
+    ("python", "Python", '''\
+import csv
+
+
+def load_prices(path):
+    prices = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            name = row["product"].strip()
+            price = float(row["price"])
+            if price < 0:
+                raise ValueError(f"negative price for {name}")
+            prices[name] = price
+    retrun prices'''),
+    ("javascript", "JavaScript", '''\
+async function fetchUsers(baseUrl) {
+  const response = await fetch(`${baseUrl}/api/users`);
+  if (!response.ok) {
+    throw new Error(`request failed: ${response.status}`);
+  }
+  const users = response.json();
+  return users
+    .filter((user) => user.active)
+    .map((user) => ({ id: user.id, name: user.name }));
+}'''),
+    ("python", "Python", '''\
+def chunk(items, size):
+    """Split items into lists of at most `size` elements."""
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    chunks = []
+    for start in range(0, len(items), size):
+        chunks.append(items[start:start + size - 1])
+    return chunks
+
+
+print(chunk([1, 2, 3, 4, 5], 2))'''),
+    ("sql", "SQL", '''\
+UPDATE employees
+SET salary = salary * 1.05,
+    updated_at = CURRENT_TIMESTAMP,
+WHERE department_id = (
+    SELECT department_id
+    FROM departments
+    WHERE name = 'Support'
+)
+AND hired_on < DATE '2023-01-01';'''),
+    ("python", "Python", '''\
+from datetime import date
+
+
+def age_on(birthday: date, today: date) -> int:
+    """Whole years between birthday and today."""
+    years = today.year - birthday.year
+    if (today.month, today.day) > (birthday.month, birthday.day):
+        years -= 1
+    return years
+
+
+assert age_on(date(2000, 6, 15), date(2024, 6, 14)) == 23'''),
+)
+
+# Later turns ask for the whole text again, so they copy too (from the previous answer).
+_PROSE_FOLLOW_UPS: tuple[str, ...] = (
+    "Now also make it more formal and return the whole text again.",
+    "Now split the longest sentence in two and return the whole text again.",
+    "Now use British spelling throughout and return the whole text again.",
+    "Now replace any informal words and return the whole text again.",
+)
+_CODE_FOLLOW_UPS: tuple[str, ...] = (
+    "Now also add a short comment explaining the fix and return the whole code again.",
+    "Now rename any unclear variable and return the whole code again.",
+    "Now format it consistently and return the whole code again.",
+    "Now add a one-line comment at the top saying what it does and return the whole code again.",
+)
+
+
+def _rewrite_prompt(i: int) -> tuple[str, tuple[str, ...]]:
+    """Prompt i of the rewrite pool and its follow-ups: prose at even i, code at odd i."""
+    if i % 2 == 0:
+        ask = ("Fix the typos in this paragraph and return only the corrected text:"
+               if i % 4 == 0 else
+               "Correct the spelling and grammar of this paragraph, changing as little as "
+               "possible, and return only the corrected text:")
+        return f"{ask}\n\n{_PROSE[i // 2]}", _PROSE_FOLLOW_UPS
+    tag, language, code = _CODE[i // 2]
+    return (f"Fix the bug in this {language} code and return only the corrected code:\n\n"
+            f"```{tag}\n{code}\n```", _CODE_FOLLOW_UPS)
+
+
+_REWRITE = [_rewrite_prompt(i) for i in range(len(_PROSE) + len(_CODE))]
+REWRITE_PROMPTS: tuple[str, ...] = tuple(p for p, _ in _REWRITE)
+REWRITE_FOLLOW_UPS: tuple[tuple[str, ...], ...] = tuple(f for _, f in _REWRITE)
+
+WorkloadName = Literal["chat", "rewrite"]
+# What each --workload sends: prompts[k] opens conversation k, follow_ups[k % len] continues it.
+PROMPT_SETS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
+    "chat": (PROMPTS, (FOLLOW_UPS,)),
+    "rewrite": (REWRITE_PROMPTS, REWRITE_FOLLOW_UPS),
+}
+
+
 _LONG_SENTENCES = (
     "The quarterly report covers revenue, costs and headcount across all regional offices.",
     "Several teams noted that the new ticketing process reduced response times noticeably.",
@@ -85,7 +278,13 @@ class Workload:
 
     model: str = "default"
     system: str = DEFAULT_SYSTEM
-    prompts: tuple[str, ...] = PROMPTS
+    prompts: tuple[str, ...] = PROMPTS  # conversation k opens with prompts[k % len]
+    # Conversation k's turn t+1 sends follow_ups[k % len][(k + t - 1) % len(...)]: one pool
+    # for all (chat), or one per prompt (rewrite: prose and code are followed up differently).
+    follow_ups: tuple[tuple[str, ...], ...] = (FOLLOW_UPS,)
+    # Conversation k's first prompt gets a ~prompt_mix[k % len]-token document up front
+    # (0 = none), so users arriving together send prompts of mixed lengths; () = off.
+    prompt_mix: tuple[int, ...] = ()
     max_tokens: int = 64
     temperature: float = 0.0
     long_prompt_tokens: int = 0  # 0 = no extra long-paste client
@@ -108,6 +307,7 @@ class RequestResult:
     prompt_tokens: int | None = None  # from the usage chunk, when the server sends it
     text: str = ""  # the streamed answer, sent back as history on the next turn
     turn: int = 1  # 1-based position in its conversation
+    pad_tokens: int | None = None  # the conversation's --prompt-mix document, None = no mix
     done: bool = False  # saw `data: [DONE]`
     reason: str = ""  # why it failed; empty when it succeeded
 
@@ -205,6 +405,26 @@ class LevelResult:
         return [round(statistics.fmean(v), 1) if (v := by_turn[t]) else None
                 for t in range(1, last + 1)]
 
+    def by_pad(self) -> dict[str, dict[str, Any]]:
+        """Turn-1 numbers per --prompt-mix document size (JSON keys: tokens as text).
+
+        Shows whether the short prompts of users arriving together wait behind the long ones.
+        """
+        groups: defaultdict[int, list[RequestResult]] = defaultdict(list)
+        for r in self.results:
+            if r.turn == 1 and r.pad_tokens is not None:
+                groups[r.pad_tokens].append(r)
+        out: dict[str, dict[str, Any]] = {}
+        for pad, rs in sorted(groups.items()):
+            ok = [r for r in rs if r.ok]
+            ttfts = [t for r in ok if (t := r.ttft) is not None]
+            sizes = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+            out[str(pad)] = {"requests": len(rs), "completed": len(ok),
+                             "prompt_tokens": round(statistics.fmean(sizes), 1) if sizes else None,
+                             "ttft_ms_p50": _ms(percentile(ttfts, 50)),
+                             "ttft_ms_p95": _ms(percentile(ttfts, 95))}
+        return out
+
     def summary(self) -> dict[str, Any]:
         """Plain JSON-able numbers; latencies in ms, None where nothing was measured."""
         long_ttfts = [t for r in self.long_results if r.ok and (t := r.ttft) is not None]
@@ -235,6 +455,7 @@ class LevelResult:
             "long_failed": sum(1 for r in self.long_results if not r.ok),
             **by_turn,
             "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
+            "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
         }
 
 
@@ -304,6 +525,22 @@ def long_document(n_tokens: int) -> str:
         size += len(parts[-1]) + 1
         i += 1
     return " ".join(parts)
+
+
+def first_prompt(workload: Workload, k: int) -> tuple[str, int | None]:
+    """Conversation k's opening user message and its --prompt-mix document size (tokens)."""
+    prompt = workload.prompts[k % len(workload.prompts)]
+    if not workload.prompt_mix:
+        return prompt, None
+    pad = workload.prompt_mix[k % len(workload.prompt_mix)]
+    # The document goes before the question, as a pasted email or log does.
+    return (f"{long_document(pad)}\n\n{prompt}" if pad else prompt), pad
+
+
+def follow_up(workload: Workload, k: int, turn: int) -> str:
+    """What conversation k sends after the answer to `turn` (1-based)."""
+    pool = workload.follow_ups[k % len(workload.follow_ups)]
+    return pool[(k + turn - 1) % len(pool)]
 
 
 async def resolve_model(url: str, timeout: float = 10.0) -> str:
@@ -419,18 +656,19 @@ async def measure(
         async def conversation(client: httpx.AsyncClient, k: int) -> None:
             # One session id for the whole conversation, so per-session caches can reuse it.
             session = f"bench-{uuid.uuid4()}"
-            messages = _opening(workload.system, workload.prompts[k % len(workload.prompts)])
+            # Texts go by k, not by worker, so a run sends the same requests every time.
+            prompt, pad = first_prompt(workload, k)
+            messages = _opening(workload.system, prompt)
             for turn in range(1, workload.turns + 1):
                 res = await _request(client, endpoint, workload, messages, timeout, session,
                                      first_token)
-                res.turn = turn
+                res.turn, res.pad_tokens = turn, pad
                 results.append(res)
                 if not res.ok or turn == workload.turns:
                     return  # done, or no answer to follow up on: this user gives up
                 await asyncio.sleep(workload.think_s)
-                follow_up = FOLLOW_UPS[(k + turn - 1) % len(FOLLOW_UPS)]
                 messages += [{"role": "assistant", "content": res.text},
-                             {"role": "user", "content": follow_up}]
+                             {"role": "user", "content": follow_up(workload, k, turn)}]
 
         async def worker(i: int) -> None:
             nonlocal next_index
@@ -471,15 +709,29 @@ async def measure(
     return LevelResult(label, concurrency, wall, results, long_results, during)
 
 
-def _concurrency_list(text: str) -> list[int]:
+def _int_list(text: str) -> list[int]:
     try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") \
             from None
-    if not levels or min(levels) < 1:
+    if not values:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    return values
+
+
+def _concurrency_list(text: str) -> list[int]:
+    levels = _int_list(text)
+    if min(levels) < 1:
         raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
     return levels
+
+
+def _prompt_mix(text: str) -> tuple[int, ...]:
+    sizes = _int_list(text)
+    if min(sizes) < 0:
+        raise argparse.ArgumentTypeError("prompt-mix sizes must be token counts >= 0")
+    return tuple(sizes)
 
 
 def _positive_int(text: str) -> int:
@@ -513,6 +765,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="comma-separated concurrency levels (default 1,4,8,16)")
     a("--requests", type=_positive_int, default=None,
       help="requests per level per server per round (default max(2*concurrency, 8))")
+    a("--workload", choices=tuple(PROMPT_SETS), default="chat",
+      help="chat: short questions (default). rewrite: paste a paragraph with typos or a code "
+           "snippet with a bug and ask for it back fixed, so answers mostly copy the prompt "
+           "(what n-gram speculative decoding speeds up); later --turns ask for the whole text "
+           "again with another small edit. Use --max-tokens 160 --temperature 0 with it. "
+           f"Both pick texts round-robin ({len(PROMPTS)} chat, {len(REWRITE_PROMPTS)} rewrite), "
+           "so two runs send the same requests")
+    a("--prompt-mix", type=_prompt_mix, default=None, metavar="N1,N2,...",
+      help="put a ~N-token document before the first prompt of conversation i (request i; "
+           "user i with --turns), N = N[i %% len] (0 = none), e.g. 20,60,150,300,600: with --arrival together and "
+           "--concurrency 8 this measures TTFT for users arriving at once with prompts of mixed "
+           "lengths (reported per size too). Default off")
     a("--max-tokens", type=_positive_int, default=64)
     a("--temperature", type=float, default=0.0)
     a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
@@ -573,7 +837,9 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
                done: dict[int, dict[str, LevelResult]]) -> None:
     for lb, url in targets:
         models[lb] = args.model or await resolve_model(url)
-    base = Workload(max_tokens=args.max_tokens, temperature=args.temperature,
+    prompts, follow_ups = PROMPT_SETS[args.workload]
+    base = Workload(prompts=prompts, follow_ups=follow_ups, prompt_mix=args.prompt_mix or (),
+                    max_tokens=args.max_tokens, temperature=args.temperature,
                     long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
                     think_s=args.think_s, session_ids=args.session_ids)
     for c in args.concurrency:
@@ -642,14 +908,30 @@ def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
     return lines
 
 
+def _pad_table(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int) -> list[str]:
+    columns = [("pad", "", 6), ("ok", "completed", 5), ("prompt", "prompt_tokens", 8),
+               ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8)]
+    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in columns)
+             + "   (turn 1 by --prompt-mix document, tokens; times in ms)"]
+    for c, level in done.items():
+        for lb in labels:
+            for pad, s in (level[lb].by_pad() if lb in level else {}).items():
+                lines.append(f"{c:>4}  {lb.ljust(lw)}{pad.rjust(6)}"
+                             + "".join(_cell(s[k], w) for _, k, w in columns[1:]))
+    return lines
+
+
 def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> str:
-    """Fixed-width tables (per turn too if multi-turn); ratio rows are >1 when A is better."""
+    """Fixed-width tables (per turn if multi-turn, per document size if --prompt-mix);
+    ratio rows are >1 when A is better."""
     lw = max(len(lb) for lb in labels + ["ratio"])
     lines = _table(done, labels, _COLUMNS, lw, "times in ms")
     multi_turn = any(r.turn > 1 for level in done.values() for lv in level.values()
                      for r in lv.results)
     if multi_turn:
         lines += [""] + _table(done, labels, _TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms")
+    if any(lv.by_pad() for level in done.values() for lv in level.values()):
+        lines += [""] + _pad_table(done, labels, lw)
     if len(labels) == 2:
         later = f", ttft50@2+ = {labels[1]}/{labels[0]}" if multi_turn else ""
         lines.append(f"ratio: tok/s = {labels[0]}/{labels[1]}, "
@@ -674,7 +956,9 @@ def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
         levels.append(entry)
     return {
         "servers": [{"label": lb, "url": url, "model": models.get(lb)} for lb, url in targets],
-        "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+        "settings": {"workload": args.workload,
+                     "prompt_mix": list(args.prompt_mix) if args.prompt_mix else None,
+                     "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "rounds": args.rounds, "arrival": args.arrival,
                      "long_prompt_tokens": args.long_prompt_tokens,
                      "fresh_system": args.fresh_system, "turns": args.turns,

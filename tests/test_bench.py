@@ -158,9 +158,12 @@ def slow() -> Iterator[FakeServer]:
 
 def _measure(url: str, concurrency: int, requests: int, long_prompt_tokens: int = 0,
              arrival: bench.Arrival = "together", stagger_s: float = 0.0, turns: int = 1,
-             think_s: float = 0.0) -> bench.LevelResult:
+             think_s: float = 0.0, workload_name: bench.WorkloadName = "chat",
+             prompt_mix: tuple[int, ...] = ()) -> bench.LevelResult:
+    prompts, follow_ups = bench.PROMPT_SETS[workload_name]
     workload = bench.Workload(model="fake-model", max_tokens=16, turns=turns, think_s=think_s,
-                              long_prompt_tokens=long_prompt_tokens)
+                              long_prompt_tokens=long_prompt_tokens, prompts=prompts,
+                              follow_ups=follow_ups, prompt_mix=prompt_mix)
     return asyncio.run(bench.measure(url, concurrency, requests, workload, timeout=10,
                                      arrival=arrival, stagger_s=stagger_s))
 
@@ -322,6 +325,8 @@ def test_run_compare_prints_table_and_writes_json(
     report = json.loads(out_path.read_text())
     assert [s["label"] for s in report["servers"]] == ["ours", "theirs"]
     assert report["settings"]["session_ids"] is True
+    assert report["settings"]["workload"] == "chat" and report["settings"]["prompt_mix"] is None
+    assert report["levels"][0]["results"]["ours"]["by_prompt_mix"] == {}
     assert all(s["model"] == "fake-model" for s in report["servers"])
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
     for lv in report["levels"]:
@@ -435,3 +440,151 @@ def test_base_url_normalisation() -> None:
     for url in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/",
                 "http://h:1/v1/chat/completions"):
         assert bench.base_url(url) == "http://h:1"
+
+
+def _user_turns(seen: dict[str, list], start: int) -> dict[str, tuple[str, list[str]]]:
+    """session -> (address, the user messages it sent, in order), from request `start` on."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for session, host, body in zip(seen["session_ids"][start:], seen["hosts"][start:],
+                                   seen["bodies"][start:], strict=True):
+        out.setdefault(session, (host, []))[1].append(body["messages"][-1]["content"])
+    return out
+
+
+def test_rewrite_pool_is_prose_with_typos_and_code_with_bugs() -> None:
+    prompts = bench.REWRITE_PROMPTS
+    assert len(prompts) >= 12 and len(set(prompts)) == len(prompts)
+    assert len(bench.REWRITE_FOLLOW_UPS) == len(prompts)
+    prose = [p for p in prompts if "paragraph" in p.split("\n")[0]]
+    code = [p for p in prompts if "code" in p.split("\n")[0]]
+    assert len(prose) + len(code) == len(prompts) and len(prose) >= 4 and len(code) >= 4
+    for p in prose:
+        ask, text = p.split("\n\n", 1)
+        assert "return only the corrected text" in ask and 60 <= len(text.split()) <= 120
+    for p in code:
+        ask, text = p.split("\n\n", 1)
+        assert "return only the corrected code" in ask
+        assert text.startswith("```") and text.endswith("```")
+        assert 8 <= len(text.splitlines()) - 2 <= 15
+    assert {lang for p in code for lang in ("Python", "JavaScript", "SQL") if lang in p} == \
+        {"Python", "JavaScript", "SQL"}
+    # Later turns ask for the whole text again, so they copy as well.
+    assert all("again" in f for pool in bench.REWRITE_FOLLOW_UPS for f in pool)
+
+
+def test_rewrite_sends_the_same_requests_every_run(fast: FakeServer) -> None:
+    runs = []
+    for _ in range(2):
+        start = len(fast.seen["bodies"])
+        _measure(fast.url, 3, 6, workload_name="rewrite")
+        bodies = fast.seen["bodies"][start:]
+        assert [m["role"] for m in bodies[0]["messages"]] == ["system", "user"]
+        runs.append(sorted(json.dumps(b, sort_keys=True) for b in bodies))
+        # Each user opens with their own text: user i (address .i+2) with text i.
+        first = {h: s for h, s in reversed(list(zip(fast.seen["hosts"][start:],
+                                                     [b["messages"][1]["content"] for b in bodies],
+                                                     strict=True)))}
+        assert first == {f"127.0.0.{i + 2}": bench.REWRITE_PROMPTS[i] for i in range(3)}
+    # Session ids differ per run; the bodies are identical.
+    assert runs[0] == runs[1]
+    assert [json.loads(b)["messages"][1]["content"] for b in runs[0]] == \
+        sorted(bench.REWRITE_PROMPTS[:6])
+
+
+def test_rewrite_with_turns_asks_for_the_whole_text_again(fast: FakeServer) -> None:
+    runs = []
+    for _ in range(2):
+        start = len(fast.seen["bodies"])
+        level = _measure(fast.url, 2, 2, turns=3, workload_name="rewrite")
+        assert len(level.completed) == 6
+        by_user = {host: said for host, said in _user_turns(fast.seen, start).values()}
+        prose, code = by_user["127.0.0.2"], by_user["127.0.0.3"]
+        assert prose[0] == bench.REWRITE_PROMPTS[0] and code[0] == bench.REWRITE_PROMPTS[1]
+        assert all(f.endswith("return the whole text again.") for f in prose[1:])
+        assert all(f.endswith("return the whole code again.") for f in code[1:])
+        assert len(set(prose[1:])) == len(set(code[1:])) == 2  # a new edit each turn
+        runs.append(by_user)
+    assert runs[0] == runs[1]
+
+
+def _split_pad(content: str, question: str) -> str:
+    assert content.endswith(question)
+    return content[:-len(question)]
+
+
+def test_prompt_mix_pads_first_prompts_by_the_given_sizes(fast: FakeServer) -> None:
+    mix = (0, 10, 50, 200)
+    start = len(fast.seen["bodies"])
+    level = _measure(fast.url, 4, 8, prompt_mix=mix)
+    assert len(level.completed) == 8
+    bodies, hosts = fast.seen["bodies"][start:], fast.seen["hosts"][start:]
+    docs: dict[int, list[str]] = defaultdict(list)
+    for body in bodies:
+        content = body["messages"][1]["content"]
+        (k,) = [k for k, q in enumerate(bench.PROMPTS) if content.endswith(q)]
+        doc = _split_pad(content, bench.PROMPTS[k])
+        pad = mix[k % len(mix)]
+        docs[pad].append(doc)
+        if pad == 0:
+            assert doc == ""
+        else:
+            # The document comes first, is about `pad` tokens (whole sentences, so up to one
+            # sentence more), and is fresh per request so no cache can serve it.
+            assert doc.startswith("Document ") and doc.endswith("\n\n")
+            assert pad * bench.CHARS_PER_TOKEN <= len(doc) - 2 < pad * bench.CHARS_PER_TOKEN + 100
+    assert {pad: len(d) for pad, d in docs.items()} == {pad: 2 for pad in mix}
+    assert all(len(set(d)) == 2 for pad, d in docs.items() if pad)
+    # Users arriving together: user i's first request carries mix[i], so lengths differ.
+    first = {h: len(b["messages"][1]["content"]) for h, b in reversed(list(zip(hosts, bodies,
+                                                                                strict=True)))}
+    lengths = [first[f"127.0.0.{i + 2}"] for i in range(4)]
+    assert lengths == sorted(lengths) and len(set(lengths)) == 4
+    by_pad = level.by_pad()
+    assert list(by_pad) == ["0", "10", "50", "200"]
+    assert all(s["requests"] == s["completed"] == 2 and s["ttft_ms_p50"] is not None
+               for s in by_pad.values())
+    sizes = [s["prompt_tokens"] for s in by_pad.values()]
+    assert sizes == sorted(sizes) and sizes[-1] - sizes[0] >= 200
+
+
+def test_run_rewrite_with_prompt_mix_and_turns(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start = len(fast.seen["bodies"])
+    out_path = tmp_path / "bench.json"
+    assert _run("--url", fast.url, "--concurrency", "2", "--workload", "rewrite",
+                "--prompt-mix", "0,40", "--turns", "2", "--think-s", "0", "--max-tokens", "8",
+                "--json", str(out_path)) == 0
+    conversations = {host: session for session, (host, _) in _user_turns(fast.seen, start).items()}
+    bodies = defaultdict(list)
+    for session, body in zip(fast.seen["session_ids"][start:], fast.seen["bodies"][start:],
+                             strict=True):
+        bodies[session].append(body["messages"])
+    plain, padded = bodies[conversations["127.0.0.2"]], bodies[conversations["127.0.0.3"]]
+    assert plain[0][1]["content"] == bench.REWRITE_PROMPTS[0]
+    doc = _split_pad(padded[0][1]["content"], bench.REWRITE_PROMPTS[1])
+    assert doc.startswith("Document ") and len(doc) >= 40 * bench.CHARS_PER_TOKEN
+    # Only the first prompt is padded; the history keeps it and turn 2 asks for the code again.
+    assert padded[1][:2] == padded[0]
+    assert padded[1][-1]["content"] in bench.REWRITE_FOLLOW_UPS[1]
+
+    out = capsys.readouterr().out
+    assert "--prompt-mix document" in out and "ttft50@2+" in out
+    report = json.loads(out_path.read_text())
+    assert report["settings"]["workload"] == "rewrite"
+    assert report["settings"]["prompt_mix"] == [0, 40]
+    (level,) = report["levels"]
+    by_pad = level["results"]["appliance"]["by_prompt_mix"]
+    assert list(by_pad) == ["0", "40"] and all(s["requests"] == 1 for s in by_pad.values())
+
+
+@pytest.mark.parametrize("argv", [["--prompt-mix", "20,x"], ["--prompt-mix", "20,-1"],
+                                  ["--prompt-mix", ","], ["--workload", "poetry"]])
+def test_bad_workload_arguments_are_rejected(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    parser.parse_args(["--prompt-mix", "0, 20,600"])  # spaces and zero are fine
