@@ -814,10 +814,11 @@ def run(args: argparse.Namespace) -> int:
         targets.append((args.compare_label, args.compare))
     # Filled in as levels finish, so Ctrl-C still reports everything measured so far.
     done: dict[int, dict[str, LevelResult]] = {}
+    rounds: dict[int, dict[str, list[LevelResult]]] = {}  # the same, round by round
     models: dict[str, str] = {}
     interrupted = False
     try:
-        asyncio.run(_run(args, targets, models, done))
+        asyncio.run(_run(args, targets, models, done, rounds))
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted; results so far:")
@@ -825,7 +826,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(done, labels))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(_json_report(args, targets, models, done), f, indent=2)
+            json.dump(_json_report(args, targets, models, done, rounds), f, indent=2)
             f.write("\n")
     if interrupted:
         return 130
@@ -834,7 +835,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models: dict[str, str],
-               done: dict[int, dict[str, LevelResult]]) -> None:
+               done: dict[int, dict[str, LevelResult]], rounds: dict[int, dict[str, list[LevelResult]]]) -> None:
     for lb, url in targets:
         models[lb] = args.model or await resolve_model(url)
     prompts, follow_ups = PROMPT_SETS[args.workload]
@@ -845,6 +846,7 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
     for c in args.concurrency:
         n = args.requests or max(2 * c, 8)
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
+        rounds[c] = parts
         for rnd in range(args.rounds):
             # Alternate who goes first so neither server always gets the cooler machine.
             order = targets if rnd % 2 == 0 else targets[::-1]
@@ -944,8 +946,20 @@ def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) ->
     return "\n".join(lines)
 
 
+def _median_of_rounds(parts: list[LevelResult]) -> dict[str, float | None]:
+    """Each round measured on its own, then the median across rounds: robust to one noisy round."""
+    def med(values: list[float | None]) -> float | None:
+        vals = [v for v in values if v is not None]
+        return round(statistics.median(vals), 2) if vals else None
+
+    return {"tokens_per_s": med([p.tokens_per_s for p in parts]),
+            "ttft_ms_p50": med([_ms(percentile(p.ttfts(), 50)) for p in parts]),
+            "later_ttft_ms_p50": med([_ms(percentile(p.ttfts(True), 50)) for p in parts])}
+
+
 def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
-                 models: dict[str, str], done: dict[int, dict[str, LevelResult]]) -> dict[str, Any]:
+                 models: dict[str, str], done: dict[int, dict[str, LevelResult]],
+                 rounds: dict[int, dict[str, list[LevelResult]]] | None = None) -> dict[str, Any]:
     labels = [lb for lb, _ in targets]
     levels = []
     for c, level in done.items():
@@ -953,6 +967,8 @@ def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
                                  "results": {lb: lv.summary() for lb, lv in level.items()}}
         if len(labels) == 2 and all(lb in level for lb in labels):
             entry["ratio"] = _ratios(level, *labels)
+        if rounds and args.rounds > 1:
+            entry["median_of_rounds"] = {lb: _median_of_rounds(parts) for lb, parts in rounds[c].items()}
         levels.append(entry)
     return {
         "servers": [{"label": lb, "url": url, "model": models.get(lb)} for lb, url in targets],

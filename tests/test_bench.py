@@ -334,6 +334,11 @@ def test_run_compare_prints_table_and_writes_json(
         assert ours["completed"] == theirs["completed"] == 4  # 2 requests x 2 rounds
         assert theirs["ttft_ms_p50"] > ours["ttft_ms_p50"]  # the slow fake sleeps 10x longer
         assert lv["ratio"]["tokens_per_s"] > 1 and lv["ratio"]["ttft_p50"] > 1
+        # Each round also on its own, and the median across them.
+        med = lv["median_of_rounds"]
+        assert set(med) == {"ours", "theirs"}
+        assert med["theirs"]["ttft_ms_p50"] > med["ours"]["ttft_ms_p50"]
+        assert med["ours"]["tokens_per_s"] > med["theirs"]["tokens_per_s"]
 
 
 def test_run_returns_nonzero_when_nothing_completes(
