@@ -380,11 +380,10 @@ class EngineCore:
         st, cache = self.stats, self.cache
         sessions = {s: SessionView(e.state, e.n_tokens, len(e.parked) if e.parked is not None else 0, e.last_used)
                     for s, e in cache.entries.items()}
-        active = frozenset(t.session for t in (*self.sched.running, *self.sched.waiting))
         events = {**_fields(cache.events), **_fields(self.kv.stats)}
         return Snapshot(
             taken_at=self.clock(), slots=self.limits.slots, running=len(self.sched.running),
-            waiting=tuple(t.rid for t in self.sched.waiting), active_sessions=active,
+            waiting=tuple(t.rid for t in self.sched.waiting),
             sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes,
             counters=Counters(st.steps, st.peak_seqs_per_step, st.prompt_tokens_received,
                               st.prompt_tokens_computed, st.generated_tokens, st.draft_tokens,

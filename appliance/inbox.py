@@ -73,10 +73,6 @@ class Inbox:
         """Requests submitted and not yet finished (queued or running)."""
         return sum(self._open.values())
 
-    def pending_sessions(self) -> set[str]:
-        with self._cv:
-            return {c.turn.session for c in self._items if isinstance(c, Submit)}
-
     # -- engine thread side --------------------------------------------------------------
     def take(self) -> list[Command]:
         with self._cv:

@@ -38,7 +38,6 @@ class Snapshot:
     slots: int = 0
     running: int = 0
     waiting: tuple[int, ...] = ()  # request ids in admission order
-    active_sessions: frozenset[str] = frozenset()  # sessions with a turn running or queued
     sessions: Mapping[str, SessionView] = field(default_factory=lambda: MappingProxyType({}))
     parked_bytes: int = 0
     counters: Counters = field(default_factory=Counters)

@@ -4,7 +4,7 @@
 # `appliance bench --compare`, stops both, and leaves the reports in OUT (default
 # bench-results/). Only the two servers being compared run at any time.
 #
-#   scripts/bench-all.sh [OUT]        (about 20 minutes on 2 cores)
+#   scripts/bench-all.sh [OUT]        (about an hour on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/bench-results}
@@ -63,28 +63,48 @@ run() {  # NAME, then bench flags
   rss | tee -a "$out/$name.txt"
 }
 
-# Issue 2: defaults (8 slots) against llama-server -np 8.
+# Every run uses the appliance's default settings unless its label says otherwise, and
+# clients as they really are: no X-Session-Id, each simulated user on its own address.
+
+# Clients without session ids: 16 users x 4 turns, 48-token answers, median of 3 rounds.
+turns=(--concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 --no-session-id --rounds 3)
 start -np 8 --
-run foundation --compare-label llama-server-np8 --concurrency 1,4,8,16 --max-tokens 64
+run clients-np8 --compare-label llama-server-np8 "${turns[@]}"
+stop_all
+start -np 16 --kv-unified --
+run clients-np16kvu --compare-label llama-server-np16-kvu "${turns[@]}"
+# The same with X-Session-Id, for comparison.
+run clients-named-np16kvu --compare-label llama-server-np16-kvu "${turns[@]/--no-session-id/--fresh-system}"
 stop_all
 
-# Issue 3: 16 slots against -np 8, then against -np 16 --kv-unified; cold shared prompts
-# and a long paste.
-start -np 8 -- --slots 16
-run burst-np8 --label appliance-16 --compare-label llama-server-np8 --concurrency 8,16 --max-tokens 64 --fresh-system
+# First tokens sooner: 8 users arriving together with prompts of mixed lengths.
+mixed=(--concurrency 8 --requests 8 --arrival together --prompt-mix 20,60,150,300,600,40,100,200
+       --max-tokens 32 --no-session-id --fresh-system --rounds 3)
+start -np 8 --
+run mixed-np8 --compare-label llama-server-np8 "${mixed[@]}"
 stop_all
-start -np 16 --kv-unified -- --slots 16
-run burst-np16kvu --label appliance-16 --compare-label llama-server-np16-kvu --concurrency 8,16 --max-tokens 64 --fresh-system
-run paste-np16kvu --label appliance-16 --compare-label llama-server-np16-kvu --concurrency 4 --requests 8 \
-  --max-tokens 128 --long-prompt-tokens 3000
+start -np 16 --kv-unified --
+run mixed-np16kvu --compare-label llama-server-np16-kvu "${mixed[@]}"
+stop_all
+start -np 16 --kv-unified -- --prefill-group 0
+run mixed-group0 --label appliance-group0 --compare-label llama-server-np16-kvu "${mixed[@]}"
 stop_all
 
-# Issue 4: 16 users x 4 turns against -np 8, with 8 and with 16 slots.
-start -np 8 --
-run turns-8slots --compare-label llama-server-np8 --concurrency 16 --turns 4 --think-s 1 --max-tokens 64 --fresh-system
+# Speculative decoding: three workloads at 1, 4, 8 and 16 clients, the appliance with
+# speculation (default) against llama-server without, then the appliance without against
+# llama-server with its best n-gram speculation ($PEER_SPEC, chosen by scripts/spec-pick).
+chat=(--concurrency 1,4,8,16 --max-tokens 64 --no-session-id)
+rewrite=(--workload rewrite --concurrency 1,4,8,16 --max-tokens 160 --no-session-id)
+followups=(--workload rewrite --turns 3 --think-s 0.5 --concurrency 1,4,8,16 --max-tokens 160 --no-session-id)
+peer_spec=(${PEER_SPEC:---spec-type ngram-simple})
+start -np 16 --kv-unified --
+run spec-chat --label appliance-spec --compare-label llama-server "${chat[@]}"
+run spec-rewrite --label appliance-spec --compare-label llama-server "${rewrite[@]}"
+run spec-followups --label appliance-spec --compare-label llama-server "${followups[@]}"
 stop_all
-start -np 8 -- --slots 16
-run turns-16slots --label appliance-16 --compare-label llama-server-np8 --concurrency 16 --turns 4 --think-s 1 \
-  --max-tokens 64 --fresh-system
+start -np 16 --kv-unified "${peer_spec[@]}" -- --spec-budget 0
+run nospec-chat --label appliance-nospec --compare-label llama-server-spec "${chat[@]}"
+run nospec-rewrite --label appliance-nospec --compare-label llama-server-spec "${rewrite[@]}"
+run nospec-followups --label appliance-nospec --compare-label llama-server-spec "${followups[@]}"
 stop_all
 echo "reports in $out"
