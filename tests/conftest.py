@@ -3,6 +3,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,22 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     live.wait_ready()
     yield live
     assert live.stop() == 0
+
+
+@pytest.fixture(autouse=True)
+def _stop_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every engine a test starts is stopped when the test ends, also when an assert failed
+    half-way (otherwise its thread would run on into the next tests)."""
+    from appliance.engine import Engine
+
+    engines: list[Engine] = []
+    original = Engine.start
+
+    def start(self: Engine, loop: Any = None) -> None:
+        engines.append(self)
+        original(self, loop)
+
+    monkeypatch.setattr(Engine, "start", start)
+    yield
+    for engine in engines:
+        engine.stop(timeout=5)

@@ -4,11 +4,11 @@ private system prompt; an operator preset is shared by everyone and reported as 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from live import Live, start
 
 pytestmark = pytest.mark.integration
