@@ -95,7 +95,8 @@ class Config:
         "finish the shortest waiting prompts that fit in this many tokens in one step, for earlier "
         "first tokens; 0 = off", _non_negative))
     spec_budget: int = field(default=16, metadata=_opt(
-        "speculative draft tokens per decode step, less one per generating stream; 0 = off", _non_negative))
+        "speculative draft tokens per decode step with one stream, a quarter per extra stream; 0 = off",
+        _non_negative))
     max_wait_ms: int = field(default=20, metadata=_opt("admission window when the engine is idle, ms", _non_negative))
     min_batch: int = field(default=0, metadata=_opt("close the window early once this many wait; 0 = slots", _non_negative))
     max_queue: int = field(default=64, metadata=_opt("requests waiting for a slot before 429", _non_negative))

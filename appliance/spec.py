@@ -104,11 +104,14 @@ class DraftState:
 def step_budget(n_decode: int, budget_tokens: int = 16) -> int:
     """Draft tokens allowed in a step with n_decode generating sequences.
 
-    One sequence decodes at ~45 tokens/s and a batch of 16 at ~115 on 2 cores (16 rows cost
-    ~6x one row, not 16x), so drafts fill a step up to budget_tokens rows and get nothing
-    once the batch alone is that large and compute-bound.
+    On 2 cores a step is compute-bound from its second row: measured with the bundled model
+    (scripts/measure-rows.py), 1/2/4/8/16 rows take 28/49/76/141/264 ms, about 15 ms per
+    extra row whatever the batch. A draft row pays only when it is accepted often enough to
+    beat that: with one stream, drafts of 4 that keep 3 give +50% tokens/s; with four
+    streams even 3 of 4 kept per stream loses. So the budget falls fourfold per extra
+    stream: 16 rows for one stream, 4 for two, 1 for three, none from four on.
     """
-    return max(0, budget_tokens - n_decode)
+    return budget_tokens >> 2 * (n_decode - 1) if 0 < n_decode < 16 else 0
 
 
 def allocate(wants: list[int], budget: int) -> list[int]:
