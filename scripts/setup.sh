@@ -148,6 +148,14 @@ if [[ ,$extras, == *,test,* ]] && ! command -v systemd-analyze >/dev/null; then
     say "note: without systemd-analyze the unit-file tests skip; install it with:  sudo apt-get install -y systemd"
   fi
 fi
+# ...and lints the shell scripts with shellcheck.
+if [[ ,$extras, == *,test,* ]] && ! command -v shellcheck >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    missing+=(shellcheck)
+  else
+    say "note: without shellcheck the script lint test skips; install it with:  sudo apt-get install -y shellcheck"
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing system packages: ${missing[*]}"
