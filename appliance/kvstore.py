@@ -154,7 +154,7 @@ class KVStore:
                 if self.model.set_seq_state(sid, data):
                     return True
             except KVCacheFull:
-                pass
+                pass  # no free cells: same as a refused restore, handled below
             self.model.seq_rm(sid)
             idle = self.cache.idle_lru()
             if not idle:
