@@ -124,7 +124,28 @@ class Config:
     ageing_s: float = field(default=2.0, metadata=_opt(
         "a new conversation waiting this long ranks with continuing ones, s", _non_negative))
     max_per_client: int = field(default=0, metadata=_opt(
-        "running + queued requests per client address; 0 = no cap", _non_negative))
+        "running + queued requests per client identity (address, or API key); 0 = no cap", _non_negative))
+    rate_limit_per_s: float = field(default=0.0, metadata=_opt(
+        "requests per second per client identity, 429 beyond it; 0 = no limit", _non_negative))
+    api_keys_file: str = field(default="", metadata=_opt(
+        "file of API keys, one per line with an optional label ('admin' = operator); empty = no keys"))
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata=_opt(
+        "Host names accepted besides IP literals, localhost and this machine's names (DNS rebinding guard)"))
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=_opt(
+        "web origins, besides the page's own, that may call the API from a browser (enables CORS for them)"))
+    max_messages: int = field(default=2048, metadata=_opt("messages one request may carry", _positive))
+    max_request_chars: int = field(default=1_000_000, metadata=_opt(
+        "characters of message text one request may carry", _positive))
+    parse_concurrency: int = field(default=4, metadata=_opt(
+        "requests read, parsed and tokenized at once (all clients)", _positive))
+    parse_per_client: int = field(default=2, metadata=_opt(
+        "requests read, parsed and tokenized at once per client identity", _positive))
+    request_deadline_s: float = field(default=30.0, metadata=_opt(
+        "a connection must deliver a request's headers and body within this, s", _positive))
+    max_conns_per_client: int = field(default=64, metadata=_opt(
+        "open connections per client address (trusted proxies exempt); 0 = no cap", _non_negative))
+    tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))
+    tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
     request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))
@@ -239,6 +260,8 @@ def load(
         ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
         ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
         # llama.cpp allows at most 256 sequence ids in one context.
+        ("tls_key", bool(cfg.tls_cert) == bool(cfg.tls_key), "tls_cert and tls_key go together"),
+        ("parse_per_client", cfg.parse_per_client <= cfg.parse_concurrency, "must be <= parse_concurrency"),
         ("cached_sessions", cfg.slots + cfg.cached_sessions + 1 + len(cfg.system_prompts) <= 256,
          "slots + cached_sessions + system prompt presets must be < 256"),
     ):
