@@ -18,7 +18,7 @@ from .core import EngineCore, Events, Model
 from .errors import ApplianceError, EngineFailure, Unavailable
 from .inbox import Cancel, DeleteSession, Inbox
 from .kvstore import CachePolicy
-from .prompt import ChatTemplate, Prompt, build_prompt, public_prefixes
+from .prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes
 from .sampling import SamplingParams
 from .scheduler import Limits
 from .snapshot import SessionView, Snapshot
@@ -109,7 +109,7 @@ class Engine:
         self.snapshot = Snapshot(slots=limits.slots)  # replaced whole by the engine thread
         self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
         self._template: ChatTemplate | None = None
-        self._tokenize: Callable[[str], list[int]] | None = None
+        self._tokenize: Tokenize | None = None
         self._stop = False
         self._ids = count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,10 +239,12 @@ class Engine:
                           metrics=self.metrics, request_timeout_s=self.request_timeout_s,
                           spec_budget=self.spec_budget)
         core.warm_up()
-        for tokens in public_prefixes(self.presets, template, tok.tokenize):
+        # No BOS added per piece: a template that wants one writes it (Qwen's does not).
+        tokenize: Tokenize = lambda text, special: tok.tokenize(text, False, special)
+        for tokens in public_prefixes(self.presets, template, tokenize):
             core.add_public(tokens)
         core.kv.load_sessions()
-        self._template, self._tokenize = template, tok.tokenize
+        self._template, self._tokenize = template, tokenize
         return core
 
     def _run(self, core: EngineCore) -> None:

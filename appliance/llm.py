@@ -66,15 +66,17 @@ class Tokenizer:
         self.bos_text = self.token_text(C.llama_vocab_bos(self._vocab))
         self.eos_text = self.token_text(C.llama_vocab_eos(self._vocab))
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """add_special: add BOS/EOS as the model asks; parse_special: text such as
+        "<|im_end|>" becomes that control token (only ever for text the template wrote)."""
         data = text.encode("utf-8")
         n_max = len(data) + 16
         buf = (C.llama_token * n_max)()
-        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
         if n < 0:  # buffer too small: -n is the size needed
             n_max = -n
             buf = (C.llama_token * n_max)()
-            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:

@@ -5,6 +5,7 @@ rule for conversations longer than the context (keep the system prompt and the n
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,20 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .cache import common_prefix
 from .errors import BadRequest, ContextLengthExceeded
+
+# tokenize(text, special): special=True parses control-token text such as "<|im_end|>"
+# (only for what the template wrote); special=False keeps it plain text (message content).
+Tokenize = Callable[[str, bool], list[int]]
+
+# Older turns are dropped by characters before anything is rendered, so a huge history costs
+# no templating or tokenizing. A token is rarely more than a few characters of text (about 4
+# for English and code), so a conversation of limit x 12 characters is beyond the context:
+# only text of very long repeated runs could lose a turn that would have fit.
+MAX_CHARS_PER_TOKEN = 12
+
+# Stands in for message i while the template renders, so that message text is never part of
+# the text whose control tokens are parsed. Private-use characters: no template emits them.
+_MARK = re.compile("\ue000" r"(\d+)" "\ue001")
 
 # Used only when a GGUF carries no template: every Qwen2.5 model speaks ChatML.
 CHATML = (
@@ -41,6 +56,27 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(source or CHATML)
         self._specials = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        """The rendered prompt as (text, written by the template) pieces: message contents are
+        rendered as placeholders and put back as pieces of their own."""
+        masked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        text = self.render(masked, add_generation_prompt)
+        parts: list[tuple[str, bool]] = []
+        pos = 0
+        for mark in _MARK.finditer(text):
+            parts.append((text[pos:mark.start()], True))
+            parts.append((str(messages[int(mark.group(1))]["content"]), False))
+            pos = mark.end()
+        parts.append((text[pos:], True))
+        return [(t, special) for t, special in parts if t]
+
+    def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize) -> list[int]:
+        """Render and tokenize: control tokens come only from the template, never from content."""
+        tokens: list[int] = []
+        for text, special in self.render_parts(messages):
+            tokens += tokenize(text, special)
+        return tokens
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         try:
@@ -70,15 +106,13 @@ def _system_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[:n_sys]
 
 
-def public_prefix(system: list[dict[str, Any]], template: ChatTemplate,
-                  tokenize: Callable[[str], list[int]]) -> list[int]:
+def public_prefix(system: list[dict[str, Any]], template: ChatTemplate, tokenize: Tokenize) -> list[int]:
     """The tokens a prompt with these system messages starts with, before anything private."""
-    a, b = (tokenize(template.render(system + [{"role": "user", "content": p}])) for p in _PROBES)
+    a, b = (template.encode(system + [{"role": "user", "content": p}], tokenize) for p in _PROBES)
     return a[:common_prefix(a, b)]
 
 
-def public_prefixes(presets: Iterable[str], template: ChatTemplate,
-                    tokenize: Callable[[str], list[int]]) -> list[list[int]]:
+def public_prefixes(presets: Iterable[str], template: ChatTemplate, tokenize: Tokenize) -> list[list[int]]:
     """What every client may share: the model's default system prompt (no system message)
     and each operator preset. Computed once at start-up."""
     systems: list[list[dict[str, Any]]] = [[]]
@@ -87,30 +121,31 @@ def public_prefixes(presets: Iterable[str], template: ChatTemplate,
 
 
 def _public_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
-                tokenize: Callable[[str], list[int]], presets: frozenset[str]) -> int:
+                tokenize: Tokenize, presets: frozenset[str]) -> int:
     system = _system_part(messages)
     if len(system) > 1 or (system and system[0]["content"] not in presets):
         return 0  # a private system prompt: nothing of it is shared with other clients
     return common_prefix(tokens, public_prefix(system, template, tokenize))
 
 
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m["content"]) for m in messages)
+
+
 def build_prompt(
     messages: list[dict[str, Any]],
     template: ChatTemplate,
-    tokenize: Callable[[str], list[int]],
+    tokenize: Tokenize,
     limit: int,
     presets: frozenset[str] = frozenset(),
 ) -> Prompt:
     """Render and tokenize; if longer than `limit` tokens, drop the oldest non-system
     messages (whole turns: the kept history starts with a user message) until it fits.
-    Only a final message that cannot fit even alone with the system prompt is an error."""
+    Only a final message that cannot fit even alone with the system prompt is an error.
+    Turns far beyond the context by characters are dropped before anything is rendered."""
 
     def encode(msgs: list[dict[str, Any]]) -> list[int]:
-        return tokenize(template.render(msgs))
-
-    tokens = encode(messages)
-    if len(tokens) <= limit:
-        return Prompt(tokens, 0, _public_len(messages, tokens, template, tokenize, presets))
+        return template.encode(msgs, tokenize)
 
     n_sys = 0
     while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
@@ -123,13 +158,25 @@ def build_prompt(
             k += 1
         return system + rest[k:]
 
+    # The fewest turns to drop by characters alone (the last message is always tokenized).
+    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system)
+    k0, tail = len(rest) - 1, len(rest[-1]["content"])
+    while k0 > 0 and tail + len(rest[k0 - 1]["content"]) <= budget:
+        k0 -= 1
+        tail += len(rest[k0]["content"])
+
+    if k0 == 0:
+        tokens = encode(messages)
+        if len(tokens) <= limit:
+            return Prompt(tokens, 0, _public_len(messages, tokens, template, tokenize, presets))
+
     last_only = encode(system + rest[-1:])
     if len(last_only) > limit:
         raise ContextLengthExceeded(
             f"the last message does not fit: with the system prompt it is {len(last_only)} tokens, "
             f"and this server allows {limit} prompt tokens per conversation")
     # Fewest dropped messages that fit; token count shrinks as k grows, so binary search.
-    lo, hi = 1, len(rest) - 1
+    lo, hi = max(1, k0), len(rest) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         if len(encode(keep_from(mid))) <= limit:

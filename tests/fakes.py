@@ -32,7 +32,7 @@ class FakeTokenizer:
     bos_text = ""
     eos_text = ""
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def piece(self, token: int) -> bytes:
