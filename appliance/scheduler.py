@@ -3,7 +3,8 @@
 Each step carries one token for every generating sequence first, then fills the rest of
 the token budget with prompt chunks, shortest remaining prompt first. When the engine is
 idle, the first arrival opens a short admission window so requests that arrive together
-are prefilled together.
+are prefilled together. Waiting requests are admitted round-robin across client
+identities (fair shares), each client's own in priority order.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.running: list[Turn] = []
         self.reserved = 0  # sum of kv_reserve over running sequences
+        self._admissions = 0  # turns admitted so far
+        self._last_admitted: dict[str, int] = {}  # client -> its latest admission's number
 
     # -- the step ------------------------------------------------------------------------
     def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
@@ -79,7 +82,7 @@ class Scheduler:
         if self.running or not self.waiting:
             return None
         want = min(self.limits.min_batch or self.limits.slots, self.limits.slots)
-        closes = self.waiting[0].arrival + self.limits.max_wait_s
+        closes = min(t.arrival for t in self.waiting) + self.limits.max_wait_s
         if len(self.waiting) < want and self.clock() < closes:
             return closes
         return None
@@ -91,14 +94,44 @@ class Scheduler:
         urgent = turn.continuing or now - turn.arrival >= self.limits.ageing_s
         return (0 if urgent else 1, turn.arrival)
 
+    def order(self, now: float) -> list[Turn]:
+        """The waiting turns in admission order. Fair shares: clients take turns
+        (round-robin), the one admitted least recently (or never) first, so one client's
+        backlog delays another client's first request by at most one admission per other
+        client with requests waiting. Within one client, priority order (continuing
+        conversations first, with ageing)."""
+        ranked = sorted(self.waiting, key=lambda q: self.priority(q, now))
+        queues: dict[str, list[Turn]] = {}
+        for t in ranked:
+            queues.setdefault(t.client, []).append(t)
+        if len(queues) < 2:
+            return ranked
+        # Stable sort: clients never admitted (-1), or admitted equally long ago, keep the
+        # order of their most urgent turn.
+        active = sorted(queues, key=lambda c: self._last_admitted.get(c, -1))
+        out: list[Turn] = []
+        i = 0
+        while active:  # round i takes each remaining client's i-th turn: O(waiting)
+            more = []
+            for c in active:
+                q = queues[c]
+                out.append(q[i])
+                if i + 1 < len(q):
+                    more.append(c)
+            active = more
+            i += 1
+        return out
+
     def admit(self) -> list[Turn]:
-        """Move waiting sequences into free slots, by priority, while the KV budget allows."""
+        """Move waiting sequences into free slots, in admission order (`order`), while the
+        KV budget allows. The waiting queue is kept in that order, so the queue positions
+        streams hear are the order they will be admitted in (as things stand)."""
+        now = self.clock()
+        if len(self.waiting) > 1:
+            self.waiting = deque(self.order(now))
         if self.window_open_until() is not None:
             return []
         admitted = []
-        now = self.clock()
-        if len(self.waiting) > 1 and len(self.running) < self.limits.slots:
-            self.waiting = deque(sorted(self.waiting, key=lambda q: self.priority(q, now)))
         while self.waiting and len(self.running) < self.limits.slots:
             turn = self.waiting[0]
             need = turn.kv_reserve(self.limits.ctx_limit)
@@ -110,6 +143,13 @@ class Scheduler:
             self.reserved += need
             self.running.append(turn)
             admitted.append(turn)
+            self._last_admitted[turn.client] = self._admissions
+            self._admissions += 1
+        if len(self._last_admitted) > len(self.running) + len(self.waiting):
+            # Forget clients with nothing running or waiting (keeps the table small); a
+            # client with a request running keeps its place in the rotation.
+            present = {t.client for t in self.running} | {t.client for t in self.waiting}
+            self._last_admitted = {c: n for c, n in self._last_admitted.items() if c in present}
         return admitted
 
     def schedule(self) -> Step:

@@ -306,3 +306,152 @@ def test_prefill_group_off_is_the_old_policy() -> None:
     s.waiting.extend([a, b])
     s.admit()
     assert s.schedule().prefill == [(a, 10), (b, 54)]
+
+
+# -- fair shares: round-robin across client identities --------------------------------------
+
+def of(clock: FakeClock, client: str, n: int = 1, **kw: object) -> list[Turn]:
+    out = []
+    for _ in range(n):
+        t = seq(clock, **kw)  # type: ignore[arg-type]
+        t.client = client
+        out.append(t)
+    return out
+
+
+def test_round_robin_across_clients_each_in_its_own_order() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64)
+    a = of(clock, "10.0.0.1", 5)
+    b = of(clock, "10.0.0.2", 2)
+    c = of(clock, "10.0.0.3", 1)
+    s.waiting.extend([*a, *b, *c])
+    order = []
+    current: list[Turn] = []
+    while s.waiting:
+        for t in current:
+            s.release(t)
+        current = s.admit()
+        order.extend(current)
+    assert order == [a[0], b[0], c[0], a[1], b[1], a[2], a[3], a[4]]
+
+
+def test_the_queue_is_kept_in_admission_order_for_queue_positions() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64)
+    a = of(clock, "a", 20)
+    s.waiting.extend(a)
+    assert s.admit() == [a[0]]
+    (b,) = of(clock, "b")
+    s.waiting.append(b)
+    assert s.admit() == []  # no free slot...
+    assert s.waiting[0] is b  # ...but b is next: `: queued 1`
+    assert list(s.waiting)[1:] == a[1:]
+
+
+def test_one_clients_backlog_delays_anothers_first_request_at_most_one_admission() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=2, max_wait_s=0.0, max_queue=64)
+    a = of(clock, "a", 20)
+    s.waiting.extend(a)
+    assert s.admit() == a[:2]
+    # b was admitted more recently than a once already: then one of a's may go first.
+    (b1,) = of(clock, "b")
+    s.waiting.append(b1)
+    s.release(a[0])
+    assert s.admit() == [b1]
+    (b2,) = of(clock, "b")
+    s.waiting.append(b2)
+    s.release(a[1])
+    assert s.admit() == [a[2]]  # a's turn: b went last
+    s.release(b1)
+    assert s.admit() == [b2]  # then b's, ahead of a's 16 others
+    assert list(s.waiting) == a[3:]
+
+
+def test_a_newcomer_is_first_even_behind_a_long_backlog_of_several_clients() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=2, max_wait_s=0.0, max_queue=64)
+    a, c = of(clock, "a", 10), of(clock, "c", 10)
+    s.waiting.extend([*a, *c])
+    assert s.admit() == [a[0], c[0]]  # round-robin from the start
+    (b,) = of(clock, "b")
+    s.waiting.append(b)
+    s.release(a[0])
+    assert s.admit() == [b]  # never admitted: first, ahead of 18 older requests
+    s.release(c[0])
+    assert s.admit() == [a[1]]
+
+
+def test_within_a_client_continuing_conversations_still_go_first() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64, ageing_s=5.0)
+    a_new = of(clock, "a", 2)
+    (a_cont,) = of(clock, "a")
+    a_cont.continuing = True
+    (b_new,) = of(clock, "b")
+    s.waiting.extend([*a_new, a_cont, b_new])
+    assert s.admit() == [a_cont]  # a's most urgent: its continuing conversation
+    assert list(s.waiting) == [b_new, a_new[0], a_new[1]]
+
+
+def test_ageing_still_orders_one_clients_requests() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64, ageing_s=1.0)
+    (blocker,) = of(clock, "x")
+    s.waiting.append(blocker)
+    s.admit()
+    (old,) = of(clock, "a")  # new conversation
+    clock.advance(0.5)
+    (cont1,) = of(clock, "a")
+    cont1.continuing = True
+    clock.advance(0.6)  # old has waited 1.1 s: ranks with continuing ones, and arrived first
+    (cont2,) = of(clock, "a")
+    cont2.continuing = True
+    s.waiting.extend([cont2, cont1, old])
+    order = []
+    current = blocker
+    while s.waiting:
+        s.release(current)
+        (current,) = s.admit()
+        order.append(current)
+    assert order == [old, cont1, cont2]
+
+
+def test_same_client_keeps_the_old_order() -> None:
+    """Everything from one identity (tests, a single user): exactly the earlier policy."""
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, ageing_s=5.0)
+    new1, new2, cont = of(clock, "a", 3)
+    cont.continuing = True
+    s.waiting.extend([new1, new2, cont])
+    assert s.admit() == [cont]
+    assert list(s.waiting) == [new1, new2]
+
+
+def test_the_rotation_forgets_clients_with_nothing_left() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64)
+    for i in range(50):
+        (t,) = of(clock, f"client-{i}")
+        s.waiting.append(t)
+        assert s.admit() == [t]
+        s.release(t)
+    s.admit()
+    assert len(s._last_admitted) <= 1
+
+
+def test_window_still_starts_at_the_first_arrival_when_the_queue_is_reordered() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, max_wait_s=0.05)
+    (a,) = of(clock, "a")
+    s.waiting.append(a)
+    assert s.admit() == []
+    clock.advance(0.03)
+    (b,) = of(clock, "b")
+    b.continuing = True  # ranks first
+    s.waiting.append(b)
+    assert s.admit() == []
+    assert s.window_open_until() == pytest.approx(a.arrival + 0.05)
+    clock.advance(0.021)
+    assert s.admit() == [b, a]
