@@ -14,14 +14,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BadRequest
+from .errors import BadRequest, PayloadTooLarge
 from .sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
 MAX_STOP_CHARS = 256  # a stop string is a marker, not a document; keeps the holdback scan cheap
 MAX_BODY_BYTES = 4 * 2**20  # far beyond any context this model holds (~16 KiB of text per 4k tokens)
-_SESSION_RE = re.compile(r"[\x21-\x7e]{1,128}")
+MAX_PARTS = 64  # content parts in one message
+# Long enough that ids cannot be guessed, and only characters safe in a header and a log.
+_SESSION_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+SESSION_RULE = "the session id must be 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class ServerLimits:
     default_max_tokens: int
     max_tokens_limit: int  # larger requests are capped to this
     ctx_limit: int  # a max_tokens beyond the context itself is an error, not a cap
+    max_messages: int = 2048  # messages in one request
+    max_chars: int = 1_000_000  # characters of message text in one request
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -84,6 +89,15 @@ def _bool(data: dict[str, Any], key: str, default: bool = False) -> bool:
     return v
 
 
+def _text(value: str, param: str) -> str:
+    """JSON may carry lone surrogates ("\\ud800") that no tokenizer can encode: a 400 here."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"'{param}' is not valid Unicode text (it holds a lone surrogate)", param=param) from None
+    return value
+
+
 def _content(msg: dict[str, Any], i: int) -> str:
     param = f"messages[{i}].content"
     c = msg.get("content")
@@ -92,37 +106,50 @@ def _content(msg: dict[str, Any], i: int) -> str:
             return ""  # an assistant turn that only called tools
         raise BadRequest(f"'{param}' is required", param=param)
     if isinstance(c, str):
-        return c
+        return _text(c, param)
     if isinstance(c, list):  # content parts: only text is supported
+        if len(c) > MAX_PARTS:
+            raise BadRequest(f"'{param}' may have at most {MAX_PARTS} parts", param=param)
         texts = []
         for j, part in enumerate(c):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise BadRequest(f"'{param}[{j}]' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
                                  "this model reads text only", param=param)
             texts.append(part["text"])
-        return "".join(texts)
+        return _text("".join(texts), param)
     raise BadRequest(f"'{param}' must be a string or a list of text parts", param=param)
 
 
-def parse_messages(raw: Any) -> list[dict[str, str]]:
+def parse_messages(raw: Any, max_messages: int = 2048, max_chars: int = 1_000_000) -> list[dict[str, str]]:
+    """Validate messages; the caps are checked before any content is looked at in bulk."""
     if raw is None:
         raise BadRequest("'messages' is required", param="messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
+    if len(raw) > max_messages:
+        raise BadRequest(f"a request may carry at most {max_messages} messages, got {len(raw)}",
+                         param="messages", code="too_many_messages")
     out = []
+    chars = 0
     for i, msg in enumerate(raw):
         if not isinstance(msg, dict):
             raise BadRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
         role = msg.get("role")
         if role not in ROLES:
-            raise BadRequest(f"'messages[{i}].role' must be one of {', '.join(ROLES)}, got {role!r}",
+            shown = repr(role[:20]) if isinstance(role, str) else type(role).__name__
+            raise BadRequest(f"'messages[{i}].role' must be one of {', '.join(ROLES)}, got {shown}",
                              param=f"messages[{i}].role")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(msg, i)})
+        content = _content(msg, i)
+        chars += len(content)
+        if chars > max_chars:
+            raise PayloadTooLarge(f"the messages hold more than {max_chars} characters of text",
+                                  param="messages", code="too_many_characters")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
 
 def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_header: str | None = None) -> ChatRequest:
-    messages = parse_messages(data.get("messages"))
+    messages = parse_messages(data.get("messages"), limits.max_messages, limits.max_chars)
 
     model = data.get("model")
     if model is not None and not isinstance(model, str):
@@ -158,6 +185,8 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         raise BadRequest(f"'stop' must be a string or a list of at most {MAX_STOP} strings", param="stop")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise BadRequest(f"each stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
+    for s in stops:
+        _text(s, "stop")
 
     seed = _integer(data, "seed")
     top_k = _integer(data, "top_k")
@@ -186,11 +215,14 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         include_usage = _bool(opts, "include_usage")
 
     session = session_header if session_header else data.get("session_id")
-    # It is echoed in a response header: printable ASCII only, so nothing can be injected.
-    if session is not None and (not isinstance(session, str) or not _SESSION_RE.fullmatch(session)):
-        raise BadRequest("the session id must be 1-128 printable ASCII characters without spaces",
-                         param="session_id")
+    # It is echoed in a response header and named in logs by digest: a safe alphabet only.
+    if session is not None and not valid_session_id(session):
+        raise BadRequest(SESSION_RULE, param="session_id")
     return ChatRequest(messages, params, stream, include_usage, model, session)
+
+
+def valid_session_id(session: Any) -> bool:
+    return isinstance(session, str) and _SESSION_RE.fullmatch(session) is not None
 
 
 # -- responses -------------------------------------------------------------------------

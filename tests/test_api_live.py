@@ -298,7 +298,7 @@ def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(bundled_model:
     live = start(bundled_model, tmp_path, "--kv-type", "q8_0", "--state-dir", str(state))
     try:
         live.wait_ready()
-        r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "kvq"},
+        r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "kvq-session-000001"},
                              json={"messages": ask("What is the capital of France? One word."),
                                    "max_tokens": 10, "temperature": 0})
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
@@ -309,7 +309,7 @@ def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(bundled_model:
     live = start(bundled_model, tmp_path, "--state-dir", str(state))
     try:
         live.wait_ready()
-        assert live.client.get("/v1/sessions/kvq").status_code == 404
+        assert live.client.get("/v1/sessions/kvq-session-000001").status_code == 404
         assert "another model, llama.cpp version or KV type" in live.log()
     finally:
         assert live.stop() == 0

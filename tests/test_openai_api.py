@@ -329,19 +329,22 @@ def test_include_usage() -> None:
 
 # -- session id ------------------------------------------------------------------------------
 def test_session_from_body() -> None:
-    assert parse_chat_request(req(session_id="abc"), LIMITS).session_id == "abc"
+    assert parse_chat_request(req(session_id="abc_DEF-0123456789"), LIMITS).session_id == "abc_DEF-0123456789"
+
+
+BODY, HEADER = "body-session-00001", "header-session-001"
 
 
 def test_session_header_wins_over_body() -> None:
-    assert parse_chat_request(req(session_id="body"), LIMITS, "header").session_id == "header"
-    assert parse_chat_request(req(), LIMITS, "header").session_id == "header"
+    assert parse_chat_request(req(session_id=BODY), LIMITS, HEADER).session_id == HEADER
+    assert parse_chat_request(req(), LIMITS, HEADER).session_id == HEADER
 
 
 def test_empty_header_falls_back_to_body() -> None:
-    assert parse_chat_request(req(session_id="body"), LIMITS, "").session_id == "body"
+    assert parse_chat_request(req(session_id=BODY), LIMITS, "").session_id == BODY
 
 
-@pytest.mark.parametrize("value", [123, True, ["a"], {"id": "a"}, "", "x" * 129])
+@pytest.mark.parametrize("value", [123, True, ["a"], {"id": "a"}, "", "x" * 129, "x" * 15, "short"])
 def test_bad_session_id_in_body(value: Any) -> None:
     bad(req(session_id=value), "session_id")
 
@@ -350,10 +353,14 @@ def test_session_id_length_bounds() -> None:
     assert parse_chat_request(req(session_id="x" * 128), LIMITS).session_id == "x" * 128
     bad(req(), "session_id", header="x" * 129)
     # An over-long header is rejected even when the body's id would be fine.
-    bad(req(session_id="ok"), "session_id", header="y" * 200)
+    bad(req(session_id="ok" * 8), "session_id", header="y" * 200)
+    assert parse_chat_request(req(session_id="x" * 16), LIMITS).session_id == "x" * 16
+    err = bad(req(session_id="x" * 15), "session_id")
+    assert "16-128" in err.message
 
 
-@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "会话", "nul\x00", "line\u2028sep"])
+@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1" * 2, "会话会话会话会话会话会话会话会话", "nul\x00" * 4,
+                                   "line\u2028sep" * 2, "with space in it!", "dots.are.not.allowed.here"])
 def test_session_id_must_be_header_safe(value: str) -> None:
     # The server echoes the id back in the X-Session-Id response header, so an id from the
     # body must be printable ASCII: anything else is a 400 here, not a 500 (or a forged
@@ -453,3 +460,44 @@ def test_new_id() -> None:
     a, b = api.new_id(), api.new_id()
     assert a != b
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", a)
+
+
+# -- bounded input -----------------------------------------------------------------------------
+def test_lone_surrogate_is_a_400_not_a_500() -> None:
+    data = api.parse_json(b'{"messages":[{"role":"user","content":"\\ud800"}]}')
+    err = bad(data, "messages[0].content")
+    assert "surrogate" in err.message
+    err = bad(api.parse_json(b'{"messages":[{"role":"user","content":"hi"}],"stop":"\\udfff"}'), "stop")
+
+
+def test_lone_surrogate_in_content_parts() -> None:
+    data = api.parse_json(b'{"messages":[{"role":"user","content":[{"type":"text","text":"a\\ud83d"}]}]}')
+    bad(data, "messages[0].content")
+
+
+def test_message_count_is_capped() -> None:
+    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_messages=10)
+    ok = {"messages": [{"role": "user", "content": ""}] * 10}
+    assert len(parse_chat_request(ok, limits).messages) == 10
+    with pytest.raises(BadRequest) as e:
+        parse_chat_request({"messages": [{"role": "user", "content": ""}] * 11}, limits)
+    assert e.value.code == "too_many_messages" and "at most 10" in e.value.message
+
+
+def test_characters_are_capped() -> None:
+    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=100)
+    assert parse_chat_request({"messages": [{"role": "user", "content": "x" * 100}]}, limits)
+    with pytest.raises(api.PayloadTooLarge) as e:
+        parse_chat_request({"messages": [{"role": "user", "content": "x" * 60}] * 2}, limits)
+    assert e.value.status == 413 and e.value.code == "too_many_characters"
+
+
+def test_content_parts_are_capped() -> None:
+    parts = [{"type": "text", "text": "a"}] * (api.MAX_PARTS + 1)
+    bad({"messages": [{"role": "user", "content": parts}]}, "messages[0].content")
+
+
+def test_errors_do_not_echo_message_text() -> None:
+    secret = "my password is hunter2 " * 3
+    err = bad({"messages": [{"role": secret, "content": "x"}]}, "messages[0].role")
+    assert "hunter2" not in err.message

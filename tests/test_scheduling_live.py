@@ -49,7 +49,7 @@ def test_shared_system_prompt_is_prefilled_once_for_eight(big: Live) -> None:
     computed0 = metric(big, "appliance_prompt_tokens_computed_total")
 
     def one(i: int) -> dict[str, Any]:
-        r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": f"office-{i}"},
+        r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": f"office-session-{i:04d}"},
                             json={"messages": [SYSTEM, {"role": "user", "content": questions[i]}],
                                   "max_tokens": 16, "temperature": 0})
         assert r.status_code == 200, r.text
@@ -154,33 +154,33 @@ def test_queued_stream_hears_its_position(bundled_model: Path, tmp_path: Path) -
 
 def test_second_turn_prefills_only_its_new_tokens(big: Live) -> None:
     history = [SYSTEM, {"role": "user", "content": "Which printer works?"}]
-    r1 = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "turns-1"},
+    r1 = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "turns-session-0001"},
                          json={"messages": history, "max_tokens": 30, "temperature": 0}).json()
     history += [r1["choices"][0]["message"], {"role": "user", "content": "And on which floor is the other one?"}]
-    r2 = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "turns-1"},
+    r2 = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "turns-session-0001"},
                          json={"messages": history, "max_tokens": 10, "temperature": 0}).json()
     u1, u2 = r1["usage"], r2["usage"]
     new_tokens = u2["prompt_tokens"] - u1["prompt_tokens"] - u1["completion_tokens"]
     computed = u2["prompt_tokens"] - u2["prompt_tokens_details"]["cached_tokens"]
     # Only the new user turn (+ the template's few glue tokens) is computed.
     assert computed <= new_tokens + 4, (computed, new_tokens)
-    info = big.client.get("/v1/sessions/turns-1").json()
+    info = big.client.get("/v1/sessions/turns-session-0001").json()
     assert info["state"] == "cached" and info["cached_tokens"] >= u2["prompt_tokens"]
 
 
 def test_deleted_session_cache_is_gone(big: Live) -> None:
     msgs = [SYSTEM, {"role": "user", "content": "Tell me about lunch."}]
-    r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "del-me"},
+    r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "delete-me-session-01"},
                         json={"messages": msgs, "max_tokens": 8})
     assert r.status_code == 200
-    assert big.client.get("/v1/sessions/del-me").status_code == 200
-    assert big.client.delete("/v1/sessions/del-me").status_code == 204
+    assert big.client.get("/v1/sessions/delete-me-session-01").status_code == 200
+    assert big.client.delete("/v1/sessions/delete-me-session-01").status_code == 204
     deadline = time.monotonic() + 10
-    while big.client.get("/v1/sessions/del-me").status_code != 404:
+    while big.client.get("/v1/sessions/delete-me-session-01").status_code != 404:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert big.client.delete("/v1/sessions/del-me").status_code == 404
-    r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "del-me"},
+    assert big.client.delete("/v1/sessions/delete-me-session-01").status_code == 404
+    r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "delete-me-session-01"},
                         json={"messages": msgs, "max_tokens": 8}).json()
     # Only the shared system prompt can be reused now, not the deleted conversation.
     shared = r["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -200,7 +200,7 @@ def test_more_conversations_than_slots_keep_their_history(bundled_model: Path, t
         overhead: list[int] = []
 
         def turn(u: str, text: str) -> None:
-            r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": u},
+            r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": f"{u}-session-0000"},
                                  json={"messages": hist[u], "max_tokens": 12, "temperature": 0})
             assert r.status_code == 200, r.text
             body = r.json()
@@ -231,17 +231,17 @@ def _two_turns_across_restart(model: Path, tmp: Path, damage: Any = None) -> tup
     history = [SYSTEM, {"role": "user", "content": "Please remember the code word: pelican. Say OK."}]
     live = start(model, tmp, "--state-dir", str(state))
     live.wait_ready()
-    r1 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me"},
+    r1 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me-session-01"},
                           json={"messages": history, "max_tokens": 10, "temperature": 0}).json()
     assert live.stop() == 0
     files = list(state.glob("*.kv"))
-    assert len(files) == 1 and "restart-me" not in files[0].name  # ids never become file names
+    assert len(files) == 1 and "restart-me-session-01" not in files[0].name  # ids never become file names
     if damage is not None:
         damage(files[0])
     history += [r1["choices"][0]["message"], {"role": "user", "content": "What was the code word?"}]
     live = start(model, tmp, "--state-dir", str(state))
     live.wait_ready()
-    r2 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me"},
+    r2 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me-session-01"},
                           json={"messages": history, "max_tokens": 10, "temperature": 0})
     assert r2.status_code == 200, r2.text
     return {"turn1": r1["usage"], "turn2": r2.json()["usage"]}, live

@@ -285,30 +285,30 @@ def test_session_id_is_echoed_or_made_up(client: TestClient) -> None:
     r = chat(client, stream=True, stream_options={"include_usage": True})
     assert len(r.headers["x-session-id"]) == 32
     assert client.post(CHAT, json={"messages": USER},
-                       headers={"X-Session-Id": "desk-7"}).headers["x-session-id"] == "desk-7"
+                       headers={"X-Session-Id": "desk-7-session-000"}).headers["x-session-id"] == "desk-7-session-000"
     # OpenAI clients that cannot set headers may put it in the body.
-    assert chat(client, session_id="desk-8").headers["x-session-id"] == "desk-8"
+    assert chat(client, session_id="desk-8-session-000").headers["x-session-id"] == "desk-8-session-000"
     err = error_of(client.post(CHAT, json={"messages": USER}, headers={"X-Session-Id": "a b"}), 400)
     assert err["param"] == "session_id"
 
 
 def test_session_get_and_delete(client: TestClient) -> None:
-    sid = {"X-Session-Id": "office-42"}
+    sid = {"X-Session-Id": "office-session-0042"}
     first = client.post(CHAT, json={"messages": USER}, headers=sid).json()
-    info = client.get("/v1/sessions/office-42")
+    info = client.get("/v1/sessions/office-session-0042")
     assert info.status_code == 200
     body = info.json()
-    assert body["id"] == "office-42" and body["state"] == "cached"
+    assert body["id"] == "office-session-0042" and body["state"] == "cached"
     assert 0 < body["cached_tokens"] <= first["usage"]["total_tokens"]
     # The next turn of the same session reuses what the first one left in the cache.
     history = [*USER, {"role": "assistant", "content": REPLY}, {"role": "user", "content": "more"}]
     second = client.post(CHAT, json={"messages": history}, headers=sid).json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
-    assert client.delete("/v1/sessions/office-42").status_code == 204
-    assert error_of(client.delete("/v1/sessions/office-42"), 404)["type"] == "invalid_request_error"
-    error_of(client.get("/v1/sessions/office-42"), 404)
-    error_of(client.get("/v1/sessions/never-was"), 404)
+    assert client.delete("/v1/sessions/office-session-0042").status_code == 204
+    assert error_of(client.delete("/v1/sessions/office-session-0042"), 404)["type"] == "invalid_request_error"
+    error_of(client.get("/v1/sessions/office-session-0042"), 404)
+    error_of(client.get("/v1/sessions/never-was-a-session"), 404)
 
 
 def test_dropped_messages_are_reported(client: TestClient) -> None:
