@@ -16,6 +16,8 @@ client sends changes what another can find in the cache, or how fast.
 
 from __future__ import annotations
 
+import hashlib
+from collections import UserDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +75,58 @@ class Entry:
         return "parked" if self.parked is not None else "saved"
 
 
+SAVED = "saved:"  # prefix of the key a session saved by the last run waits under
+
+
+def session_key(session: str) -> str:
+    """The digest saved files know a session by: they never hold its id (a bearer secret)."""
+    return hashlib.sha256(b"appliance-session\0" + session.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class SessionTable(UserDict[str, Entry]):
+    """Entries by session id. A session saved by the last run is known only by the digest
+    of its id, so it waits under SAVED + digest until the first lookup by its id (`in`,
+    `get`, `[]`, `pop`) claims it and files it under the id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unclaimed = 0  # entries under SAVED keys (an upper bound: skips hashing when 0)
+
+    def add_saved(self, entry: Entry) -> None:
+        assert entry.session.startswith(SAVED) and entry.session not in self.data
+        self.data[entry.session] = entry
+        self.unclaimed += 1
+
+    @staticmethod
+    def key_of(session: str) -> str:
+        """What a saved file names this entry's session by."""
+        return session[len(SAVED):] if session.startswith(SAVED) else session_key(session)
+
+    def _claim(self, session: object) -> Entry | None:
+        if not self.unclaimed or not isinstance(session, str) or session.startswith(SAVED):
+            return None
+        e = self.data.pop(SAVED + session_key(session), None)
+        if e is not None:
+            self.unclaimed -= 1
+            e.session = session
+            self.data[session] = e
+        return e
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data or self._claim(key) is not None
+
+    def __missing__(self, key: str) -> Entry:
+        e = self._claim(key)
+        if e is None:
+            raise KeyError(key)
+        return e
+
+    def __delitem__(self, key: str) -> None:
+        del self.data[key]
+        if key.startswith(SAVED):
+            self.unclaimed -= 1
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     entry: Entry | None  # an entry to take over, or a donor to copy a prefix from
@@ -102,7 +156,7 @@ class SessionCache:
         self.share_all = share_all  # True: any prefix is reused across clients (leaks!)
         self.park_budget = park_budget_bytes
         self.free_ids: list[int] = sorted(seq_ids, reverse=True)
-        self.entries: dict[str, Entry] = {}  # read freely; change only through methods
+        self.entries = SessionTable()  # read freely; change only through methods
         self.public: list[Entry] = []  # pinned public prefixes, on ids of their own
         self.events = CacheEvents()
 
@@ -169,9 +223,10 @@ class SessionCache:
         return replaced
 
     def add_saved(self, entry: Entry) -> None:
-        """An entry read back from disk after a restart (not in the KV cache)."""
-        assert entry.seq_id < 0 and entry.session not in self.entries
-        self.entries[entry.session] = entry
+        """An entry read back from disk after a restart (not in the KV cache), under
+        SAVED + the digest of its session id until a turn of that session claims it."""
+        assert entry.seq_id < 0
+        self.entries.add_saved(entry)
 
     def add_public(self, seq_id: int, tokens: list[int]) -> None:
         self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))

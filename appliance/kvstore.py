@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import persist
-from .cache import Entry, SessionCache, common_prefix
+from .cache import SAVED, Entry, SessionCache, SessionTable, common_prefix
 from .errors import KVCacheFull
 from .scheduler import Scheduler
 from .turn import State, Turn
@@ -254,14 +254,18 @@ class KVStore:
         self.cache.add_public(seq_id, tokens)
 
     def load_sessions(self) -> None:
-        """Sessions saved by the previous run come back as 'saved' entries, read from disk
-        only when their next turn arrives."""
+        """Sessions saved by the previous run come back as 'saved' entries, known by the
+        digest of their id until their next turn claims them, and read from disk only then."""
         if not self.policy.state_dir:
             return
         now = self.clock()
-        saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
+        try:
+            saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
+        except OSError as e:
+            log.error("not restoring saved sessions: %s", e)
+            return
         for sv in saved:
-            self.cache.add_saved(Entry(sv.session, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s,
+            self.cache.add_saved(Entry(SAVED + sv.key, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s,
                                        disk=sv))
         if saved:
             log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
@@ -285,11 +289,11 @@ class KVStore:
                 else:
                     data = None
                 if data:
-                    records.append((e.session, e.tokens, e.public_len, now - e.last_used, data))
+                    records.append((SessionTable.key_of(e.session), e.tokens, e.public_len, now - e.last_used, data))
             n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
                                  self.policy.state_max_bytes)
             log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
-        except OSError as e:
+        except OSError as e:  # StateDirError too: a symlink, not a directory, not ours
             log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
 
 

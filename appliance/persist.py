@@ -3,15 +3,28 @@ next turn. A file that is corrupt, truncated or from another model, llama.cpp ve
 type is discarded with a log line, never trusted: its payload is checksummed, and only a
 verified payload ever reaches llama.cpp.
 
+Session ids are bearer secrets, so a file holds none: it is named by, and its header
+carries, only a digest of the id (`cache.session_key`), which is what a session is matched
+by after a restart. The directory is ours and private: a real directory (not a symlink)
+owned by this user, mode 0700 (an existing one is tightened, with a log line); files are
+mode 0600, opened relative to the directory without following symlinks, written to a fresh
+temporary name (O_EXCL), fsynced, renamed into place, and the directory fsynced after.
+Temporary files left by an interrupted save, and files of an older format (which carried
+raw ids), are removed at start.
+
 File layout: MAGIC, a 4-byte little-endian header length, a JSON header, the payload.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import secrets
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,91 +32,218 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
-MAGIC = b"APPLIANCE-KV\x01"
+FAMILY = b"APPLIANCE-KV"  # every version starts with this; one byte of version follows
+MAGIC = FAMILY + b"\x02"  # 2: digests instead of raw session ids
 SUFFIX = ".kv"
+TMP_SUFFIX = ".tmp"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted under our name must not hang start-up (it is refused below).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class StateDirError(OSError):
+    """The state directory is not one we may use (a symlink, not a directory, not ours)."""
+
+
+class _OldFormat(ValueError):
+    def __init__(self) -> None:
+        super().__init__("an older file format")
 
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    session: str
+    key: str  # cache.session_key(session): the only trace of the session's id
     tokens: list[int]
     shared_len: int
     path: Path
     last_used_age_s: float  # how long it had been idle when saved
 
 
-def file_for(state_dir: Path, session: str) -> Path:
-    # Session ids come from clients: never use them as file names.
-    return state_dir / (hashlib.sha256(session.encode()).hexdigest()[:32] + SUFFIX)
+def file_name(key: str) -> str:
+    return key[:32] + SUFFIX
+
+
+def open_dir(state_dir: Path, create: bool) -> int | None:
+    """A descriptor of the state directory after checking it is ours: a real directory
+    owned by this user, mode 0700 (tightened if it was looser). None if it does not exist
+    and create is False. Raises StateDirError for a directory we must not use."""
+    try:
+        st = os.lstat(state_dir)
+    except FileNotFoundError:
+        if not create:
+            return None
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(state_dir, 0o700)  # umask only clears bits: 0700 stays 0700
+        except FileExistsError:
+            pass  # made meanwhile: checked below like any existing one
+        st = os.lstat(state_dir)
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirError(f"state_dir {state_dir} is a symbolic link: refusing it (give the real directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"state_dir {state_dir} is not a directory: refusing it")
+    try:
+        fd = os.open(state_dir, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link since the lstat
+            raise StateDirError(f"state_dir {state_dir} is not a directory or is a symbolic link: refusing it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise StateDirError(f"state_dir {state_dir} is owned by uid {st.st_uid}, not by this user "
+                                f"(uid {os.geteuid()}): refusing it")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != 0o700:
+            os.fchmod(fd, 0o700)
+            log.warning("state_dir %s had mode %04o: set to 0700 (saved sessions are private)", state_dir, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, list[int], int, float, bytes]],
              max_bytes: int) -> int:
-    """Write (session, tokens, shared_len, idle seconds, state) records, most recent first,
-    until max_bytes. Replaces what the directory held before. Returns files written."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    for old in state_dir.glob("*" + SUFFIX):
-        old.unlink(missing_ok=True)
-    total = written = 0
-    for session, tokens, shared_len, idle_s, data in sorted(records, key=lambda r: r[3]):
-        header = json.dumps({"session": session, "tokens": tokens, "shared_len": shared_len,
-                             "idle_s": idle_s, "fingerprint": fingerprint, "size": len(data),
-                             "sha256": hashlib.sha256(data).hexdigest()}).encode()
-        size = len(MAGIC) + 4 + len(header) + len(data)
-        if total + size > max_bytes:
-            break
-        path = file_for(state_dir, session)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.write(data)
-        os.replace(tmp, path)
-        total += size
-        written += 1
-    return written
+    """Write (key, tokens, shared_len, idle seconds, state) records, most recent first,
+    until max_bytes; key is cache.session_key(session), never the id. Replaces what the
+    directory held before. Returns files written."""
+    fd = open_dir(state_dir, create=True)
+    assert fd is not None
+    try:
+        for old in os.listdir(fd):
+            if old.endswith((SUFFIX, TMP_SUFFIX)):
+                _unlink(old, fd)
+        total = written = 0
+        for key, tokens, shared_len, idle_s, data in sorted(records, key=lambda r: r[3]):
+            if not _KEY.fullmatch(key):
+                raise ValueError("a session file is named by a sha256 hex digest, not by a session id")
+            header = json.dumps({"key": key, "tokens": tokens, "shared_len": shared_len,
+                                 "idle_s": idle_s, "fingerprint": fingerprint, "size": len(data),
+                                 "sha256": hashlib.sha256(data).hexdigest()}).encode()
+            size = len(MAGIC) + 4 + len(header) + len(data)
+            if total + size > max_bytes:
+                break
+            name = file_name(key)
+            tmp = f".{name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+            wfd = os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=fd)
+            try:
+                with os.fdopen(wfd, "wb") as f:
+                    os.fchmod(f.fileno(), 0o600)  # whatever the umask
+                    f.write(MAGIC + struct.pack("<I", len(header)) + header)
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                _unlink(tmp, fd)
+                raise
+            total += size
+            written += 1
+        os.fsync(fd)  # the renames and removals themselves
+        return written
+    finally:
+        os.close(fd)
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    with open(path, "rb") as f:
-        head = f.read(len(MAGIC) + 4)
-        if len(head) < len(MAGIC) + 4 or not head.startswith(MAGIC):
-            raise ValueError("not a session state file")
-        (n,) = struct.unpack("<I", head[len(MAGIC):])
-        if n > 64 * 2**20:
-            raise ValueError("header too large")
-        header = json.loads(f.read(n))
+def _open_file(dir_fd: int, name: str) -> int:
+    """A descriptor of one of our files: not through a symlink, a regular file we own."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not a session state file") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise ValueError("not a regular file of ours")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _read_header(f: Any) -> tuple[dict[str, Any], int]:
+    head = f.read(len(MAGIC) + 4)
+    if len(head) >= len(FAMILY) + 1 and head.startswith(FAMILY) and not head.startswith(MAGIC):
+        raise _OldFormat
+    if len(head) < len(MAGIC) + 4 or not head.startswith(MAGIC):
+        raise ValueError("not a session state file")
+    (n,) = struct.unpack("<I", head[len(MAGIC):])
+    if n > 64 * 2**20:
+        raise ValueError("header too large")
+    header = json.loads(f.read(n))
     if not isinstance(header, dict):
         raise ValueError("bad header")
     return header, len(MAGIC) + 4 + n
 
 
 def scan(state_dir: Path, fingerprint: str) -> list[Saved]:
-    """Headers of the usable files; others are deleted with a log line."""
+    """Headers of the usable files; others are deleted with a log line, as are temporary
+    files of an interrupted save and files of an older format. Raises StateDirError (an
+    OSError) for a directory we must not use."""
     found: list[Saved] = []
-    if not state_dir.is_dir():
+    fd = open_dir(state_dir, create=False)
+    if fd is None:
         return found
-    for path in sorted(state_dir.glob("*" + SUFFIX)):
-        try:
-            h, offset = _read_header(path)
-            if h.get("fingerprint") != fingerprint:
-                raise ValueError("saved by another model, llama.cpp version or KV type")
-            if path.stat().st_size != offset + int(h["size"]):
-                raise ValueError("truncated")
-            tokens = [int(t) for t in h["tokens"]]
-            found.append(Saved(str(h["session"]), tokens, int(h["shared_len"]), path, float(h["idle_s"])))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("discarding session state %s: %s", path.name, e)
-            path.unlink(missing_ok=True)
+    try:
+        names = sorted(os.listdir(fd))
+        tmps = [n for n in names if n.endswith(TMP_SUFFIX)]
+        for name in tmps:
+            _unlink(name, fd)
+        if tmps:
+            log.warning("removed %d temporary session files left by an interrupted save in %s", len(tmps), state_dir)
+        old = 0
+        for name in names:
+            if not name.endswith(SUFFIX):
+                continue
+            try:
+                with os.fdopen(_open_file(fd, name), "rb") as f:
+                    h, offset = _read_header(f)
+                    size = os.fstat(f.fileno()).st_size
+                if h.get("fingerprint") != fingerprint:
+                    raise ValueError("saved by another model, llama.cpp version or KV type")
+                if size != offset + int(h["size"]):
+                    raise ValueError("truncated")
+                key = h["key"]
+                if not isinstance(key, str) or not _KEY.fullmatch(key) or file_name(key) != name:
+                    raise ValueError("its name does not match its session digest")
+                tokens = [int(t) for t in h["tokens"]]
+                found.append(Saved(key, tokens, int(h["shared_len"]), state_dir / name, float(h["idle_s"])))
+            except _OldFormat:
+                old += 1
+                _unlink(name, fd)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("discarding session state %s: %s", name, e)
+                _unlink(name, fd)
+        if old:
+            log.warning("discarded %d session files of an older format in %s (they held raw session ids)",
+                        old, state_dir)
+    finally:
+        os.close(fd)
     return found
 
 
 def load(saved: Saved) -> bytes | None:
     """The verified payload of a saved session (the file is consumed), or None."""
+    fd = None
     try:
-        h, offset = _read_header(saved.path)
-        with open(saved.path, "rb") as f:
-            f.seek(offset)
+        fd = open_dir(saved.path.parent, create=False)
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "the state directory is gone")
+        with os.fdopen(_open_file(fd, saved.path.name), "rb") as f:
+            h, _ = _read_header(f)
             data = f.read()
+        if h.get("key") != saved.key:
+            raise ValueError("replaced by another session's file")
         if len(data) != int(h["size"]) or hashlib.sha256(data).hexdigest() != h["sha256"]:
             raise ValueError("checksum mismatch (truncated or corrupt)")
         return data
@@ -111,4 +251,6 @@ def load(saved: Saved) -> bytes | None:
         log.warning("discarding session state %s: %s", saved.path.name, e)
         return None
     finally:
-        saved.path.unlink(missing_ok=True)
+        if fd is not None:
+            _unlink(saved.path.name, fd)
+            os.close(fd)
