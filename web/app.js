@@ -1,392 +1,828 @@
-'use strict';
-(() => {
-  const $ = (id) => document.getElementById(id);
-  const els = {
-    log: $('log'), empty: $('empty'), form: $('composer'), input: $('input'), send: $('send'), stop: $('stop'),
-    newChat: $('new-chat'), model: $('model'), dot: $('status-dot'), status: $('status-text'),
-    settings: $('settings'), system: $('system'), temperature: $('temperature'), maxTokens: $('max-tokens'),
+// The chat page: chats in the sidebar, the conversation, the composer, settings.
+// No build step: ES modules from web/js/, libraries from web/vendor/ (see render.js).
+import { apiFetch, apiKey, parseQueueNote, plainWords, readError, readSSE, sleep } from './js/api.js';
+import { fileName, parseImport, toJSON, toMarkdown } from './js/chatfile.js';
+import { renderMarkdown, renderPlain } from './js/render.js';
+import { newChat, openStore, settle, titleFrom } from './js/store.js';
+
+const $ = (id) => document.getElementById(id);
+const els = {
+  app: $('app'), sidebar: $('sidebar'), backdrop: $('backdrop'), toggleSide: $('toggle-side'), closeSide: $('close-side'),
+  newChat: $('new-chat'), search: $('search'), list: $('chat-list'), listEmpty: $('list-empty'),
+  import: $('import'), importFile: $('import-file'), storageNote: $('storage-note'),
+  title: $('chat-title'), dot: $('status-dot'), status: $('status-text'), theme: $('theme'),
+  openSettings: $('open-settings'), menu: $('chat-menu'),
+  log: $('log'), empty: $('empty'), messages: $('messages'),
+  form: $('composer'), input: $('input'), send: $('send'), stop: $('stop'),
+  settings: $('settings'), preset: $('preset'), system: $('system'), presetText: $('preset-text'),
+  temperature: $('temperature'), maxTokens: $('max-tokens'), themeSelect: $('theme-select'),
+  keyState: $('key-state'), forgetKey: $('forget-key'),
+  ask: $('ask'), askTitle: $('ask-title'), askText: $('ask-text'), askInput: $('ask-input'), askOk: $('ask-ok'),
+  toast: $('toast'), sr: $('sr'),
+};
+const finePointer = matchMedia('(pointer: fine)').matches; // desktop: moving focus pops no keyboard
+const narrow = matchMedia('(max-width: 760px)'); // the chat list is a drawer
+const RETRY_DEFAULT_S = 5; // a 429 without Retry-After
+
+let store = null;
+let chats = []; // saved chats, newest first
+let current = null; // the chat on screen (not in `chats` until its first message)
+let run = null; // the request in flight: {chat, bot, ctrl, label, ...}
+let healthy = false;
+let modelId = null;
+let presets = new Map(); // name -> text, from GET /v1/system_prompts
+const views = new WeakMap(); // message -> its elements, for the chat on screen
+
+// ---- small helpers ---------------------------------------------------------------------
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text != null) e.textContent = text;
+  return e;
+}
+function button(text, act, label) {
+  const b = el('button', 'mini', text);
+  b.type = 'button';
+  b.dataset.act = act;
+  if (label) b.setAttribute('aria-label', label);
+  return b;
+}
+let toastTimer = 0;
+function toast(text) {
+  els.toast.textContent = text;
+  els.toast.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { els.toast.hidden = true; }, 6000);
+}
+const say = (text) => { els.sr.textContent = ''; setTimeout(() => { els.sr.textContent = text; }, 50); };
+
+// navigator.clipboard exists only in secure contexts; plain http on a LAN address falls
+// back to a selected textarea and execCommand('copy').
+async function copyText(text) {
+  if (navigator.clipboard && navigator.clipboard.writeText) {
+    try { await navigator.clipboard.writeText(text); return true; } catch { /* fall back */ }
+  }
+  const focus = document.activeElement;
+  const ta = el('textarea', 'offscreen');
+  ta.value = text;
+  ta.setAttribute('readonly', '');
+  document.body.append(ta);
+  ta.select();
+  let ok = false;
+  try { ok = document.execCommand('copy'); } catch { /* unsupported */ }
+  ta.remove();
+  if (focus && focus.focus) focus.focus();
+  return ok;
+}
+async function copyFrom(btn, text) {
+  const ok = await copyText(text);
+  const old = btn.dataset.label || btn.textContent;
+  btn.dataset.label = old;
+  btn.textContent = ok ? 'Copied' : 'Copy failed';
+  say(ok ? 'Copied to the clipboard' : 'Copying failed');
+  setTimeout(() => { btn.textContent = old; }, 1500);
+}
+
+function download(name, type, text) {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = el('a');
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+// One dialog for questions: {title, text, value, type ('text'|'password'|null: no input),
+// ok}. Resolves the entered text (or true without an input), null when cancelled.
+function askUser({ title, text = '', value = '', type = 'text', ok = 'OK', danger = false }) {
+  return new Promise((resolve) => {
+    els.askTitle.textContent = title;
+    els.askText.textContent = text;
+    els.askText.hidden = !text;
+    els.askInput.hidden = !type;
+    els.askInput.type = type || 'text';
+    els.askInput.value = value;
+    els.askOk.textContent = ok;
+    els.askOk.classList.toggle('danger', danger);
+    els.ask.returnValue = '';
+    els.ask.addEventListener('close', () => {
+      const v = els.ask.returnValue === 'ok' ? (type ? els.askInput.value : true) : null;
+      els.askInput.value = '';
+      resolve(v);
+    }, { once: true });
+    els.ask.showModal();
+    if (type) els.askInput.select();
+  });
+}
+
+// ---- settings (per browser) ------------------------------------------------------------
+const SETTINGS_KEY = 'chat.settings.v1';
+function loadSettings() {
+  let s = {};
+  try { s = JSON.parse(localStorage.getItem(SETTINGS_KEY)) || {}; } catch { /* defaults */ }
+  if (s.preset === undefined) s.preset = s.system ? 'custom' : ''; // the page before presets
+  return {
+    preset: String(s.preset || ''), presetText: String(s.presetText || ''), system: String(s.system || ''),
+    temperature: s.temperature ?? '', maxTokens: s.maxTokens ?? '', theme: s.theme || '',
   };
-  const CONV_KEY = 'chat.conversation.v1';
-  const SETTINGS_KEY = 'chat.settings.v1';
+}
+let settings = loadSettings();
+function saveSettings() {
+  try { localStorage.setItem(SETTINGS_KEY, JSON.stringify(settings)); } catch { /* this page only */ }
+}
+function systemPrompt() {
+  if (settings.preset === 'custom') return settings.system.trim();
+  if (settings.preset) return presets.get(settings.preset) ?? settings.presetText;
+  return '';
+}
+function showSettings() {
+  els.preset.value = settings.preset;
+  if (els.preset.value !== settings.preset) els.preset.value = ''; // a preset the server dropped
+  els.system.value = settings.system;
+  els.temperature.value = settings.temperature;
+  els.maxTokens.value = settings.maxTokens;
+  els.themeSelect.value = settings.theme;
+  syncPresetFields();
+  const key = apiKey.get();
+  els.keyState.textContent = key ? `set (…${key.slice(-4)})` : 'none';
+  els.forgetKey.hidden = !key;
+}
+function syncPresetFields() {
+  const p = els.preset.value;
+  els.system.hidden = p !== 'custom';
+  els.presetText.hidden = !p || p === 'custom';
+  els.presetText.textContent = presets.get(p) || '';
+}
+function readSettings() {
+  settings.preset = els.preset.value;
+  settings.presetText = presets.get(settings.preset) || '';
+  settings.system = els.system.value;
+  settings.temperature = els.temperature.value;
+  settings.maxTokens = els.maxTokens.value;
+  syncPresetFields();
+  saveSettings();
+}
+for (const e of [els.preset, els.system, els.temperature, els.maxTokens]) {
+  e.addEventListener('input', readSettings);
+  e.addEventListener('change', readSettings);
+}
+els.openSettings.addEventListener('click', () => { showSettings(); els.settings.showModal(); });
+els.forgetKey.addEventListener('click', () => { apiKey.clear(); showSettings(); });
 
-  const store = {
-    get(key) { try { return JSON.parse(localStorage.getItem(key)); } catch { return null; } },
-    set(key, value) { try { localStorage.setItem(key, JSON.stringify(value)); } catch { /* disabled or full */ } },
-  };
+const THEMES = ['', 'light', 'dark'];
+const THEME_NAMES = { '': 'follows the system', light: 'light', dark: 'dark' };
+function applyTheme(t) {
+  settings.theme = THEMES.includes(t) ? t : '';
+  if (settings.theme) document.documentElement.dataset.theme = settings.theme;
+  else delete document.documentElement.dataset.theme;
+  els.theme.setAttribute('aria-label', `Theme: ${THEME_NAMES[settings.theme]} (switch)`);
+  els.theme.title = els.theme.getAttribute('aria-label');
+  els.themeSelect.value = settings.theme;
+  saveSettings();
+}
+els.theme.addEventListener('click', () => applyTheme(THEMES[(THEMES.indexOf(settings.theme) + 1) % THEMES.length]));
+els.themeSelect.addEventListener('change', () => applyTheme(els.themeSelect.value));
 
-  // crypto.randomUUID only exists in secure contexts; plain http on the LAN needs the fallback.
-  function newId() {
-    if (typeof crypto.randomUUID === 'function') {
-      try { return crypto.randomUUID(); } catch { /* fall through */ }
-    }
-    const b = crypto.getRandomValues(new Uint8Array(16));
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    const h = Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
-    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-  }
-
-  let conv = loadConv();
-  let modelId = null;
-  let healthy = false;
-  let busy = null; // AbortController of the running request
-  let healthTimer = 0;
-  let stick = true; // follow the bottom of the log while streaming
-  const finePointer = matchMedia('(pointer: fine)').matches; // desktop: safe to move focus without popping a keyboard
-
-  function loadConv() {
-    const c = store.get(CONV_KEY);
-    if (c && typeof c.id === 'string' && Array.isArray(c.messages)) {
-      for (const m of c.messages) {
-        m.content = String(m.content || '');
-        if (m.role === 'assistant' && (m.pending || (!m.content && !m.error && !m.note))) m.note = 'interrupted';
-        delete m.pending;
-      }
-      return c;
-    }
-    return { id: newId(), messages: [] };
-  }
-  const saveConv = () => store.set(CONV_KEY, conv);
-
-  // ---- settings -------------------------------------------------------------
-  function loadSettings() {
-    const s = store.get(SETTINGS_KEY) || {};
-    els.system.value = s.system || '';
-    els.temperature.value = s.temperature ?? '';
-    els.maxTokens.value = s.maxTokens ?? '';
-    els.settings.open = !!s.open;
-  }
-  function saveSettings() {
-    store.set(SETTINGS_KEY, {
-      system: els.system.value, temperature: els.temperature.value,
-      maxTokens: els.maxTokens.value, open: els.settings.open,
+// ---- the API key -----------------------------------------------------------------------
+let keyPrompt = null;
+// Asks for a key after a 401; resolves true when one was entered. One question at a time.
+function askKey() {
+  if (!keyPrompt) {
+    const had = apiKey.get();
+    keyPrompt = askUser({
+      title: 'API key needed',
+      text: had ? 'The server did not accept the key. Enter another one (it is kept in this browser).'
+        : 'This server asks for an API key. Enter yours (it is kept in this browser).',
+      type: 'password', ok: 'Use key',
+    }).then((k) => {
+      keyPrompt = null;
+      if (k && k.trim()) { apiKey.set(k.trim()); return true; }
+      return false;
     });
   }
-  for (const el of [els.system, els.temperature, els.maxTokens]) el.addEventListener('input', saveSettings);
-  els.settings.addEventListener('toggle', saveSettings);
+  return keyPrompt;
+}
 
-  // ---- rendering (textContent only: model output is never parsed as HTML) ----
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text != null) e.textContent = text;
-    return e;
-  }
+// ---- the chat list ---------------------------------------------------------------------
+const sortChats = () => chats.sort((a, b) => b.updated - a.updated);
+function renderList() {
+  const q = els.search.value.trim().toLowerCase();
+  const shown = chats.filter((c) => !q || c.title.toLowerCase().includes(q));
+  els.list.replaceChildren(...shown.map((c) => {
+    const li = el('li');
+    const b = el('button', 'chat-item', c.title);
+    b.type = 'button';
+    b.dataset.id = c.id;
+    b.title = c.title;
+    if (current && c.id === current.id) b.setAttribute('aria-current', 'page');
+    if (run && run.chat === c) b.classList.add('busy');
+    li.append(b);
+    return li;
+  }));
+  els.listEmpty.hidden = shown.length > 0;
+  els.listEmpty.textContent = q ? 'No chat has that in its title.' : 'No chats yet.';
+}
+els.search.addEventListener('input', renderList);
+els.list.addEventListener('click', (e) => {
+  const b = e.target.closest('.chat-item');
+  const chat = b && chats.find((c) => c.id === b.dataset.id);
+  if (chat) show(chat);
+});
 
-  // Splits on ``` fences; odd parts become <pre><code>. An unclosed fence (mid-stream) renders as code.
-  function renderText(target, text) {
-    target.textContent = '';
-    const parts = text.split('```');
-    parts.forEach((part, i) => {
-      if (i % 2 === 0) {
-        if (i > 0) part = part.replace(/^\n/, '');
-        if (i < parts.length - 1) part = part.replace(/\n$/, '');
-        if (part) target.append(part);
-        return;
-      }
-      const nl = part.indexOf('\n');
-      if (nl >= 0 && /^[\w+#.-]*$/.test(part.slice(0, nl).trim())) part = part.slice(nl + 1); // language tag
-      const pre = el('pre');
-      pre.append(el('code', null, part.replace(/\n$/, '')));
-      target.append(pre);
+function save(chat) {
+  if (!chats.includes(chat)) return Promise.resolve();
+  return store.put(chat).catch((e) => toast(`Could not save this chat: ${e && e.message}`));
+}
+function touch(chat) {
+  chat.updated = Date.now();
+  if (!chats.includes(chat)) chats.unshift(chat);
+  sortChats();
+  renderList();
+}
+
+function show(chat) {
+  if (current && current !== chat) closeEdit();
+  current = chat;
+  try { localStorage.setItem('chat.current', chat.id); } catch { /* reopen the newest */ }
+  els.title.textContent = chat.title;
+  document.title = `${chat.title} · Chat`;
+  renderMessages();
+  renderList();
+  setDrawer(false);
+  updateControls();
+}
+function startNewChat() {
+  show(newChat());
+  els.input.focus();
+}
+els.newChat.addEventListener('click', startNewChat);
+
+// ---- sidebar: a column on a desktop, a drawer on a phone ---------------------------------
+let sideHidden = false;
+function setDrawer(open) {
+  if (!narrow.matches) return;
+  els.app.classList.toggle('drawer-open', open);
+  els.backdrop.hidden = !open;
+  syncSide();
+  if (open) els.search.focus();
+}
+function syncSide() {
+  const visible = narrow.matches ? els.app.classList.contains('drawer-open') : !sideHidden;
+  els.app.classList.toggle('side-hidden', !narrow.matches && sideHidden);
+  els.sidebar.inert = !visible;
+  els.toggleSide.setAttribute('aria-expanded', String(visible));
+  els.toggleSide.setAttribute('aria-label', visible ? 'Hide the chat list' : 'Show the chat list');
+}
+els.toggleSide.addEventListener('click', () => {
+  if (narrow.matches) setDrawer(!els.app.classList.contains('drawer-open'));
+  else { sideHidden = !sideHidden; syncSide(); }
+});
+els.closeSide.addEventListener('click', () => { setDrawer(false); els.toggleSide.focus(); });
+els.backdrop.addEventListener('click', () => setDrawer(false));
+narrow.addEventListener('change', () => { els.app.classList.remove('drawer-open'); els.backdrop.hidden = true; syncSide(); });
+
+// ---- chat actions menu -----------------------------------------------------------------
+els.menu.addEventListener('click', async (e) => {
+  const b = e.target.closest('button[data-act]');
+  if (!b) return;
+  els.menu.open = false;
+  const chat = current;
+  const act = b.dataset.act;
+  if (act === 'rename') {
+    const t = await askUser({ title: 'Rename chat', value: chat.title, ok: 'Rename' });
+    if (t && t.trim()) {
+      chat.title = t.trim().slice(0, 200);
+      if (chats.includes(chat)) { save(chat); } else touch(chat);
+      if (current === chat) show(chat);
+      renderList();
+    }
+  } else if (act === 'export-md') {
+    download(fileName(chat, 'md'), 'text/markdown', toMarkdown(chat));
+  } else if (act === 'export-json') {
+    download(fileName(chat, 'json'), 'application/json', toJSON(chat));
+  } else if (act === 'delete') {
+    const yes = await askUser({
+      title: 'Delete this chat?', text: `“${chat.title}” is removed from this browser and its cache from the server.`,
+      type: null, ok: 'Delete', danger: true,
     });
+    if (yes) deleteChat(chat);
   }
+});
+document.addEventListener('click', (e) => { if (els.menu.open && !els.menu.contains(e.target)) els.menu.open = false; });
 
-  function addMessage(m) {
-    els.empty.hidden = true;
-    const wrap = el('div', `msg ${m.role === 'user' ? 'user' : 'assistant'}`);
-    const bubble = el('div', 'bubble');
-    const text = el('div', 'text');
-    bubble.append(text);
-    wrap.append(bubble);
-    els.log.append(wrap);
-    const view = { wrap, bubble, text, typing: null, extra: null, stats: null };
-    update(view, m);
-    return view;
+async function deleteChat(chat) {
+  if (run && run.chat === chat) run.ctrl.abort();
+  // Frees the conversation's KV cache now instead of at its TTL; 404 (expired) is fine.
+  apiFetch(`v1/sessions/${encodeURIComponent(chat.sid)}`, { method: 'DELETE' }).catch(() => {});
+  chats = chats.filter((c) => c !== chat);
+  await store.del(chat.id).catch(() => {});
+  if (current === chat) show(chats[0] || newChat());
+  else renderList();
+  say('Chat deleted');
+}
+
+els.import.addEventListener('click', () => els.importFile.click());
+els.importFile.addEventListener('change', async () => {
+  const file = els.importFile.files[0];
+  els.importFile.value = '';
+  if (!file) return;
+  let chat;
+  try {
+    chat = parseImport(await file.text(), file.size);
+  } catch (e) {
+    toast(`Could not import ${file.name}: ${e.message}.`);
+    return;
   }
+  try {
+    await store.put(chat);
+  } catch (e) {
+    toast(`Could not store ${file.name}: ${e && e.message}.`);
+    return;
+  }
+  chats.push(chat);
+  sortChats();
+  show(chat);
+  toast(`Imported “${chat.title}”.`);
+});
 
-  function update(view, m) {
-    renderText(view.text, m.content);
-    if (view.extra) view.extra.remove();
-    view.extra = null;
-    if (m.error || m.note) {
-      view.extra = el('div', m.error ? 'error' : 'note', m.error ? `Error: ${m.error}` : `(${m.note})`);
-      view.bubble.append(view.extra);
+// ---- messages --------------------------------------------------------------------------
+let stick = true; // follow the bottom of the log while streaming
+els.log.addEventListener('scroll', () => {
+  stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
+});
+new ResizeObserver(() => scrollDown(false)).observe(els.log);
+function scrollDown(force) {
+  if (force) stick = true;
+  if (stick) els.log.scrollTop = els.log.scrollHeight;
+}
+
+function addMessage(m) {
+  const user = m.role === 'user';
+  const art = el('article', `msg ${user ? 'user' : 'assistant'}`);
+  art.setAttribute('aria-label', user ? 'You' : 'Assistant');
+  const bubble = el('div', 'bubble');
+  const text = el('div', user ? 'text plain' : 'text md');
+  const notes = el('div', 'notes');
+  bubble.append(text, notes);
+  const meta = el('div', 'meta');
+  const stats = el('span', 'stats');
+  const actions = el('div', 'actions');
+  actions.append(button('Copy', 'copy', user ? 'Copy your message' : 'Copy the answer'));
+  if (user) actions.append(button('Edit', 'edit', 'Edit and send again'));
+  else actions.append(button('Regenerate', 'regenerate', 'Write this answer again'));
+  meta.append(stats, actions);
+  art.append(bubble, meta);
+  els.messages.append(art);
+  views.set(m, { art, bubble, text, notes, stats, actions, wait: null });
+  update(m, true);
+}
+
+function update(m, final) {
+  const v = views.get(m);
+  if (!v) return;
+  if (m.role === 'user') renderPlain(v.text, m.content);
+  else renderMarkdown(v.text, m.content, final);
+  const notes = [];
+  if (m.dropped) notes.push(['note', `${m.dropped} earlier message${m.dropped === 1 ? ' was' : 's were'} left out to fit the model's context.`]);
+  if (m.note) notes.push(['note', `(${m.note})`]);
+  if (m.error) notes.push(['error', m.error]);
+  v.notes.replaceChildren(...notes.map(([cls, t]) => el('p', cls, t)));
+  v.stats.textContent = m.stats || '';
+  if (m.usage) {
+    v.art.dataset.promptTokens = m.usage.prompt;
+    v.art.dataset.cachedTokens = m.usage.cached;
+    v.art.dataset.completionTokens = m.usage.completion;
+  }
+}
+
+function setWait(m, label) {
+  const v = views.get(m);
+  if (!v) return;
+  if (!v.wait) {
+    v.wait = el('div', 'typing');
+    for (let i = 0; i < 3; i++) v.wait.append(el('span', 'dot3'));
+    v.wait.append(el('span', 'label'));
+    v.bubble.append(v.wait);
+  }
+  v.wait.lastChild.textContent = label || '';
+}
+function clearWait(m) {
+  const v = views.get(m);
+  if (v && v.wait) { v.wait.remove(); v.wait = null; }
+}
+
+function refreshActions() {
+  if (!current) return;
+  const ms = current.messages;
+  ms.forEach((m, i) => {
+    const v = views.get(m);
+    if (!v) return;
+    const streaming = run && run.bot === m;
+    v.art.classList.toggle('streaming', !!streaming);
+    v.art.setAttribute('aria-busy', streaming ? 'true' : 'false');
+    for (const b of v.actions.querySelectorAll('button')) {
+      const act = b.dataset.act;
+      if (act === 'regenerate') b.hidden = i !== ms.length - 1 || !!streaming;
+      if (act === 'copy') b.hidden = !m.content;
+      if (act === 'edit' || act === 'regenerate') b.disabled = !!run || !healthy;
     }
-    if (m.stats && !view.stats) view.wrap.append(view.stats = el('div', 'stats'));
-    if (view.stats) view.stats.textContent = m.stats || '';
-  }
-
-  function showTyping(view, label) {
-    if (!view.typing) {
-      view.typing = el('div', 'typing');
-      const dots = [el('span'), el('span'), el('span')];
-      for (const d of dots) d.setAttribute('aria-hidden', 'true');
-      view.typing.append(...dots, el('span', 'label'));
-      view.bubble.append(view.typing);
-    }
-    view.typing.lastChild.textContent = label || '';
-  }
-  function hideTyping(view) {
-    if (view.typing) view.typing.remove();
-    view.typing = null;
-  }
-
-  function renderAll() {
-    for (const n of [...els.log.querySelectorAll('.msg')]) n.remove();
-    els.empty.hidden = conv.messages.length > 0;
-    conv.messages.forEach(addMessage);
-    scrollDown(true);
-  }
-
-  els.log.addEventListener('scroll', () => {
-    stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
   });
-  // The log shrinks when a phone's keyboard opens or the window is resized: keep the newest
-  // message in view if the user was at the bottom.
-  new ResizeObserver(() => scrollDown(false)).observe(els.log);
-  function scrollDown(force) {
-    if (force) stick = true;
-    if (stick) els.log.scrollTop = els.log.scrollHeight;
-  }
+}
 
-  // ---- controls ---------------------------------------------------------------
-  function updateControls() {
-    els.send.hidden = !!busy;
-    els.stop.hidden = !busy;
-    els.send.disabled = !healthy || !!busy || !els.input.value.trim();
-    els.log.setAttribute('aria-busy', busy ? 'true' : 'false');
+function renderMessages() {
+  els.messages.replaceChildren();
+  for (const m of current.messages) addMessage(m);
+  els.empty.hidden = current.messages.length > 0;
+  if (run && run.chat === current) {
+    if (!run.tFirst) setWait(run.bot, run.label);
   }
-  function autosize() {
-    els.input.style.height = 'auto';
-    els.input.style.height = `${els.input.scrollHeight + 2}px`;
-    els.input.style.overflowY = els.input.clientHeight < els.input.scrollHeight ? 'auto' : 'hidden';
+  refreshActions();
+  scrollDown(true);
+}
+
+els.messages.addEventListener('click', (e) => {
+  const b = e.target.closest('button');
+  if (!b || !current) return;
+  if (b.dataset.copy === 'code') {
+    const code = b.closest('.code').querySelector('pre code');
+    copyFrom(b, code ? code.textContent : '');
+    return;
   }
-  function submit() {
-    const text = els.input.value.trim();
-    if (!text || busy || !healthy) return;
-    els.input.value = '';
-    autosize();
-    send(text);
-  }
-  els.form.addEventListener('submit', (e) => { e.preventDefault(); submit(); });
-  els.input.addEventListener('input', () => { autosize(); updateControls(); });
-  els.input.addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
-      e.preventDefault();
-      submit();
-    } else if (e.key === 'Escape' && busy) {
-      busy.abort();
-    }
+  const art = b.closest('article');
+  const i = [...els.messages.children].indexOf(art);
+  const m = current.messages[i];
+  if (!m) return;
+  if (b.dataset.act === 'copy') copyFrom(b, m.content);
+  else if (b.dataset.act === 'regenerate') regenerate(current);
+  else if (b.dataset.act === 'edit') openEdit(m);
+});
+
+// Editing an earlier message and sending it again: everything after it is replaced. The
+// server keeps the conversation's cache, so the turns before it are not computed again.
+let editing = null; // {m, box}
+function openEdit(m) {
+  if (run) return;
+  closeEdit();
+  const v = views.get(m);
+  const box = el('div', 'edit');
+  const ta = el('textarea');
+  ta.value = m.content;
+  ta.rows = Math.min(12, m.content.split('\n').length + 1);
+  ta.setAttribute('aria-label', 'Edit your message');
+  const row = el('div', 'buttons');
+  const ok = el('button', 'btn primary', 'Send');
+  ok.type = 'button';
+  const cancel = el('button', 'btn', 'Cancel');
+  cancel.type = 'button';
+  row.append(cancel, ok);
+  box.append(ta, row);
+  v.bubble.hidden = true;
+  v.art.insertBefore(box, v.bubble);
+  editing = { m, box, v };
+  ta.focus();
+  const done = () => {
+    const text = ta.value.trim();
+    if (!text || run || !healthy) return;
+    const chat = current;
+    const i = chat.messages.indexOf(m);
+    closeEdit();
+    chat.messages.splice(i);
+    chat.messages.push({ role: 'user', content: text });
+    renderMessages();
+    generate(chat);
+  };
+  ok.addEventListener('click', done);
+  cancel.addEventListener('click', () => { closeEdit(); v.actions.querySelector('[data-act=edit]').focus(); });
+  ta.addEventListener('keydown', (e) => {
+    if (isSendKey(e)) { e.preventDefault(); done(); } else if (e.key === 'Escape') { e.preventDefault(); e.stopPropagation(); cancel.click(); }
   });
-  els.stop.addEventListener('click', () => { if (busy) busy.abort(); if (finePointer) els.input.focus(); });
-  els.newChat.addEventListener('click', () => {
-    if (busy) busy.abort();
-    // The old conversation is gone from this page: free its KV cache on the server now
-    // instead of waiting for its TTL. Best effort; 404 (already expired) is fine.
-    if (conv.messages.length) {
-      fetch('v1/sessions/' + encodeURIComponent(conv.id), { method: 'DELETE' }).catch(() => {});
-    }
-    conv = { id: newId(), messages: [] };
-    saveConv();
-    renderAll();
+  ta.addEventListener('compositionstart', () => { composing = true; });
+  ta.addEventListener('compositionend', () => { composing = false; });
+}
+function closeEdit() {
+  if (!editing) return;
+  editing.box.remove();
+  editing.v.bubble.hidden = false;
+  editing = null;
+}
+
+function regenerate(chat) {
+  if (run) return;
+  const last = chat.messages[chat.messages.length - 1];
+  if (!last || last.role !== 'assistant') return;
+  chat.messages.pop();
+  renderMessages();
+  generate(chat);
+}
+
+// ---- composer ----------------------------------------------------------------------------
+let composing = false; // an IME composition (Chinese, Japanese input) is open
+// Enter sends, Shift+Enter is a new line, and Enter that ends an IME composition never sends.
+const isSendKey = (e) => e.key === 'Enter' && !e.shiftKey && !e.isComposing && !composing && e.keyCode !== 229;
+
+function updateControls() {
+  const mine = run && run.chat === current;
+  els.send.hidden = !!mine;
+  els.stop.hidden = !mine;
+  els.send.disabled = !healthy || !!run || !els.input.value.trim();
+  els.send.title = run && !mine ? 'Another chat is answering' : '';
+  refreshActions();
+}
+function autosize() {
+  els.input.style.height = 'auto';
+  els.input.style.height = `${els.input.scrollHeight + 2}px`;
+  els.input.style.overflowY = els.input.clientHeight < els.input.scrollHeight ? 'auto' : 'hidden';
+}
+function submit() {
+  const text = els.input.value.trim();
+  if (!text || run || !healthy) return;
+  els.input.value = '';
+  autosize();
+  const chat = current;
+  if (!chat.messages.length) chat.title = titleFrom(text);
+  chat.messages.push({ role: 'user', content: text });
+  if (current === chat) { els.title.textContent = chat.title; document.title = `${chat.title} · Chat`; }
+  generate(chat);
+}
+els.form.addEventListener('submit', (e) => { e.preventDefault(); submit(); });
+els.input.addEventListener('input', () => { autosize(); updateControls(); });
+els.input.addEventListener('compositionstart', () => { composing = true; });
+els.input.addEventListener('compositionend', () => { composing = false; });
+els.input.addEventListener('blur', () => { composing = false; });
+els.input.addEventListener('keydown', (e) => {
+  if (isSendKey(e)) { e.preventDefault(); submit(); }
+});
+els.stop.addEventListener('click', () => { if (run) run.ctrl.abort(); if (finePointer) els.input.focus(); });
+
+// Keyboard: Ctrl+Shift+O new chat, Esc stops, Shift+Esc or / puts the cursor in the box.
+document.addEventListener('keydown', (e) => {
+  if (document.querySelector('dialog[open]')) return;
+  const typing = e.target.closest && e.target.closest('input, textarea, select, [contenteditable]');
+  if ((e.ctrlKey || e.metaKey) && e.shiftKey && (e.key === 'O' || e.key === 'o')) {
+    e.preventDefault();
+    startNewChat();
+  } else if (e.key === 'Escape' && e.shiftKey) {
+    e.preventDefault();
     els.input.focus();
-  });
-
-  // ---- chat request -----------------------------------------------------------
-  function apiMessages() {
-    const out = [];
-    const system = els.system.value.trim();
-    if (system) out.push({ role: 'system', content: system });
-    const ms = conv.messages;
-    for (let i = 0; i < ms.length; i++) {
-      const next = ms[i + 1];
-      // Skip failed exchanges (no assistant text) so roles keep alternating.
-      if (ms[i].role === 'user' && next && next.role === 'assistant' && !next.content) { i++; continue; }
-      out.push({ role: ms[i].role, content: ms[i].content });
-    }
-    return out;
+  } else if (e.key === 'Escape') {
+    if (els.menu.open) { els.menu.open = false; els.menu.querySelector('summary').focus(); } else if (els.app.classList.contains('drawer-open')) setDrawer(false);
+    else if (run) run.ctrl.abort();
+  } else if (e.key === '/' && !typing && !e.ctrlKey && !e.metaKey && !e.altKey) {
+    e.preventDefault();
+    els.input.focus();
   }
+});
 
-  async function errorText(res) {
-    const raw = await res.text().catch(() => '');
-    let msg = raw.trim().slice(0, 500);
-    try {
-      const j = JSON.parse(raw);
-      msg = (j.error && (j.error.message || (typeof j.error === 'string' && j.error))) || j.detail || j.message || msg;
-    } catch { /* not JSON */ }
-    return `${res.status}${res.statusText ? ' ' + res.statusText : ''}${msg ? ': ' + msg : ''}`;
+// ---- asking the model --------------------------------------------------------------------
+function apiMessages(chat, upTo) {
+  const out = [];
+  const system = systemPrompt();
+  if (system) out.push({ role: 'system', content: system });
+  const ms = chat.messages.slice(0, upTo);
+  for (let i = 0; i < ms.length; i++) {
+    const next = ms[i + 1];
+    // Skip failed exchanges (no answer text) so roles keep alternating.
+    if (ms[i].role === 'user' && next && next.role === 'assistant' && !next.content) { i++; continue; }
+    if (ms[i].role === 'assistant' && !ms[i].content) continue;
+    out.push({ role: ms[i].role, content: ms[i].content });
   }
+  return out;
+}
 
-  // Reads an SSE body line by line. onComment(text); onData(payload) returns false to stop.
-  async function readSSE(body, onComment, onData) {
-    const reader = body.getReader();
-    const decoder = new TextDecoder();
-    let buf = '';
-    let data = [];
-    const line = (l) => {
-      if (l === '') {
-        if (!data.length) return true;
-        const payload = data.join('\n');
-        data = [];
-        return onData(payload) !== false;
-      }
-      if (l[0] === ':') onComment(l.slice(1));
-      else if (l.startsWith('data:')) data.push(l.slice(l[5] === ' ' ? 6 : 5));
-      return true;
-    };
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
-        let m;
-        while ((m = /\r\n|\r|\n/.exec(buf))) {
-          if (!done && m[0] === '\r' && m.index === buf.length - 1) break; // maybe half of \r\n
-          const l = buf.slice(0, m.index);
-          buf = buf.slice(m.index + m[0].length);
-          if (!line(l)) return;
-        }
-        if (done) { if (buf) line(buf); line(''); return; }
-      }
-    } finally {
-      reader.cancel().catch(() => {});
-    }
+class Shown extends Error {} // an error already in plain words
+
+function label(r, text) {
+  r.label = text;
+  if (!r.tFirst) setWait(r.bot, text);
+}
+
+// Queue position and the server's estimate, counted down between its notes (1 s apart).
+function queueLabel(r) {
+  const q = r.queue;
+  if (!q) return;
+  if (q.position == null) { label(r, 'Waiting for a free slot…'); return; }
+  let t = `Waiting in the queue: position ${q.position}`;
+  if (q.eta != null) {
+    const left = Math.max(0, Math.round(q.eta - (performance.now() - q.at) / 1000));
+    t += left > 0 ? `, about ${left} s` : ', any moment now';
   }
+  label(r, t);
+}
 
-  async function send(text) {
-    const user = { role: 'user', content: text };
-    conv.messages.push(user);
-    addMessage(user);
-    const messages = apiMessages();
-    // `pending` is saved with the text while it streams: a reload mid-answer shows the
-    // answer as interrupted instead of passing a cut text off as complete.
-    const bot = { role: 'assistant', content: '', pending: true };
-    conv.messages.push(bot);
-    const view = addMessage(bot);
-    saveConv();
+async function generate(chat) {
+  const bot = { role: 'assistant', content: '', pending: true };
+  chat.messages.push(bot);
+  touch(chat);
+  const ctrl = new AbortController();
+  const r = { chat, bot, ctrl, label: '', tFirst: 0, queue: null, tick: 0 };
+  run = r;
+  if (current === chat) {
+    els.empty.hidden = true;
+    for (const m of chat.messages) if (!views.get(m)) addMessage(m);
+  }
+  updateControls();
+  renderList();
+  label(r, '');
+  scrollDown(true);
+  save(chat);
 
-    const ctrl = new AbortController();
-    busy = ctrl;
-    updateControls();
-    view.wrap.classList.add('streaming');
-    showTyping(view, '');
-    scrollDown(true);
+  const body = { messages: apiMessages(chat, chat.messages.length - 1), stream: true, stream_options: { include_usage: true } };
+  if (modelId) body.model = modelId;
+  const temp = parseFloat(settings.temperature);
+  if (Number.isFinite(temp)) body.temperature = temp;
+  const maxTokens = parseInt(settings.maxTokens, 10);
+  if (maxTokens > 0) body.max_tokens = maxTokens;
 
-    const t0 = performance.now();
-    let tFirst = 0, usage = null, finish = null, frame = 0, lastSave = 0;
-    const paint = () => {
-      frame = 0;
-      renderText(view.text, bot.content);
+  let t0 = performance.now(), n = 0, usage = null, finish = null, frame = 0, lastPaint = 0, lastSave = Date.now();
+  const paint = () => {
+    frame = 0;
+    lastPaint = performance.now();
+    if (views.get(bot)) {
+      update(bot, false);
+      const secs = (performance.now() - r.tFirst) / 1000;
+      const v = views.get(bot);
+      if (n > 1 && secs > 0.2) v.stats.textContent = `${n} tokens · ${((n - 1) / secs).toFixed(1)} tok/s`;
       scrollDown(false);
-      if (Date.now() - lastSave > 1000) { lastSave = Date.now(); saveConv(); }
-    };
+    }
+    if (Date.now() - lastSave > 1000) { lastSave = Date.now(); save(chat); }
+  };
+  const schedule = () => {
+    if (frame) return;
+    // At most one render every 50 ms: re-parsing a long answer on every token costs.
+    const wait = Math.max(0, 50 - (performance.now() - lastPaint));
+    frame = setTimeout(() => requestAnimationFrame(paint), wait);
+  };
 
-    try {
-      const body = { messages, stream: true, stream_options: { include_usage: true } };
-      if (modelId) body.model = modelId;
-      const temp = parseFloat(els.temperature.value);
-      if (Number.isFinite(temp)) body.temperature = temp;
-      const maxTokens = parseInt(els.maxTokens.value, 10);
-      if (maxTokens > 0) body.max_tokens = maxTokens;
-
-      const res = await fetch('v1/chat/completions', {
+  try {
+    for (let attempt = 1; ; attempt++) {
+      t0 = performance.now();
+      const res = await apiFetch('v1/chat/completions', {
         method: 'POST',
-        headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream', 'X-Session-Id': conv.id },
+        headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream', 'X-Session-Id': chat.sid },
         body: JSON.stringify(body),
         signal: ctrl.signal,
       });
-      if (!res.ok) {
-        if (res.status === 503) checkHealth();
-        throw new Error(await errorText(res));
+      if (res.status === 401) {
+        const err = await readError(res);
+        if (await askKey()) continue;
+        throw new Shown(plainWords(err));
       }
-      if (!res.body) throw new Error('this browser cannot stream responses');
-
+      if (res.status === 429) {
+        const err = await readError(res);
+        // Busy: wait as long as the server asks, counting down, then try again (Stop ends it).
+        for (let s = err.retryAfter ?? RETRY_DEFAULT_S; s > 0; s--) {
+          label(r, `The server is busy. Trying again in ${s} s${attempt > 1 ? ` (attempt ${attempt + 1})` : ''}…`);
+          await sleep(1000, ctrl.signal);
+        }
+        label(r, 'Trying again…');
+        continue;
+      }
+      if (!res.ok) {
+        const err = await readError(res);
+        if (res.status === 503) checkHealth();
+        throw new Shown(plainWords(err));
+      }
+      if (!res.body) throw new Shown('This browser cannot stream answers.');
+      const dropped = parseInt(res.headers.get('X-Dropped-Messages') || '', 10);
+      if (dropped > 0) bot.dropped = dropped;
+      label(r, '');
+      r.tick = setInterval(() => queueLabel(r), 1000);
       await readSSE(res.body, (comment) => {
-        const q = /^\s*queued\s+(\d+)/.exec(comment);
-        if (q && !tFirst) showTyping(view, `waiting in queue (position ${q[1]})…`);
+        const q = parseQueueNote(comment);
+        if (q && !r.tFirst) { r.queue = { ...q, at: performance.now() }; queueLabel(r); }
       }, (payload) => {
         if (payload.trim() === '[DONE]') return false;
         let j;
         try { j = JSON.parse(payload); } catch { return true; }
         if (j.error) {
-          bot.error = typeof j.error === 'string' ? j.error : (j.error.message || JSON.stringify(j.error));
+          const msg = typeof j.error === 'string' ? j.error : j.error.message;
+          bot.error = `The server stopped this answer${msg ? `: ${msg}` : '.'}`;
           return false;
         }
+        if (j.dropped_messages > 0) bot.dropped = j.dropped_messages;
         const choice = j.choices && j.choices[0];
         const delta = choice && choice.delta && choice.delta.content;
         if (delta) {
-          if (!tFirst) { tFirst = performance.now(); hideTyping(view); }
+          if (!r.tFirst) { r.tFirst = performance.now(); clearInterval(r.tick); clearWait(bot); }
+          n++;
           bot.content += delta;
-          if (!frame) frame = requestAnimationFrame(paint);
+          schedule();
         }
         if (choice && choice.finish_reason) finish = choice.finish_reason;
         if (j.usage) usage = j.usage;
         return true;
       });
-      if (finish === 'length') bot.note = 'cut off: max tokens reached';
-    } catch (e) {
-      if (e.name === 'AbortError') bot.note = 'stopped';
-      else {
-        bot.error = e instanceof TypeError ? `connection problem (${e.message})` : e.message;
-        if (e instanceof TypeError) checkHealth();
-      }
-    } finally {
-      if (frame) cancelAnimationFrame(frame);
-      const tEnd = performance.now();
-      const n = usage && usage.completion_tokens;
-      if (n) {
-        const stats = [`${n} tokens`];
-        if (tFirst) stats.push(`first token ${((tFirst - t0) / 1000).toFixed(1)} s`);
-        if (tFirst && n > 1 && tEnd > tFirst) stats.push(`${((n - 1) / ((tEnd - tFirst) / 1000)).toFixed(1)} tok/s`);
-        bot.stats = stats.join(' · ');
-      }
-      if (!bot.content && !bot.error && !bot.note) bot.note = 'empty reply';
-      delete bot.pending;
-      hideTyping(view);
-      view.wrap.classList.remove('streaming');
-      update(view, bot);
-      saveConv();
-      if (busy === ctrl) busy = null;
-      updateControls();
-      scrollDown(false);
-      if (finePointer && document.activeElement === document.body) els.input.focus();
+      break;
     }
-  }
-
-  // ---- server status --------------------------------------------------------
-  const STATUS_TEXT = { ok: 'ready', loading: 'loading model…', draining: 'draining…', offline: 'offline' };
-
-  async function checkHealth() {
-    clearTimeout(healthTimer);
-    let state = 'offline';
-    try {
-      const res = await fetch('health', { cache: 'no-store' });
-      const j = await res.json().catch(() => ({}));
-      state = res.ok ? 'ok' : (j.status || `error ${res.status}`);
-    } catch { /* unreachable */ }
-    healthy = state === 'ok';
-    els.status.textContent = STATUS_TEXT[state] || state;
-    els.dot.className = `dot ${healthy ? 'ok' : state === 'offline' ? 'down' : ''}`;
-    if (healthy && !modelId) loadModel();
-    updateControls();
-    healthTimer = setTimeout(checkHealth, healthy ? 30000 : 3000);
-  }
-
-  async function loadModel() {
-    try {
-      const j = await (await fetch('v1/models', { cache: 'no-store' })).json();
-      const id = j && j.data && j.data[0] && j.data[0].id;
-      if (id) {
-        modelId = id;
-        els.model.textContent = id;
-        document.title = `Chat · ${id}`;
+    if (finish === 'length') bot.note = 'cut off: max tokens reached';
+  } catch (e) {
+    if (e.name === 'AbortError') bot.note = 'stopped';
+    else if (e instanceof Shown) bot.error = e.message;
+    else if (e instanceof TypeError) {
+      bot.error = 'Could not reach the server. Check the connection and try again.';
+      checkHealth();
+    } else bot.error = String(e && e.message || e);
+  } finally {
+    clearTimeout(frame);
+    clearInterval(r.tick);
+    const tEnd = performance.now();
+    const tokens = (usage && usage.completion_tokens) || n;
+    if (tokens) {
+      const stats = [`${tokens} token${tokens === 1 ? '' : 's'}`];
+      if (r.tFirst) stats.push(`first token ${((r.tFirst - t0) / 1000).toFixed(1)} s`);
+      if (r.tFirst && tokens > 1 && tEnd > r.tFirst) stats.push(`${((tokens - 1) / ((tEnd - r.tFirst) / 1000)).toFixed(1)} tok/s`);
+      if (usage) {
+        const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
+        bot.usage = { prompt: usage.prompt_tokens, cached, completion: usage.completion_tokens };
+        stats.push(`${cached} of ${usage.prompt_tokens} prompt tokens cached`);
       }
-    } catch { /* model stays omitted from requests */ }
+      bot.stats = stats.join(' · ');
+    }
+    if (!bot.content && !bot.error && !bot.note) bot.note = 'empty reply';
+    delete bot.pending;
+    clearWait(bot);
+    if (run === r) run = null;
+    update(bot, true);
+    touch(chat);
+    save(chat);
+    updateControls();
+    scrollDown(false);
+    checkHealth();
+    if (current === chat) say(bot.error ? `Error: ${bot.error}` : 'Answer complete');
+    if (finePointer && current === chat && document.activeElement === document.body) els.input.focus();
   }
+}
 
-  loadSettings();
-  renderAll();
+// ---- server status -----------------------------------------------------------------------
+const STATUS_TEXT = { ok: 'ready', loading: 'loading the model…', draining: 'restarting…', offline: 'offline' };
+let healthTimer = 0;
+async function checkHealth() {
+  clearTimeout(healthTimer);
+  let state = 'offline', detail = '';
+  try {
+    const res = await fetch('health', { cache: 'no-store' });
+    const j = await res.json().catch(() => ({}));
+    state = res.ok ? 'ok' : (j.status || `error ${res.status}`);
+    if (res.ok && j.slots && j.slots.busy) {
+      detail = ` · ${j.slots.busy} of ${j.slots.total} busy${j.queue ? `, ${j.queue} waiting` : ''}`;
+    }
+  } catch { /* unreachable */ }
+  const was = healthy;
+  healthy = state === 'ok';
+  const text = (STATUS_TEXT[state] || state) + detail;
+  if (els.status.textContent !== text) els.status.textContent = text;
+  els.dot.className = `dot ${healthy ? 'ok' : state === 'offline' ? 'down' : ''}`;
+  if (healthy && (!was || !modelId)) loadServerInfo();
   updateControls();
+  healthTimer = setTimeout(checkHealth, healthy ? 15000 : 3000);
+}
+
+let infoLoading = false;
+async function loadServerInfo() {
+  if (infoLoading) return;
+  infoLoading = true;
+  try {
+    let res = await apiFetch('v1/models');
+    if (res.status === 401 && await askKey()) res = await apiFetch('v1/models');
+    if (res.ok) {
+      const j = await res.json();
+      const id = j && j.data && j.data[0] && j.data[0].id;
+      if (id) { modelId = id; els.title.title = `Model: ${id}`; }
+    }
+    const p = await apiFetch('v1/system_prompts');
+    if (p.ok) {
+      const j = await p.json();
+      presets = new Map((j.data || []).filter((x) => x && typeof x.name === 'string').map((x) => [x.name, String(x.text || '')]));
+      for (const o of [...els.preset.options]) if (o.dataset.preset) o.remove();
+      for (const name of presets.keys()) {
+        const o = el('option', null, `Preset: ${name}`);
+        o.value = name;
+        o.dataset.preset = '1';
+        els.preset.append(o);
+      }
+    }
+  } catch { /* the page works without the model name and presets */ } finally {
+    infoLoading = false;
+  }
+}
+
+// ---- start ---------------------------------------------------------------------------------
+async function start() {
+  applyTheme(settings.theme);
+  syncSide();
+  if (narrow.matches) els.sidebar.inert = true;
+  store = await openStore();
+  els.storageNote.hidden = store.persistent;
+  chats = (await store.all()).map(settle);
+  sortChats();
+  let last = null;
+  try { last = localStorage.getItem('chat.current'); } catch { /* newest */ }
+  // The chat open before the reload; a new one when that was never sent or was deleted.
+  show(chats.find((c) => c.id === last) || (last ? null : chats[0]) || newChat());
   checkHealth();
   if (finePointer) els.input.focus();
-})();
+  document.documentElement.dataset.ready = '1';
+}
+start();

@@ -1,0 +1,60 @@
+// Export a chat as Markdown or JSON; import a JSON export. An import is checked whole
+// before anything is stored: a malformed or hostile file is refused with the reason.
+import { newId } from './api.js';
+import { titleFrom } from './store.js';
+
+export const FORMAT = 'appliance-chat';
+const MAX_FILE_BYTES = 10 * 1024 * 1024;
+const MAX_MESSAGES = 5000;
+const MAX_TITLE = 200;
+
+export function toJSON(chat) {
+  return JSON.stringify({
+    format: FORMAT,
+    version: 1,
+    title: chat.title,
+    created: new Date(chat.created).toISOString(),
+    updated: new Date(chat.updated).toISOString(),
+    messages: chat.messages.filter((m) => m.content).map((m) => ({ role: m.role, content: m.content })),
+  }, null, 2);
+}
+
+export function toMarkdown(chat) {
+  const parts = [`# ${chat.title}`, ''];
+  for (const m of chat.messages) {
+    if (!m.content) continue;
+    parts.push(m.role === 'user' ? '**You:**' : '**Assistant:**', '', m.content, '');
+  }
+  return parts.join('\n');
+}
+
+export function fileName(chat, ext) {
+  const base = chat.title.replace(/[^\p{L}\p{N}]+/gu, '-').replace(/^-+|-+$/g, '').slice(0, 50) || 'chat';
+  return `${base}.${ext}`;
+}
+
+class ImportError extends Error {}
+const refuse = (why) => { throw new ImportError(why); };
+
+// file text -> a new chat (new local id, new session id), or throws ImportError.
+export function parseImport(text, size) {
+  if (size > MAX_FILE_BYTES) refuse(`the file is larger than ${MAX_FILE_BYTES / 1024 / 1024} MB`);
+  let j;
+  try { j = JSON.parse(text); } catch { refuse('it is not JSON'); }
+  if (!j || typeof j !== 'object' || Array.isArray(j)) refuse('it is not a chat export');
+  if (j.format !== FORMAT) refuse(`it is not a chat export (no "format": "${FORMAT}")`);
+  if (j.version !== 1) refuse(`its version ${JSON.stringify(j.version)} is not supported`);
+  if (!Array.isArray(j.messages) || !j.messages.length) refuse('it has no messages');
+  if (j.messages.length > MAX_MESSAGES) refuse(`it has more than ${MAX_MESSAGES} messages`);
+  const messages = j.messages.map((m, i) => {
+    if (!m || typeof m !== 'object') refuse(`message ${i + 1} is not an object`);
+    if (m.role !== 'user' && m.role !== 'assistant') refuse(`message ${i + 1} has role ${JSON.stringify(String(m.role)).slice(0, 40)}`);
+    if (typeof m.content !== 'string') refuse(`message ${i + 1} has no text`);
+    return { role: m.role, content: m.content };
+  });
+  if (j.title != null && typeof j.title !== 'string') refuse('its title is not text');
+  const title = (j.title || '').trim().slice(0, MAX_TITLE) || titleFrom((messages.find((m) => m.role === 'user') || {}).content);
+  const time = (s) => { const t = Date.parse(s); return Number.isFinite(t) ? t : Date.now(); };
+  const now = Date.now();
+  return { id: newId(), sid: newId(), title, created: time(j.created), updated: now, messages };
+}
