@@ -69,3 +69,31 @@ class EngineFailure(ApplianceError):
 
 class KVCacheFull(Exception):
     """llama_decode found no room in the KV cache (internal: the engine evicts and retries)."""
+
+
+class Unauthorized(ApplianceError):
+    """No API key, or one we do not know (401)."""
+
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(ApplianceError):
+    """A cross-site request, or an operator-only route (403)."""
+
+    status = 403
+    type = "permission_error"
+
+
+class MisdirectedRequest(ApplianceError):
+    """A Host this server does not answer for: the DNS rebinding guard (421)."""
+
+    status = 421
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(ApplianceError):
+    """A browser POST that is not JSON: the cross-site "simple request" guard (415)."""
+
+    status = 415
+    type = "invalid_request_error"

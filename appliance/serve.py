@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import uvicorn
 
 from . import cpu
-from .config import Config
+from .auth import KeyRing, KeysFileError
+from .config import Config, ConfigError
 from .engine import Engine, EngineState
+from .guard import GuardPolicy
 from .identity import parse_networks
 from .kvstore import CachePolicy
 from .metrics import Metrics
@@ -61,15 +64,18 @@ class _Server(uvicorn.Server):
     """On the first SIGTERM/SIGINT: stop admitting (/health says draining), let running
     streams finish within the grace period, then shut down. A second signal exits at once."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None) -> None:
         super().__init__(config)
         self.engine = engine
+        self.keys = keys
         self.grace_s = grace_s
         self._draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self.loop = asyncio.get_running_loop()
+        if self.keys is not None:  # SIGHUP re-reads the keys file (systemctl reload)
+            self.loop.add_signal_handler(signal.SIGHUP, self.keys.reload)
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
@@ -98,15 +104,24 @@ def serve(cfg: Config, model_path: Path) -> int:
         if server is not None and server.loop is not None:
             server.loop.call_soon_threadsafe(setattr, server, "should_exit", True)
 
+    try:
+        keys = KeyRing(cfg.api_keys_file)  # a bad file stops start-up here, before the model loads
+    except KeysFileError as e:
+        raise ConfigError(f"config key 'api_keys_file': {e}") from None
+    if keys.enabled:
+        log.info("API keys on: %d keys from %s", len(keys), cfg.api_keys_file)
     engine = build_engine(cfg, model_path, metrics, fatal)
     metrics.attach(engine)
     limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
-                          ctx_limit=cfg.ctx_per_slot)
+                          ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
     web = Path(cfg.web_dir) if cfg.web_dir else None
+    guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
+                              cfg.rate_limit_per_s)
     app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics,
-                         system_prompts=cfg.system_prompts, trusted_proxies=parse_networks(cfg.trusted_proxies)))
+                         system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
+                         parse_per_client=cfg.parse_per_client))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
-    server = _Server(ucfg, engine, cfg.grace_s)
+    server = _Server(ucfg, engine, cfg.grace_s, keys)
     server.run()
     return 1 if engine.state is EngineState.FAILED else 0

@@ -7,8 +7,11 @@ published snapshot, and never touches llama.cpp.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,21 +20,25 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from . import openai_api as api
+from .auth import KeyRing
 from .engine import Engine, EngineState, Handle
 from .errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
-from .identity import Network, client_identity
+from .guard import Caller, Guard, GuardPolicy, caller_of
+from .limits import ParseGate
 from .metrics import Metrics
 from .turn import Delta, Done, Failed
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
+THREAD_PARSE_BYTES = 64 * 1024  # larger bodies are parsed off the event loop
 
 
 def error_response(err: ApplianceError) -> JSONResponse:
@@ -44,31 +51,44 @@ class App:
 
     def __init__(self, engine: Engine, model_id: str, limits: api.ServerLimits, web_dir: Path | None = None,
                  metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
-                 trusted_proxies: tuple[Network, ...] = ()) -> None:
+                 guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
         self.limits = limits
         self.web_dir = web_dir or WEB_DIR
         self.system_prompts = dict(system_prompts or {})
-        self.trusted_proxies = trusted_proxies
+        self.guard = guard or GuardPolicy.build(KeyRing())
+        self.gate = ParseGate(parse_concurrency, parse_per_client)
         self.created = int(time.time())
+        self._served: deque[float] = deque(maxlen=32)  # seconds each recent request held a slot
 
-    def client(self, request: Request) -> str:
-        peer = request.client.host if request.client else ""
-        return client_identity(peer, request.headers.get("x-forwarded-for"), self.trusted_proxies)
+    def refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason).inc()
+
+    def wait_estimate(self, position: int) -> int | None:
+        """Seconds until queue position `position` gets a slot, from recent requests' times."""
+        if not self._served:
+            return None
+        return math.ceil(position * (sum(self._served) / len(self._served)) / max(1, self.engine.snapshot.slots))
 
     # -- routes --------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         e = self.engine
+        # Open to anyone, so counts only; the model and a load error's text (which may name
+        # paths) only for the operator: this machine or an admin key.
+        caller = caller_of(request.scope["state"])
+        operator = caller.local or caller.admin
         body: dict[str, Any] = {"status": e.state.value}
         if e.state is EngineState.FAILED:
-            body["error"] = e.load_error
+            body["error"] = e.load_error if operator else "the model failed to load; see the server log"
         if e.state in (EngineState.READY, EngineState.DRAINING):
             snap = e.snapshot
             c = snap.counters
+            if operator:
+                body["model"] = self.model_id
             body.update({
-                "model": self.model_id,
                 "slots": {"total": snap.slots, "busy": snap.running, "idle": snap.slots - snap.running},
                 "queue": snap.queue,
                 "engine": {
@@ -97,19 +117,20 @@ class App:
         return JSONResponse(api.models_list(self.model_id, self.created))
 
     async def chat(self, request: Request) -> Response:
-        if int(request.headers.get("content-length") or 0) > api.MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB")
-        body = b""
-        async for part in request.stream():  # bounded even without a Content-Length
-            body += part
-            if len(body) > api.MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB")
-        data = api.parse_json(body)
-        req = api.parse_chat_request(data, self.limits, request.headers.get("x-session-id"))
-        prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
-        client = self.client(request)
+        caller = caller_of(request.scope["state"])
+        # Reading, parsing and tokenizing are bounded per client and in all before they start.
+        async with self.gate.permit(caller.client):
+            try:
+                body = await _read_body(request)
+                req = await _parse(body, self.limits, request.headers.get("x-session-id"))
+            except ApplianceError as e:
+                if e.code:
+                    self.refused(e.code)
+                raise
+            prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
         session = req.session_id or api.new_session_id()
-        handle = self.engine.submit(prompt, req.params, client, session, named=req.session_id is not None)
+        handle = self.engine.submit(prompt, req.params, caller.client, session_key(caller, session),
+                                    named=req.session_id is not None)
         headers = {"X-Session-Id": session}
         extra: dict[str, Any] = {}
         if prompt.dropped_messages:
@@ -125,6 +146,7 @@ class App:
     async def _stream(self, handle: Handle, req: api.ChatRequest, cid: str, created: int,
                       extra: dict[str, Any]) -> AsyncIterator[bytes]:
         model = self.model_id
+        started = 0.0
         try:
             yield api.sse(api.chunk(cid, created, model, {"role": "assistant", "content": ""}, **extra))
             while True:
@@ -132,12 +154,13 @@ class App:
                 if ev is None:
                     # Waiting for a slot: an SSE comment (ignored by OpenAI clients, shown by
                     # the chat page) tells the user, and finds out if they left.
-                    pos = handle.position
-                    yield f": queued {pos}\n\n".encode() if pos else b": busy\n\n"
+                    yield self._queue_note(handle.position)
                     continue
                 if isinstance(ev, Delta):
+                    started = started or time.monotonic()
                     yield api.sse(api.chunk(cid, created, model, {"content": ev.text}))
                 elif isinstance(ev, Done):
+                    self._note_served(started)
                     yield api.sse(api.chunk(cid, created, model, {}, _reason(ev)))
                     if req.include_usage:
                         yield api.sse(api.usage_chunk(cid, created, model,
@@ -151,14 +174,28 @@ class App:
         finally:
             handle.cancel()  # no-op after Done; frees the slot if the client went away
 
+    def _queue_note(self, position: int) -> bytes:
+        if not position:
+            return b": busy\n\n"
+        eta = self.wait_estimate(position)
+        return f": queued {position} eta {eta}\n\n".encode() if eta is not None else f": queued {position}\n\n".encode()
+
+    def _note_served(self, started: float) -> None:
+        if started:
+            self._served.append(time.monotonic() - started)
+
     async def _complete(self, request: Request, handle: Handle, cid: str, created: int,
                         extra: dict[str, Any], headers: dict[str, str]) -> Response:
         async def collect() -> tuple[str, Done | Failed]:
             parts: list[str] = []
+            started = 0.0
             async for ev in handle.events():
                 if isinstance(ev, Delta):
+                    started = started or time.monotonic()
                     parts.append(ev.text)
                 else:
+                    if isinstance(ev, Done):
+                        self._note_served(started)
                     return "".join(parts), ev
             raise EngineFailure("the engine ended the request without an answer")
 
@@ -190,14 +227,21 @@ class App:
             return await self.delete_session(request)
         return await self.get_session(request)
 
+    def _session_key(self, request: Request) -> str:
+        sid = request.path_params["sid"]
+        if not api.valid_session_id(sid):
+            raise NotFound("no such session (it may have expired)")
+        return session_key(caller_of(request.scope["state"]), sid)
+
     async def get_session(self, request: Request) -> Response:
-        info = self.engine.session_info(request.path_params["sid"])
+        key = self._session_key(request)
+        info = self.engine.session_info(key)
         if info is None:
             raise NotFound("no such session (it may have expired)")
-        return JSONResponse(info)
+        return JSONResponse({**info, "id": request.path_params["sid"]})
 
     async def delete_session(self, request: Request) -> Response:
-        if not await self.engine.delete_session(request.path_params["sid"]):
+        if not await self.engine.delete_session(self._session_key(request)):
             raise NotFound("no such session (it may have expired)")
         return Response(status_code=204)
 
@@ -213,6 +257,32 @@ class App:
 
     async def index(self, request: Request) -> Response:
         return FileResponse(self.web_dir / "index.html")
+
+
+def session_key(caller: Caller, session: str) -> str:
+    """What the engine calls a session: a digest of the caller's key and the id, so another
+    key's sessions are out of reach, and no raw id is held, logged or saved anywhere."""
+    return hashlib.sha256(f"{caller.namespace}\0{session}".encode()).hexdigest()[:32]
+
+
+async def _read_body(request: Request) -> bytes:
+    if int(request.headers.get("content-length") or 0) > api.MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB", code="body_too_large")
+    body = bytearray()
+    async for part in request.stream():  # bounded even without a Content-Length
+        body += part
+        if len(body) > api.MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB",
+                                  code="body_too_large")
+    return bytes(body)
+
+
+async def _parse(body: bytes, limits: api.ServerLimits, session_header: str | None) -> api.ChatRequest:
+    def parse() -> api.ChatRequest:
+        return api.parse_chat_request(api.parse_json(body), limits, session_header)
+
+    # A 4 MiB body takes tens of ms to parse and check: not on the event loop.
+    return await asyncio.to_thread(parse) if len(body) > THREAD_PARSE_BYTES else parse()
 
 
 def _reason(done: Done) -> str:
@@ -241,6 +311,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(app_state: App) -> Starlette:
+    """The app behind its front door (guard.Guard): every route sees a checked caller."""
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # The HTTP server is up before the model loads: /health says "loading" meanwhile.
@@ -263,5 +334,6 @@ def create_app(app_state: App) -> Starlette:
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(Guard, policy=app_state.guard, on_refuse=app_state.refused)],
         exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error, Exception: _unexpected},
     )

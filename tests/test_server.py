@@ -93,7 +93,8 @@ def is_idle(h: dict[str, Any]) -> bool:
 def serving(factory: Callable[[], Any] = lambda: FakeModel(reply=REPLY), *, ready: bool = True,
             **kw: Any) -> Iterator[TestClient]:
     # The lifespan starts the engine thread; the model loads in it.
-    with TestClient(build(factory, **kw)) as client:
+    # From this machine (operator routes are open to it), to a host name it answers for.
+    with TestClient(build(factory, **kw), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
         if ready:
             wait_health(client.get, is_ready)
         yield client

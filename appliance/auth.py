@@ -1,0 +1,127 @@
+"""API keys: an optional file of keys, checked in constant time, reloaded on SIGHUP.
+
+File format, one key per line: `KEY [LABEL]`; blank lines and `#` comments are skipped. A
+key is 16-256 printable ASCII characters without spaces; the label `admin` marks an operator
+key (it may read /metrics and /debug/steps from anywhere). Keys are held only as SHA-256
+digests, and nothing here ever logs or prints one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ADMIN = "admin"
+_KEY = re.compile(r"[\x21-\x7e]{16,256}")
+_LABEL = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+
+
+class KeysFileError(Exception):
+    """The keys file cannot be used; str() names the file and line, never a key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    digest: bytes  # SHA-256 of the key
+    label: str
+
+    @property
+    def identity(self) -> str:
+        """The client identity of everyone holding this key: KV reuse, fairness, limits, sessions."""
+        return "key:" + self.digest.hex()[:16]
+
+    @property
+    def admin(self) -> bool:
+        return self.label == ADMIN
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def parse_keys(text: str, source: str = "keys file") -> tuple[Key, ...]:
+    keys: list[Key] = []
+    seen: set[bytes] = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 2:
+            raise KeysFileError(f"{source} line {n}: expected `KEY [LABEL]`")
+        if not _KEY.fullmatch(fields[0]):
+            raise KeysFileError(f"{source} line {n}: a key must be 16-256 printable ASCII characters")
+        label = fields[1] if len(fields) == 2 else ""
+        if label and not _LABEL.fullmatch(label):
+            raise KeysFileError(f"{source} line {n}: a label is 1-64 characters of A-Z a-z 0-9 _ . @ -")
+        digest = _digest(fields[0])
+        if digest in seen:
+            raise KeysFileError(f"{source} line {n}: the same key appears twice")
+        seen.add(digest)
+        keys.append(Key(digest, label))
+    if not keys:
+        raise KeysFileError(f"{source}: no keys (to turn keys off, unset api_keys_file)")
+    return tuple(keys)
+
+
+def read_keys(path: Path) -> tuple[Key, ...]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise KeysFileError(f"keys file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise KeysFileError(f"keys file {path}: not UTF-8 text") from None
+    return parse_keys(text, f"keys file {path}")
+
+
+class KeyRing:
+    """The keys in force. Empty path = keys off: every caller is identified by address."""
+
+    def __init__(self, path: str = "") -> None:
+        self.path = Path(path) if path else None
+        self._keys: tuple[Key, ...] = read_keys(self.path) if self.path else ()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def reload(self) -> bool:
+        """Re-read the file (SIGHUP). A file that fails to parse keeps the old keys."""
+        if self.path is None:
+            return False
+        try:
+            keys = read_keys(self.path)
+        except KeysFileError as e:
+            log.error("%s; keeping the %d keys in force", e, len(self._keys))
+            return False
+        with self._lock:
+            self._keys = keys
+        log.info("keys file %s reloaded: %d keys", self.path, len(keys))
+        return True
+
+    def find(self, presented: str) -> Key | None:
+        """The key matching `presented`, comparing against every key in constant time."""
+        digest = _digest(presented)
+        found: Key | None = None
+        for key in self._keys:
+            if hmac.compare_digest(digest, key.digest):
+                found = key  # no early exit: the time does not depend on which key matched
+        return found
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
