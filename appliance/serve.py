@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from . import cpu
+from . import conn, cpu
 from .auth import KeyRing, KeysFileError
 from .config import Config, ConfigError
 from .engine import Engine, EngineState
@@ -121,7 +121,9 @@ def serve(cfg: Config, model_path: Path) -> int:
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
                          parse_per_client=cfg.parse_per_client))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                          timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on")
+                          timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on",
+                          http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
+                                                  parse_networks(cfg.trusted_proxies)))
     server = _Server(ucfg, engine, cfg.grace_s, keys)
     server.run()
     return 1 if engine.state is EngineState.FAILED else 0
