@@ -281,6 +281,8 @@ async def _parse(body: bytes, limits: api.ServerLimits, session_header: str | No
     def parse() -> api.ChatRequest:
         return api.parse_chat_request(api.parse_json(body), limits, session_header)
 
+    api.precheck(body, limits.max_messages)  # a few ms for 4 MiB, and no GIL held for long
+
     # A 4 MiB body takes tens of ms to parse and check: not on the event loop.
     return await asyncio.to_thread(parse) if len(body) > THREAD_PARSE_BYTES else parse()
 

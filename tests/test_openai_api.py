@@ -501,3 +501,13 @@ def test_errors_do_not_echo_message_text() -> None:
     secret = "my password is hunter2 " * 3
     err = bad({"messages": [{"role": secret, "content": "x"}]}, "messages[0].role")
     assert "hunter2" not in err.message
+
+
+def test_precheck_refuses_a_body_of_countless_messages_without_parsing() -> None:
+    tiny = b'{"role":"user","content":""}'
+    api.precheck(b'{"messages":[' + b",".join([tiny] * 100) + b"]}", 50)  # up to twice the cap: parse decides
+    with pytest.raises(BadRequest) as e:
+        api.precheck(b'{"messages":[' + b",".join([tiny] * 101) + b"]}", 50)
+    assert e.value.code == "too_many_messages"
+    # "role" inside a string is escaped, so message text cannot trip it.
+    api.precheck(b'{"messages":[{"role":"user","content":"' + b'\\"role\\" ' * 1000 + b'"}]}', 50)
