@@ -546,3 +546,9 @@ def test_ctypes_callbacks_survive_memory_deny_write_execute() -> None:
     r = subprocess.run([sys.executable, "-c", MDWE_CHILD], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_reload_sends_sighup_which_reloads_the_keys(unit: Unit) -> None:
+    # appliance/serve.py handles SIGHUP by re-reading api_keys_file (tests/test_security_live.py
+    # sends it to a real server); without this line `systemctl reload` would fail.
+    assert one(unit, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
