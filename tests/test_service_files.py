@@ -42,7 +42,7 @@ KNOWN = {
     "Unit": {"Description", "Documentation", "After", "Wants", "StartLimitIntervalSec",
              "StartLimitBurst"},
     "Service": {
-        "Type", "User", "Group", "ExecStart", "StateDirectory", "StateDirectoryMode",
+        "Type", "User", "Group", "ExecStart", "ExecReload", "StateDirectory", "StateDirectoryMode",
         "ConfigurationDirectory", "WorkingDirectory", "Environment", "KillSignal",
         "TimeoutStopSec", "Restart", "RestartSec", "RestartPreventExitStatus", "LimitNOFILE",
         "UMask", "NoNewPrivileges", "CapabilityBoundingSet", "AmbientCapabilities",
@@ -273,6 +273,9 @@ class Tree:
         # resolve multi-user.target and the default dependencies.
         shutil.copytree("/usr/lib/systemd/system", self.path / "usr/lib/systemd/system",
                         symlinks=True)
+        # ExecReload's /bin/kill (procps), present on every Debian system.
+        (self.path / "bin").mkdir()
+        shutil.copy2("/bin/kill", self.path / "bin" / "kill")
         # A model already in the state directory (no 470 MiB assembly here).
         models = self.path / STATE.lstrip("/") / "models"
         models.mkdir(parents=True)
