@@ -43,6 +43,7 @@ from .identity import Network
 log = logging.getLogger(__name__)
 
 SUMMARY_EVERY_S = 60.0
+ABORT_AFTER_S = 1.0  # a closed connection whose client does not take the last bytes
 
 
 def _response(status: str, error_type: str, code: str, message: str, extra: str = "") -> bytes:
@@ -236,9 +237,14 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write(_response("408 Request Timeout", "invalid_request_error", "request_timeout",
                                            f"the request did not arrive within {self.limits.deadline_s:g} s"))
         self.limits.timed_out_one(self._key, self._begun)
-        # abort, not close: close would wait for a client that does not read to take what is
-        # still buffered, keeping the descriptor. A running app sees http.disconnect.
-        self.transport.abort()
+        # close() sends what is buffered (the 408; over TLS, close_notify too), but waits for a
+        # client that does not read: abort() soon after keeps the descriptor from staying.
+        self.transport.close()
+        self.loop.call_later(ABORT_AFTER_S, self._abort)
+
+    def _abort(self) -> None:
+        if not self._lost:
+            self.transport.abort()
 
 
 def http_protocol(deadline_s: float, max_per_address: int, trusted: tuple[Network, ...]) -> type[GuardedH11Protocol]:

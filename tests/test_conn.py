@@ -9,15 +9,20 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
 import uvicorn
 
-from appliance.conn import ConnLimits, GuardedH11Protocol, http_protocol
+from appliance.conn import ABORT_AFTER_S, ConnLimits, GuardedH11Protocol, http_protocol
 from appliance.identity import parse_networks
 
 DEADLINE = 0.5
@@ -32,7 +37,7 @@ class Seen:
 def make_app(seen: Seen) -> Callable[..., Awaitable[None]]:
     """Reads the whole body, answers {"n": body length}. `?wait=S` waits S seconds before
     reading the body (as the appliance waits for a parse slot); `/slow` answers S seconds
-    after the body arrived."""
+    after the body arrived; `/big` answers 16 MiB."""
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         assert scope["type"] == "http"
@@ -50,7 +55,7 @@ def make_app(seen: Seen) -> Callable[..., Awaitable[None]]:
             more = msg["more_body"]
         if scope["path"] == "/slow":
             await asyncio.sleep(wait)
-        body = json.dumps({"n": n}).encode()
+        body = json.dumps({"n": n}).encode() if scope["path"] != "/big" else b"x" * 2**24
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -63,32 +68,38 @@ class Server:
     port: int
     protocol: type[GuardedH11Protocol]
     seen: Seen
+    tls: bool = False
 
     @property
     def limits(self) -> ConnLimits:
         return self.protocol.limits
 
     async def connect(self, src: str = "127.0.0.1") -> Client:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(src, 0))
+        tls = None
+        if self.tls:
+            tls = ssl.create_default_context()
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(src, 0), ssl=tls)
         return Client(reader, writer)
 
 
 @contextlib.asynccontextmanager
 async def serving(deadline: float = DEADLINE, cap: int = 0, trusted: tuple[str, ...] = (),
-                  keep_alive: int = 5) -> AsyncIterator[Server]:
+                  keep_alive: int = 5, tls: tuple[Path, Path] | None = None) -> AsyncIterator[Server]:
     protocol = http_protocol(deadline, cap, parse_networks(trusted))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     seen = Seen()
     config = uvicorn.Config(make_app(seen), http=protocol, log_level="warning", lifespan="off",
-                            timeout_keep_alive=keep_alive, timeout_graceful_shutdown=1)
+                            timeout_keep_alive=keep_alive, timeout_graceful_shutdown=1,
+                            ssl_certfile=tls and tls[0], ssl_keyfile=tls and tls[1])
     server = uvicorn.Server(config)
     task = asyncio.create_task(server._serve(sockets=[sock]))  # _serve: no signal handlers
     try:
         while not server.started:
             assert not task.done(), task.result()
             await asyncio.sleep(0.01)
-        yield Server(sock.getsockname()[1], protocol, seen)
+        yield Server(sock.getsockname()[1], protocol, seen, tls is not None)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
@@ -286,6 +297,42 @@ def test_the_clock_stops_while_the_server_is_not_reading() -> None:
             status, _, body = await c.response()
             assert (status, json.loads(body)) == (200, {"n": 5})
             assert srv.limits.stats().timed_out == 0
+
+    run(main())
+
+
+def test_a_client_that_does_not_read_its_answer_is_still_let_go() -> None:
+    async def main() -> None:
+        async with serving() as srv:
+            c = await srv.connect()
+            await c.send(request("/big"))  # 16 MiB that it never reads: close() alone would wait
+            await wait_for(lambda: srv.limits.stats().timed_out == 1, DEADLINE + SLACK)
+            await wait_for(lambda: srv.limits.stats().open == 0, ABORT_AFTER_S + SLACK)
+            c.close()
+
+    run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_deadline_over_tls(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+
+    async def main() -> None:
+        async with serving(tls=(cert, key)) as srv:
+            c = await srv.connect()
+            await c.send(request("/", b"hi"))
+            assert (await c.response())[0] == 200
+            t_end = time.monotonic()
+            assert await c.until_closed() == b""
+            assert DEADLINE - 0.05 <= time.monotonic() - t_end <= DEADLINE + SLACK
+
+            c = await srv.connect()
+            trickler = asyncio.create_task(c.trickle(request("/"), 0.05))
+            assert status_and_error(await c.until_closed())[0] == 408  # delivered before the close
+            trickler.cancel()
 
     run(main())
 
