@@ -104,6 +104,9 @@ def serve(cfg: Config, model_path: Path) -> int:
         if server is not None and server.loop is not None:
             server.loop.call_soon_threadsafe(setattr, server, "should_exit", True)
 
+    for key in ("tls_cert", "tls_key"):
+        if getattr(cfg, key) and not Path(getattr(cfg, key)).is_file():
+            raise ConfigError(f"config key '{key}': no such file {getattr(cfg, key)!r}")
     try:
         keys = KeyRing(cfg.api_keys_file)  # a bad file stops start-up here, before the model loads
     except KeysFileError as e:
@@ -122,6 +125,7 @@ def serve(cfg: Config, model_path: Path) -> int:
                          parse_per_client=cfg.parse_per_client))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on",
+                          ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None,
                           http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
                                                   parse_networks(cfg.trusted_proxies)))
     server = _Server(ucfg, engine, cfg.grace_s, keys)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import signal
+import ssl
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -261,5 +263,30 @@ def test_rate_limit_with_and_without_a_trusted_proxy(bundled_model: Path, tmp_pa
         direct = live.user_client(3)  # 127.0.0.4: not a proxy, its X-Forwarded-For is ignored
         assert post(direct, "192.168.7.3").status_code == 200
         error(post(direct, "192.168.7.4"), 429)
+    finally:
+        assert live.stop() == 0
+
+
+# -- TLS ---------------------------------------------------------------------------------------------------
+def test_tls_serves_https_with_the_given_certificate(bundled_model: Path, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    # The documented way (docs/SECURITY.md) to make a certificate for a LAN name.
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    live = start(bundled_model, tmp_path, "--slots", "1", "--ctx-per-slot", "256", "--kv-tokens", "1024",
+                 "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        live.wait_port()
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(base_url=f"https://localhost:{live.port}", verify=trust, trust_env=False, timeout=60) as c:
+            deadline = time.monotonic() + 120
+            while c.get("/health").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            r = c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        with pytest.raises(httpx.HTTPError):  # plain http on the TLS port gets no answer
+            httpx.get(f"http://127.0.0.1:{live.port}/health", timeout=5, trust_env=False).raise_for_status()
     finally:
         assert live.stop() == 0
