@@ -23,6 +23,7 @@ const els = {
 const finePointer = matchMedia('(pointer: fine)').matches; // desktop: moving focus pops no keyboard
 const narrow = matchMedia('(max-width: 760px)'); // the chat list is a drawer
 const RETRY_DEFAULT_S = 5; // a 429 without Retry-After
+const RETRY_503_MAX = 5; // tries while the server restarts, then the error is shown
 
 let store = null;
 let chats = []; // saved chats, newest first
@@ -669,11 +670,15 @@ async function generate(chat) {
         if (await askKey()) continue;
         throw new Shown(plainWords(err));
       }
-      if (res.status === 429) {
+      // Busy (429), or restarting / loading (503 with Retry-After): wait as long as the
+      // server asks, counting down, then try again; Stop ends the wait.
+      const restarting = res.status === 503 && res.headers.has('Retry-After') && attempt <= RETRY_503_MAX;
+      if (res.status === 429 || restarting) {
         const err = await readError(res);
-        // Busy: wait as long as the server asks, counting down, then try again (Stop ends it).
+        if (restarting) checkHealth();
+        const why = restarting ? 'The server is restarting' : 'The server is busy';
         for (let s = err.retryAfter ?? RETRY_DEFAULT_S; s > 0; s--) {
-          label(r, `The server is busy. Trying again in ${s} s${attempt > 1 ? ` (attempt ${attempt + 1})` : ''}…`);
+          label(r, `${why}. Trying again in ${s} s${attempt > 1 ? ` (try ${attempt + 1})` : ''}…`);
           await sleep(1000, ctrl.signal);
         }
         label(r, 'Trying again…');
@@ -820,6 +825,7 @@ async function start() {
   let last = null;
   try { last = localStorage.getItem('chat.current'); } catch { /* newest */ }
   // The chat open before the reload; a new one when that was never sent or was deleted.
+  if (store.migrated) last = store.migrated;
   show(chats.find((c) => c.id === last) || (last ? null : chats[0]) || newChat());
   checkHealth();
   if (finePointer) els.input.focus();

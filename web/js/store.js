@@ -83,6 +83,7 @@ async function migrateLegacy(store) {
     chat.messages = messages;
     chat.title = titleFrom((messages.find((m) => m.role === 'user') || {}).content);
     await store.put(settle(chat));
+    store.migrated = chat.id;
   }
   try { localStorage.removeItem(LEGACY_KEY); } catch { /* stays; migrated again next time */ }
 }
