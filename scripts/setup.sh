@@ -156,6 +156,15 @@ if [[ ,$extras, == *,test,* ]] && ! command -v shellcheck >/dev/null; then
     say "note: without shellcheck the script lint test skips; install it with:  sudo apt-get install -y shellcheck"
   fi
 fi
+# ...and drives the chat page in Debian's headless chromium (through Playwright, which
+# downloads no browser of its own).
+if [[ ,$extras, == *,test,* ]] && ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    missing+=(chromium)
+  else
+    say "note: without chromium the chat page's browser tests skip; install it with:  sudo apt-get install -y chromium"
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing system packages: ${missing[*]}"
