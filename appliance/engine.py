@@ -14,6 +14,7 @@ from enum import Enum
 from itertools import count
 from typing import Any
 
+from .cache import SAVED, session_key
 from .core import EngineCore, Events, Model
 from .errors import ApplianceError, EngineFailure, Unavailable
 from .inbox import Cancel, DeleteSession, Inbox
@@ -175,7 +176,8 @@ class Engine:
     def session_info(self, session: str) -> dict[str, Any] | None:
         """GET /v1/sessions/{id}, rendered from the last snapshot."""
         snap = self.snapshot
-        view: SessionView | None = snap.sessions.get(session)
+        # A session saved by the last run is listed under its digest until its next turn.
+        view: SessionView | None = snap.sessions.get(session) or snap.sessions.get(SAVED + session_key(session))
         if view is None:
             return None
         return {"id": session, "state": view.state, "cached_tokens": view.cached_tokens,

@@ -93,6 +93,10 @@ def test_restart_restores_by_digest_from_private_files_without_ids(tmp_path: Pat
         eng = await started(state)
         # Known only by digest until a turn of the session claims it.
         assert set(eng.snapshot.sessions) == {SAVED + session_key(SECRET), SAVED + session_key(OTHER)}
+        # ...and GET /v1/sessions/{id} finds it by its id all the same.
+        info = eng.session_info(SECRET)
+        assert info is not None and info["id"] == SECRET and info["state"] == "saved"
+        assert eng.session_info("never-saved-session") is None
         end = await turn(eng, TURN1 + [ord("a"), ord("b"), 7, 8, 9], SECRET)
         assert end.cached_tokens == len(TURN1) + 2  # the saved KV, not recomputed
         assert eng.snapshot.cache_events["restored"] == 1
