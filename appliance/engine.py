@@ -111,6 +111,7 @@ class Engine:
         self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
         self._template: ChatTemplate | None = None
         self._tokenize: Tokenize | None = None
+        self._tokenizer: Any = None  # thread-safe vocabulary access, set once loaded
         self._stop = False
         self._ids = count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,6 +150,27 @@ class Engine:
         # Templating and tokenizing a long paste takes milliseconds: off the event loop.
         return await asyncio.to_thread(build_prompt, messages, self._template, self._tokenize,
                                        self.prompt_limit(max_tokens), frozenset(self.presets))
+
+    async def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Text -> tokens, off the event loop; special=True parses control-token text (only
+        for raw prompts a client writes whole, e.g. /v1/completions, never chat content)."""
+        self._check_accepting()
+        assert self._tokenize is not None
+        return await asyncio.to_thread(self._tokenize, text, special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        self._check_accepting()
+        assert self._tokenizer is not None
+        return str(self._tokenizer.detokenize(tokens))
+
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, or None if the model has none."""
+        return getattr(self._tokenizer, "fim", None)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(getattr(self._tokenizer, "n_vocab", 0))
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
                session: str = "", named: bool = True) -> Handle:
@@ -246,7 +268,7 @@ class Engine:
         for tokens in public_prefixes(self.presets, template, tokenize):
             core.add_public(tokens)
         core.kv.load_sessions()
-        self._template, self._tokenize = template, tokenize
+        self._template, self._tokenize, self._tokenizer = template, tokenize, tok
         return core
 
     def _run(self, core: EngineCore) -> None:

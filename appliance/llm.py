@@ -65,6 +65,9 @@ class Tokenizer:
         self.chat_template: str | None = tmpl.decode() if tmpl else None
         self.bos_text = self.token_text(C.llama_vocab_bos(self._vocab))
         self.eos_text = self.token_text(C.llama_vocab_eos(self._vocab))
+        # Fill-in-the-middle tokens (prefix, suffix, middle), when the model has them.
+        fim = (C.llama_vocab_fim_pre(self._vocab), C.llama_vocab_fim_suf(self._vocab), C.llama_vocab_fim_mid(self._vocab))
+        self.fim: tuple[int, int, int] | None = fim if all(t >= 0 for t in fim) else None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """add_special: add BOS/EOS as the model asks; parse_special: text such as
@@ -102,6 +105,10 @@ class Tokenizer:
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids -> text as users see it (control tokens render empty)."""
+        return b"".join(self.piece(t) for t in tokens if 0 <= t < self.n_vocab).decode("utf-8", "replace")
 
 
 class Sampler:

@@ -41,6 +41,11 @@ class FakeTokenizer:
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
+    fim = None  # no fill-in-the-middle tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return "".join(chr(t) for t in tokens if t)
+
 
 @dataclass
 class FakeSampler:
