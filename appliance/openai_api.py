@@ -162,11 +162,32 @@ def parse_messages(raw: Any, max_messages: int = 2048, max_chars: int = 1_000_00
 
 def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_header: str | None = None) -> ChatRequest:
     messages = parse_messages(data.get("messages"), limits.max_messages, limits.max_chars)
+    model = parse_model(data)
 
+    n = _integer(data, "n")
+    if n is not None and n != 1:
+        raise BadRequest("only 'n': 1 is supported", param="n")
+    if _bool(data, "logprobs"):
+        raise BadRequest("'logprobs' is not supported", param="logprobs")
+
+    params = parse_sampling(data, limits)
+    stream, include_usage = parse_stream(data)
+
+    session = session_header if session_header else data.get("session_id")
+    # It is echoed in a response header and named in logs by digest: a safe alphabet only.
+    if session is not None and not valid_session_id(session):
+        raise BadRequest(SESSION_RULE, param="session_id")
+    return ChatRequest(messages, params, stream, include_usage, model, session)
+
+
+def parse_model(data: dict[str, Any]) -> str | None:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
+    return model
 
+
+def parse_max_tokens(data: dict[str, Any], limits: ServerLimits) -> int:
     max_tokens = _integer(data, "max_completion_tokens")
     key = "max_completion_tokens"
     if max_tokens is None:
@@ -178,15 +199,10 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
     elif max_tokens > limits.ctx_limit:
         raise BadRequest(f"'{key}' is {max_tokens}, but a conversation here holds at most "
                          f"{limits.ctx_limit} tokens", param=key)
-    max_tokens = min(max_tokens, limits.max_tokens_limit)
+    return min(max_tokens, limits.max_tokens_limit)
 
-    n = _integer(data, "n")
-    if n is not None and n != 1:
-        raise BadRequest("only 'n': 1 is supported", param="n")
-    if _bool(data, "logprobs"):
-        raise BadRequest("'logprobs' is not supported", param="logprobs")
 
-    stop = data.get("stop")
+def parse_stop(stop: Any) -> tuple[str, ...]:
     if stop is None:
         stops: tuple[str, ...] = ()
     elif isinstance(stop, str):
@@ -199,14 +215,24 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         raise BadRequest(f"each stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
     for s in stops:
         _text(s, "stop")
+    return stops
 
+
+def parse_sampling(data: dict[str, Any], limits: ServerLimits) -> SamplingParams:
+    """The sampling fields chat and text completions share, by their OpenAI names (plus
+    llama.cpp's top_k, min_p, repeat_penalty and repeat_last_n, -1 = the whole context)."""
     seed = _integer(data, "seed")
     top_k = _integer(data, "top_k")
     if top_k is not None and top_k < 0:
         raise BadRequest("'top_k' must be >= 0", param="top_k")
+    last_n = _integer(data, "repeat_last_n")
+    if last_n == -1:
+        last_n = limits.ctx_limit
+    elif last_n is not None and not 0 <= last_n <= limits.ctx_limit:
+        raise BadRequest(f"'repeat_last_n' must be -1 or between 0 and {limits.ctx_limit}", param="repeat_last_n")
     defaults = SamplingParams()
-    params = SamplingParams(
-        max_tokens=max_tokens,
+    return SamplingParams(
+        max_tokens=parse_max_tokens(data, limits),
         temperature=_number(data, "temperature", 0.0, 2.0, defaults.temperature),
         top_p=_number(data, "top_p", 0.0, 1.0, defaults.top_p, lo_open=True),
         top_k=defaults.top_k if top_k is None else top_k,
@@ -214,10 +240,14 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         repeat_penalty=_number(data, "repeat_penalty", 0.0, 10.0, defaults.repeat_penalty, lo_open=True),
         presence_penalty=_number(data, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_number(data, "frequency_penalty", -2.0, 2.0, 0.0),
+        penalty_last_n=defaults.penalty_last_n if last_n is None else last_n,
         seed=seed,
-        stop=stops,
+        stop=parse_stop(data.get("stop")),
     )
 
+
+def parse_stream(data: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
     stream = _bool(data, "stream")
     opts = data.get("stream_options")
     include_usage = False
@@ -225,12 +255,7 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
         if not isinstance(opts, dict):
             raise BadRequest("'stream_options' must be an object", param="stream_options")
         include_usage = _bool(opts, "include_usage")
-
-    session = session_header if session_header else data.get("session_id")
-    # It is echoed in a response header and named in logs by digest: a safe alphabet only.
-    if session is not None and not valid_session_id(session):
-        raise BadRequest(SESSION_RULE, param="session_id")
-    return ChatRequest(messages, params, stream, include_usage, model, session)
+    return stream, include_usage
 
 
 def valid_session_id(session: Any) -> bool:
