@@ -186,8 +186,9 @@ class EngineCore:
                 self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
                 continue
             turn.text = TextStream(turn.params.stop)
-            if self.spec_budget and not turn.params.has_penalties:
-                # Penalties would have to see each draft: such turns simply get none.
+            # Penalties, a grammar or logprobs would have to see each draft: such turns get none.
+            if self.spec_budget and not turn.params.has_penalties and turn.params.grammar is None \
+                    and turn.params.logprobs is None:
                 turn.drafts = TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(turn.params.seed))
             self.stats.prompt_tokens_received += turn.n_prompt
 

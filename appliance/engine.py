@@ -19,7 +19,7 @@ from .core import EngineCore, Events, Model
 from .errors import ApplianceError, EngineFailure, Unavailable
 from .inbox import Cancel, DeleteSession, Inbox
 from .kvstore import CachePolicy
-from .prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes
+from .prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
 from .sampling import SamplingParams
 from .scheduler import Limits
 from .snapshot import SessionView, Snapshot
@@ -144,12 +144,20 @@ class Engine:
         ctx = self.limits.ctx_limit
         return ctx - min(max_tokens, ctx // 4)
 
-    async def prepare(self, messages: list[dict[str, Any]], max_tokens: int) -> Prompt:
+    async def prepare(self, messages: list[dict[str, Any]], max_tokens: int,
+                      tools: list[dict[str, Any]] | None = None) -> Prompt:
         self._check_accepting()
-        assert self._template is not None and self._tokenize is not None
+        template, tokenize = self._template, self._tokenize
+        assert template is not None and tokenize is not None
+        controls = frozenset(getattr(self._tokenizer, "control_texts", ()))
+
+        def build() -> Prompt:
+            refuse_control_text(messages, tools, controls)
+            return build_prompt(messages, template, tokenize, self.prompt_limit(max_tokens), frozenset(self.presets),
+                                tools)
+
         # Templating and tokenizing a long paste takes milliseconds: off the event loop.
-        return await asyncio.to_thread(build_prompt, messages, self._template, self._tokenize,
-                                       self.prompt_limit(max_tokens), frozenset(self.presets))
+        return await asyncio.to_thread(build)
 
     async def tokenize(self, text: str, special: bool = False) -> list[int]:
         """Text -> tokens, off the event loop; special=True parses control-token text (only

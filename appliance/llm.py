@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as C
 import numpy as np
@@ -49,6 +50,9 @@ class ContextSpec:
     threads: int
     repack: bool = True  # llama.cpp's extra weight layouts (AMX, repacked Q4 kernels)
     kv_type: str = "f16"  # "q8_0" halves the KV cache's memory
+    # Tokens computed at once inside one llama_decode (0 = n_batch). llama.cpp's compute
+    # buffer holds n_ubatch rows of logits (151,936 floats each for Qwen2.5: 580 KiB a row).
+    n_ubatch: int = 0
 
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values
@@ -59,7 +63,12 @@ class Tokenizer:
 
     def __init__(self, model: C.llama_model_p) -> None:
         self._vocab = C.llama_model_get_vocab(model)
+        self.vocab = self._vocab  # for grammar samplers
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        # Texts of control tokens ("<|im_start|>"...): client strings the template writes
+        # verbatim must not contain them (prompt.py keeps message content out of reach).
+        self.control_texts = frozenset(
+            t for t in (self.token_text(i) for i in range(self.n_vocab) if C.llama_vocab_is_control(self._vocab, i)) if t)
         self._pieces: dict[int, bytes] = {}
         tmpl = C.llama_model_chat_template(model, None)
         self.chat_template: str | None = tmpl.decode() if tmpl else None
@@ -106,19 +115,44 @@ class Tokenizer:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
 
+    def grammar_parses(self, gbnf: str) -> bool:
+        """Does llama.cpp accept this grammar? (Any thread: it only reads the vocabulary.)"""
+        g = C.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        if not g:
+            return False
+        C.llama_sampler_free(g)
+        return True
+
     def detokenize(self, tokens: list[int]) -> str:
         """Token ids -> text as users see it (control tokens render empty)."""
         return b"".join(self.piece(t) for t in tokens if 0 <= t < self.n_vocab).decode("utf-8", "replace")
 
 
-class Sampler:
-    """A llama.cpp sampler chain for one sequence; frees itself with the sequence."""
+# llama_token_data as numpy sees it: a whole vocabulary's candidates built in one copy.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+
+def _candidates(data: np.ndarray) -> C.llama_token_data_array:
+    return C.llama_token_data_array(data=data.ctypes.data_as(C.llama_token_data_p), size=len(data),
+                                    selected=-1, sorted=False)
+
+
+class Sampler:
+    """A llama.cpp sampler chain for one sequence, and its grammar if the answer must
+    follow one; frees itself with the sequence."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab: Any = None) -> None:
         self._chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        self._grammar = None
+        if params.grammar is not None:
+            self._grammar = C.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            if not self._grammar:
+                C.llama_sampler_free(self._chain)
+                self._chain = None
+                raise LLMError("the grammar does not parse")
         # Plain greedy needs no sampler state: LLM.sample_all takes an argmax of all such
         # rows at once instead of one chain call per sequence.
-        self.plain_greedy = params.greedy and not params.has_penalties
+        self.plain_greedy = params.greedy and not params.has_penalties and self._grammar is None
         add = lambda s: C.llama_sampler_chain_add(self._chain, s)  # noqa: E731
         if params.has_penalties:
             add(C.llama_sampler_init_penalties(
@@ -141,6 +175,33 @@ class Sampler:
         if self._chain:
             C.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar:
+            C.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+    def sample_constrained(self, logits: np.ndarray) -> int:
+        """Sample a grammar-bound row as llama.cpp's common sampler does: take the chain's
+        pick from the full distribution, and only when the grammar rejects it, constrain
+        the whole vocabulary and pick again (checking 152k tokens against a grammar costs
+        far more than checking one)."""
+        n = len(logits)
+        data = np.empty(n, dtype=_TOKEN_DATA)
+        data["id"], data["logit"], data["p"] = np.arange(n, dtype=np.int32), logits, 0.0
+        cur = _candidates(data)
+        C.llama_sampler_apply(self._chain, ctypes.byref(cur))
+        token = int(data["id"][cur.selected])
+        one = np.array([(token, 0.0, 0.0)], dtype=_TOKEN_DATA)
+        C.llama_sampler_apply(self._grammar, ctypes.byref(_candidates(one)))
+        if not np.isfinite(one["logit"][0]):
+            data["id"], data["logit"], data["p"] = np.arange(n, dtype=np.int32), logits, 0.0
+            cur = _candidates(data)
+            C.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+            C.llama_sampler_apply(self._chain, ctypes.byref(cur))
+            token = int(data["id"][cur.selected])
+        # Only the final pick advances the grammar and the penalties' history.
+        C.llama_sampler_accept(self._grammar, token)
+        C.llama_sampler_accept(self._chain, token)
+        return token
 
     def __del__(self) -> None:
         self.free()
@@ -160,7 +221,7 @@ class LLM:
         cparams = C.llama_context_default_params()
         cparams.n_ctx = spec.n_ctx
         cparams.n_batch = spec.n_batch
-        cparams.n_ubatch = spec.n_batch
+        cparams.n_ubatch = min(spec.n_ubatch or spec.n_batch, spec.n_batch)
         cparams.n_seq_max = spec.n_seq_max
         cparams.n_threads = spec.threads
         cparams.n_threads_batch = spec.threads
@@ -238,14 +299,28 @@ class LLM:
 
     def sample(self, sampler: Sampler, row: int) -> int:
         """Sample from the logits of batch row `row` (must have had logits=True)."""
+        if sampler._grammar is not None:
+            return sampler.sample_constrained(self._rows(row, 1)[0])
         return int(C.llama_sampler_sample(sampler._chain, self.ctx, row))
+
+    def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+        """log p(token) under the model's own distribution at batch row `row`, and the k
+        likeliest tokens with theirs (OpenAI's logprobs: before temperature and filters)."""
+        x = self._rows(row, 1)[0].astype(np.float64)
+        m = float(x.max())
+        lse = m + float(np.log(np.exp(x - m).sum()))
+        top: list[int] = []
+        if k > 0:
+            part = np.argpartition(-x, k - 1)[:k]
+            top = part[np.argsort(-x[part], kind="stable")].tolist()
+        return float(x[token]) - lse, [(t, float(x[t]) - lse) for t in top]
 
     def logits(self, row: int) -> np.ndarray:
         ptr = C.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.tokenizer.n_vocab,)).copy()
 
     def new_sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(params, self.tokenizer.n_vocab)
+        return Sampler(params, self.tokenizer.n_vocab, self.tokenizer.vocab)
 
     # -- KV cache ------------------------------------------------------------------------
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:

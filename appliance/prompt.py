@@ -57,11 +57,14 @@ class ChatTemplate:
         self._template = env.from_string(source or CHATML)
         self._specials = {"bos_token": bos_token, "eos_token": eos_token}
 
-    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                     tools: list[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, written by the template) pieces: message contents are
-        rendered as placeholders and put back as pieces of their own."""
-        masked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
-        text = self.render(masked, add_generation_prompt)
+        rendered as placeholders and put back as pieces of their own. (Tool definitions and
+        calls are rendered as the template writes them: the API layer refuses any that
+        contain control-token text.)"""
+        masked = [{**m, "content": f"\ue000{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
+        text = self.render(masked, add_generation_prompt, tools)
         parts: list[tuple[str, bool]] = []
         pos = 0
         for mark in _MARK.finditer(text):
@@ -71,17 +74,20 @@ class ChatTemplate:
         parts.append((text[pos:], True))
         return [(t, special) for t, special in parts if t]
 
-    def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Render and tokenize: control tokens come only from the template, never from content."""
         tokens: list[int] = []
-        for text, special in self.render_parts(messages):
+        for text, special in self.render_parts(messages, tools=tools):
             tokens += tokenize(text, special)
         return tokens
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self._specials)
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._specials, **extra)
         except TemplateError as e:
             raise BadRequest(f"the model's chat template rejected these messages: {e}", param="messages") from None
 
@@ -128,8 +134,22 @@ def _public_len(messages: list[dict[str, Any]], tokens: list[int], template: Cha
     return common_prefix(tokens, public_prefix(system, template, tokenize))
 
 
+def refuse_control_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        control_texts: frozenset[str]) -> None:
+    """Tool definitions and calls reach the template as JSON it writes verbatim, where
+    control-token text would be parsed: refuse any that holds some (content is safe)."""
+    calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+    if not (tools or calls) or not control_texts:
+        return
+    text = json.dumps([tools, calls], ensure_ascii=False)
+    found = next((c for c in control_texts if c in text), None)
+    if found is not None:
+        raise BadRequest(f"tool definitions and tool calls may not contain the model's control token {found!r}",
+                         param="tools" if tools and found in json.dumps(tools, ensure_ascii=False) else "messages")
+
+
 def _chars(messages: list[dict[str, Any]]) -> int:
-    return sum(len(m["content"]) for m in messages)
+    return sum(len(m["content"]) + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 0) for m in messages)
 
 
 def build_prompt(
@@ -138,6 +158,7 @@ def build_prompt(
     tokenize: Tokenize,
     limit: int,
     presets: frozenset[str] = frozenset(),
+    tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
     """Render and tokenize; if longer than `limit` tokens, drop the oldest non-system
     messages (whole turns: the kept history starts with a user message) until it fits.
@@ -145,7 +166,7 @@ def build_prompt(
     Turns far beyond the context by characters are dropped before anything is rendered."""
 
     def encode(msgs: list[dict[str, Any]]) -> list[int]:
-        return template.encode(msgs, tokenize)
+        return template.encode(msgs, tokenize, tools)
 
     n_sys = 0
     while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
@@ -159,11 +180,11 @@ def build_prompt(
         return system + rest[k:]
 
     # The fewest turns to drop by characters alone (the last message is always tokenized).
-    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system)
-    k0, tail = len(rest) - 1, len(rest[-1]["content"])
-    while k0 > 0 and tail + len(rest[k0 - 1]["content"]) <= budget:
+    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system) - len(json.dumps(tools or []))
+    k0, tail = len(rest) - 1, _chars(rest[-1:])
+    while k0 > 0 and tail + _chars(rest[k0 - 1:k0]) <= budget:
         k0 -= 1
-        tail += len(rest[k0]["content"])
+        tail += _chars(rest[k0:k0 + 1])
 
     if k0 == 0:
         tokens = encode(messages)

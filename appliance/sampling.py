@@ -18,6 +18,8 @@ class SamplingParams:
     penalty_last_n: int = 64  # tokens the penalties look back over
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    grammar: str | None = None  # GBNF the answer must follow (structured output, forced tool calls)
+    logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
 
     @property
     def greedy(self) -> bool:
