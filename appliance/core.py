@@ -27,7 +27,7 @@ from .scheduler import Limits, Scheduler, Step
 from .snapshot import Counters, SessionView, Snapshot
 from .spec import NgramIndex, TurnDrafts, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
 from .textstream import TextStream
-from .turn import Delta, Done, Failed, State, Turn
+from .turn import Delta, Done, Failed, State, TokenLogprob, Turn
 
 log = logging.getLogger(__name__)
 Events = list[tuple[Callable[[Any], None], Any]]
@@ -44,6 +44,7 @@ class Model(Protocol):
     def greedy_rows(self, first: int, n: int) -> list[int]: ...
     def logits_rows(self, first: int, n: int) -> np.ndarray: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
+    def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]: ...
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_pos_max(self, seq_id: int) -> int: ...
@@ -258,10 +259,10 @@ class EngineCore:
         now = self.clock()
         plain = [(t, row) for t, row, d in batch.picks if not d]
         sampled = self.model.sample_all([(t.sampler, row) for t, row in plain])
-        for (t, _), token in zip(plain, sampled):
+        for (t, row), token in zip(plain, sampled):
             if t.drafts is not None and t.state is State.DECODE:
                 t.drafts.state.record(0, 0)  # a step without drafts counts down a pause
-            self._accept(t, token, now)
+            self._accept(t, token, now, self._logprob(row, token, t.params.logprobs))
         for t, row, d in batch.picks:
             if d:
                 self._verify(t, row, d, now)
@@ -288,7 +289,15 @@ class EngineCore:
             if not self._accept(t, token, now):
                 break
 
-    def _accept(self, t: Turn, token: int, now: float) -> bool:
+    def _logprob(self, row: int, token: int, k: int | None) -> TokenLogprob | None:
+        """Only for the rows that asked: the logits are still those of the last decode."""
+        if k is None:
+            return None
+        lp, top = self.model.logprobs(row, token, k)
+        piece = self.model.tokenizer.piece
+        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top])
+
+    def _accept(self, t: Turn, token: int, now: float, lp: TokenLogprob | None = None) -> bool:
         """Take one sampled token; False once the turn has finished."""
         t.state = State.DECODE
         tokenizer = self.model.tokenizer
@@ -296,6 +305,8 @@ class EngineCore:
             self._finish(t, "stop")
             return False
         t.output.append(token)
+        if lp is not None:
+            t.logprobs.append(lp)
         if t.drafts is not None:
             t.drafts.index.extend((token,))
         self.stats.generated_tokens += 1
@@ -319,7 +330,8 @@ class EngineCore:
         if not t.first_token_at:
             t.first_token_at = now
         t.last_emit_at = now
-        self.events.append((t.sink, Delta(text)))
+        self.events.append((t.sink, Delta(text, t.logprobs)))
+        t.logprobs = []
 
     # -- finishing -----------------------------------------------------------------------
     def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None) -> None:
@@ -334,8 +346,9 @@ class EngineCore:
             self.events.append((t.sink, Failed(error)))
             return
         tail = t.text.flush() if t.text is not None else ""
-        if tail:
-            self.events.append((t.sink, Delta(tail)))
+        if tail or t.logprobs:  # held-back text, or tokens whose text a stop string swallowed
+            self.events.append((t.sink, Delta(tail, t.logprobs)))
+            t.logprobs = []
         self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
 
     def _release_kv(self, t: Turn, keep: bool) -> None:

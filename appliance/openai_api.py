@@ -6,6 +6,7 @@ field with a wrong type or value is a BadRequest naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -15,9 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadRequest, PayloadTooLarge
+from .grammar import JSON_OBJECT, schema_grammar, tool_call_grammar
 from .sampling import SamplingParams
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 8  # choices per request: each is a sequence in the batch
+MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_STOP = 4
 MAX_STOP_CHARS = 256  # a stop string is a marker, not a document; keeps the holdback scan cheap
 MAX_BODY_BYTES = 4 * 2**20  # far beyond any context this model holds (~16 KiB of text per 4k tokens)
@@ -29,12 +35,15 @@ SESSION_RULE = "the session id must be 16-128 characters of A-Z, a-z, 0-9, '_' a
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: SamplingParams
     stream: bool
     include_usage: bool
     model: str | None
     session_id: str | None
+    n: int = 1
+    tools: list[dict[str, Any]] | None = None  # rendered by the chat template
+    tool_names: frozenset[str] = frozenset()  # non-empty: the answer is parsed for tool calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,28 +165,126 @@ def parse_messages(raw: Any, max_messages: int = 2048, max_chars: int = 1_000_00
         if chars > max_chars:
             raise PayloadTooLarge(f"the messages hold more than {max_chars} characters of text",
                                   param="messages", code="too_many_characters")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        m: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        if role == "assistant" and msg.get("tool_calls"):
+            m["tool_calls"] = _tool_calls(msg["tool_calls"], i)
+        out.append(m)
     return out
+
+
+def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant turn's tool calls, as the chat template wants them (arguments as an object)."""
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise BadRequest(f"'{param}' must be a list of at most {MAX_TOOLS} calls", param=param)
+    calls = []
+    for j, call in enumerate(raw):
+        f = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments", "{}"), str):
+            raise BadRequest(f"'{param}[{j}]' must be {{\"type\": \"function\", \"function\": "
+                             "{\"name\": ..., \"arguments\": \"<JSON>\"}}", param=param)
+        try:
+            args = json.loads(f.get("arguments") or "{}")
+        except ValueError:
+            raise BadRequest(f"'{param}[{j}].function.arguments' is not valid JSON", param=param) from None
+        if not isinstance(args, dict):
+            raise BadRequest(f"'{param}[{j}].function.arguments' must be a JSON object", param=param)
+        calls.append({"type": "function", "function": {"name": _text(f["name"], param), "arguments": args}})
+    return calls
+
+
+def parse_tools(data: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, frozenset[str], str | None]:
+    """tools + tool_choice -> (tools for the template, names to parse calls of, a grammar
+    forcing calls or None). tool_choice "none" renders no tools at all."""
+    raw, choice = data.get("tools"), data.get("tool_choice")
+    if raw is None:
+        if choice is not None and choice != "none":
+            raise BadRequest("'tool_choice' needs 'tools'", param="tool_choice")
+        return None, frozenset(), None
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise BadRequest(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
+    functions = []
+    for j, tool in enumerate(raw):
+        f = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _TOOL_NAME.fullmatch(f["name"]):
+            raise BadRequest(f"'tools[{j}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}} "
+                             "with a name of 1-64 characters of A-Z a-z 0-9 _ -", param="tools")
+        if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+            raise BadRequest(f"'tools[{j}].function.parameters' must be a JSON schema object", param="tools")
+        if f.get("description") is not None and not isinstance(f["description"], str):
+            raise BadRequest(f"'tools[{j}].function.description' must be a string", param="tools")
+        functions.append(f)
+    if not functions or choice == "none":
+        return None, frozenset(), None
+    names = frozenset(f["name"] for f in functions)
+    parallel = _bool(data, "parallel_tool_calls", True)
+    template_tools = [{"type": "function", "function": f} for f in functions]
+    if choice is None or choice == "auto":
+        return template_tools, names, None
+    if choice == "required":
+        return template_tools, names, tool_call_grammar(functions, parallel)
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
+        and isinstance(choice.get("function"), dict) else None
+    if not isinstance(named, str):
+        raise BadRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+    if named not in names:
+        raise BadRequest(f"'tool_choice' names the function {named[:64]!r}, which is not in 'tools'", param="tool_choice")
+    return template_tools, names, tool_call_grammar([f for f in functions if f["name"] == named], False)
+
+
+def parse_response_format(data: dict[str, Any]) -> str | None:
+    """response_format -> the grammar the answer must follow, or None for free text."""
+    rf = data.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise BadRequest("'response_format' must be an object with a 'type'", param="response_format")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
+            raise BadRequest("'response_format.json_schema' must be an object with a 'schema'",
+                             param="response_format.json_schema")
+        return schema_grammar(js.get("schema", {}))
+    raise BadRequest(f"'response_format.type' must be text, json_object or json_schema, got {kind[:32]!r}",
+                     param="response_format.type")
+
+
+def parse_choices(data: dict[str, Any]) -> tuple[int, int | None]:
+    """n, and logprobs -> how many alternatives to report per token (None: no logprobs)."""
+    n = _integer(data, "n")
+    if n is not None and not 1 <= n <= MAX_N:
+        raise BadRequest(f"'n' must be between 1 and {MAX_N}", param="n")
+    top = _integer(data, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if _bool(data, "logprobs"):
+        return n or 1, top or 0
+    if top is not None:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return n or 1, None
 
 
 def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_header: str | None = None) -> ChatRequest:
     messages = parse_messages(data.get("messages"), limits.max_messages, limits.max_chars)
     model = parse_model(data)
 
-    n = _integer(data, "n")
-    if n is not None and n != 1:
-        raise BadRequest("only 'n': 1 is supported", param="n")
-    if _bool(data, "logprobs"):
-        raise BadRequest("'logprobs' is not supported", param="logprobs")
-
-    params = parse_sampling(data, limits)
+    n, logprobs = parse_choices(data)
+    tools, tool_names, forced = parse_tools(data)
+    grammar = forced or parse_response_format(data)
+    params = dataclasses.replace(parse_sampling(data, limits), grammar=grammar, logprobs=logprobs)
     stream, include_usage = parse_stream(data)
 
     session = session_header if session_header else data.get("session_id")
     # It is echoed in a response header and named in logs by digest: a safe alphabet only.
     if session is not None and not valid_session_id(session):
         raise BadRequest(SESSION_RULE, param="session_id")
-    return ChatRequest(messages, params, stream, include_usage, model, session)
+    return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names)
 
 
 def parse_model(data: dict[str, Any]) -> str | None:

@@ -50,6 +50,7 @@ class Turn:
     sampler: Any = field(default=None, repr=False)
     text: Any = field(default=None, repr=False)
     drafts: Any = field(default=None, repr=False)
+    logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # not yet sent with a Delta
 
     @property
     def n_prompt(self) -> int:
@@ -69,10 +70,20 @@ class Turn:
         return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and its likeliest alternatives (logprobs)."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
 # Events, delivered on the asyncio loop to the request's sink.
 @dataclass(slots=True)
 class Delta:
     text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind `text`, when asked
 
 
 @dataclass(slots=True)

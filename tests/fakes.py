@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -98,6 +99,11 @@ class FakeModel:
 
     def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
         return [self.sample(smp, row) for smp, row in picks]
+
+    def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+        """The sampled token always has p = 0.9, then token+1 .. with 0.05, 0.025, ..."""
+        top = [(token, math.log(0.9))] + [(token + i, math.log(0.1 / 2 ** i)) for i in range(1, k)]
+        return math.log(0.9), top[:k]
 
     def sample(self, sampler: FakeSampler, row: int) -> int:
         n = sampler.n

@@ -126,7 +126,7 @@ def test_message_not_an_object(item: Any) -> None:
     bad({"messages": [{"role": "user", "content": "a"}, item]}, "messages[1]")
 
 
-@pytest.mark.parametrize("role", ["tool", "function", "User", "", None, 1, ["user"]])
+@pytest.mark.parametrize("role", ["function", "User", "", None, 1, ["user"]])
 def test_message_wrong_role(role: Any) -> None:
     bad({"messages": [{"role": role, "content": "hi"}]}, "messages[0].role")
 
@@ -289,15 +289,86 @@ def test_stop_rejected(stop: Any) -> None:
 
 def test_n() -> None:
     assert parse_chat_request(req(n=1), LIMITS).messages == USER
-    bad(req(n=2), "n")
+    assert parse_chat_request(req(), LIMITS).n == 1
+    assert parse_chat_request(req(n=3), LIMITS).n == 3
+    bad(req(n=api.MAX_N + 1), "n")
     bad(req(n=0), "n")
     bad(req(n="1"), "n")
 
 
 def test_logprobs() -> None:
-    bad(req(logprobs=True), "logprobs")
+    assert parse_chat_request(req(logprobs=True), LIMITS).params.logprobs == 0
+    assert parse_chat_request(req(logprobs=True, top_logprobs=5), LIMITS).params.logprobs == 5
+    assert parse_chat_request(req(logprobs=False), LIMITS).params.logprobs is None
     bad(req(logprobs="yes"), "logprobs")
+    bad(req(top_logprobs=3), "top_logprobs")  # without logprobs: true
+    bad(req(logprobs=True, top_logprobs=21), "top_logprobs")
     assert parse_chat_request(req(logprobs=False), LIMITS).stream is False
+
+
+# -- structured output and tools --------------------------------------------------------------
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def test_response_format() -> None:
+    assert parse_chat_request(req(response_format={"type": "text"}), LIMITS).params.grammar is None
+    g = parse_chat_request(req(response_format={"type": "json_object"}), LIMITS).params.grammar
+    assert g is not None and "root" in g
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "title": "Person", "additionalProperties": False}
+    g = parse_chat_request(req(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}),
+                           LIMITS).params.grammar
+    assert g is not None and '"\\"age\\""' in g
+    bad(req(response_format={"type": "xml"}), "response_format.type")
+    bad(req(response_format="json"), "response_format")
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "integer", "minimum": 0}, "minimum"),
+    ({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}, "multipleOf"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    ({"not": {"type": "string"}}, "not"),
+    ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "patternProperties"),
+    ({"type": "string", "format": "email"}, "email"),
+    ({"$ref": "https://example.com/s.json"}, "$ref"),
+    ({"minLength": 3}, "minLength"),
+])
+def test_unsupported_schema_features_are_400s_naming_them(schema: dict[str, Any], named: str) -> None:
+    err = bad(req(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+              "response_format.json_schema.schema")
+    assert named in err.message
+
+
+def test_tools_and_tool_choice() -> None:
+    r = parse_chat_request(req(tools=[WEATHER]), LIMITS)
+    assert r.tool_names == {"get_weather"} and r.tools and r.params.grammar is None  # auto
+    r = parse_chat_request(req(tools=[WEATHER], tool_choice="required"), LIMITS)
+    assert r.params.grammar is not None and "<tool_call>" in r.params.grammar
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert parse_chat_request(req(tools=[WEATHER], tool_choice=named), LIMITS).params.grammar
+    r = parse_chat_request(req(tools=[WEATHER], tool_choice="none"), LIMITS)
+    assert r.tools is None and not r.tool_names
+    err = bad(req(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "launch"}}), "tool_choice")
+    assert "launch" in err.message and "not in 'tools'" in err.message
+    bad(req(tool_choice="required"), "tool_choice")
+    bad(req(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools")
+    bad(req(tools=WEATHER), "tools")
+
+
+def test_tool_messages_and_assistant_tool_calls() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}]
+    r = parse_chat_request({"messages": msgs, "tools": [WEATHER]}, LIMITS)
+    assert r.messages[1] == {"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                              "arguments": {"city": "Paris"}}}]}
+    assert r.messages[2] == {"role": "tool", "content": '{"temp": 21}'}
+    broken = {**call, "function": {"name": "get_weather", "arguments": "{not json"}}
+    bad({"messages": [msgs[0], {"role": "assistant", "tool_calls": [broken]}]}, "messages[1].tool_calls")
 
 
 # -- stream --------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""Tool calls in the model's answer: Qwen2.5 writes each as
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; these become OpenAI
+`tool_calls`, whole answers and streams alike. A block that is not valid JSON naming a
+function stays text: a client gets the model's words, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "type": "function",
+                             "function": {"name": self.name, "arguments": self.arguments}}
+        return d if index is None else {"index": index, **d}
+
+
+def _call(block: str, names: frozenset[str]) -> ToolCall | None:
+    try:
+        obj = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall("call_" + secrets.token_hex(12), obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallParser:
+    """Feed answer text as it streams; get back text to show and tool calls, each whole.
+    Text that could be the start of `<tool_call>` is held back until it is decided."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self._buf = ""
+        self._in_call = False
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        self._buf += text
+        shown: list[str] = []
+        calls: list[ToolCall] = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(CLOSE)
+                if end < 0:
+                    return "".join(shown), calls
+                block, self._buf = self._buf[:end], self._buf[end + len(CLOSE):]
+                self._in_call = False
+                call = _call(block, self.names)
+                if call is None:
+                    shown.append(OPEN + block + CLOSE)  # not a call after all: the model's text
+                else:
+                    calls.append(call)
+                    self.calls.append(call)
+                    self._buf = self._buf.lstrip("\n")
+                continue
+            start = self._buf.find(OPEN)
+            if start >= 0:
+                shown.append(self._buf[:start])
+                self._buf = self._buf[start + len(OPEN):]
+                self._in_call = True
+                continue
+            keep = _partial_suffix(self._buf, OPEN)
+            shown.append(self._buf[:len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep:]
+            return "".join(shown), calls
+
+    def flush(self) -> str:
+        """At the end: whatever is held back is text (an unclosed block included)."""
+        rest = (OPEN + self._buf) if self._in_call else self._buf
+        self._buf, self._in_call = "", False
+        return rest
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def split_answer(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
+    """A whole answer -> (its text without the tool-call blocks, the calls)."""
+    p = ToolCallParser(names)
+    shown, calls = p.feed(text)
+    return (shown + p.flush()).strip() if calls else shown + p.flush(), calls
