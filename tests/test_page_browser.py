@@ -100,8 +100,8 @@ def busy_live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     d = tmp_path_factory.mktemp("page-busy")
     keys = d / "keys"
     keys.write_text(f"{KEY} page-test\n")
-    s = start(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "2048",
-              "--kv-tokens", "4096", "--api-keys-file", str(keys))
+    s = start(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
+              "--kv-tokens", "2048", "--api-keys-file", str(keys))
     s.client.headers["Authorization"] = f"Bearer {KEY}"
     s.wait_ready()
     yield s
@@ -188,7 +188,7 @@ def test_streamed_answer_and_the_second_turn_reuses_the_session(live: Live, page
       new MutationObserver(() => { const a = document.querySelector('article.streaming .md');
         if (a && a.textContent) window.__renders.add(a.textContent.length); })
         .observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true}); }""")
-    settings(p, max_tokens=24, temperature=0)
+    settings(p, max_tokens=16, temperature=0)
     send(p, "Count from one to twenty in words, separated by commas.")
     first = wait_answer(p, 1)
     assert len(first.locator(".md").inner_text().strip()) > 10
@@ -205,7 +205,7 @@ def test_streamed_answer_and_the_second_turn_reuses_the_session(live: Live, page
     sids = {r["headers"]["x-session-id"] for r in w.chat_requests}
     assert len(sids) == 1 and SID.match(sids.pop())
     body = w.chat_requests[-1]["body"]
-    assert body["stream"] is True and body["max_tokens"] == 24 and body["temperature"] == 0
+    assert body["stream"] is True and body["max_tokens"] == 16 and body["temperature"] == 0
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
 
 
@@ -240,10 +240,11 @@ def test_hostile_html_and_links_render_inert(live: Live, page_of: Any, tmp_path:
     p = ready(w)
     external: list[str] = []
     p.on("request", lambda r: external.append(r.url) if not r.url.startswith(live.url) else None)
-    import_chat(p, tmp_path, "evil.json", export("Evil", [("user", HOSTILE), ("assistant", HOSTILE)]))
     settings(p, max_tokens=4)
-    send(p, HOSTILE.strip())  # the same pasted into the message box and sent
-    wait_answer(p, 2)
+    send(p, HOSTILE.strip())  # pasted into the message box and sent
+    wait_answer(p, 1)
+    assert p.locator("article.user .text").inner_text() == HOSTILE.strip()  # shown as typed
+    import_chat(p, tmp_path, "evil.json", export("Evil", [("user", HOSTILE), ("assistant", HOSTILE)]))
     p.locator("article.msg").last.hover()
     log = p.locator("#messages")
     for tag in ("img", "script", "iframe", "style", "[style]", "a[href^='javascript']", "a[onclick]", "div[onmouseover]"):
@@ -526,7 +527,7 @@ def _hold_the_slot(server: Live, stop: threading.Event) -> threading.Thread:
     cancels it)."""
     def run() -> None:
         body = {"messages": [{"role": "user", "content": "Write a very long essay about rivers."}],
-                "stream": True, "max_tokens": 500}
+                "stream": True, "max_tokens": 400}
         with httpx.Client(base_url=server.url, timeout=120, trust_env=False,
                           headers={"Authorization": f"Bearer {KEY}"}) as c, \
                 c.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -580,3 +581,20 @@ def test_api_key_prompt_queue_position_and_busy_retry(busy_live: Live, page_of: 
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in first.chat_requests + second.chat_requests)
     assert len(second.chat_requests) >= 2  # the 429 and the retry
     assert p1.evaluate("localStorage.getItem('chat.apiKey')") == KEY
+
+
+def test_a_conversation_cut_to_fit_says_how_many_messages_were_left_out(busy_live: Live, page_of: Any,
+                                                                         tmp_path: Path) -> None:
+    """The busy server's context is 512 tokens: an imported chat of four long turns does not fit."""
+    w = page_of(busy_live.url)
+    p = w.page
+    p.fill("#ask-input", KEY)
+    p.click("#ask-ok")
+    ready(w)
+    settings(p, max_tokens=2)
+    long = "The quick brown fox jumps over the lazy dog. " * 25  # ~250 tokens
+    import_chat(p, tmp_path, "long.json", export("Long", [("user", long), ("assistant", long)] * 2))
+    send(p, "Short question: what animal jumps?")
+    art = wait_answer(p, 3)
+    note = art.locator(".notes .note").first.inner_text()
+    assert re.fullmatch(r"\d+ earlier messages? (was|were) left out to fit the model's context\.", note), note
