@@ -87,6 +87,9 @@ class KVStore:
             # Restoring may have evicted the donor found above: look again.
             m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
         donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
+        leader, lead_n = self._leader(turn)
+        if leader is not None and lead_n > (m.n_common if donor is not None else 0):
+            donor = None  # a running turn is computing more of this prompt: wait and copy that
         if donor is not None:
             donor.busy = True  # pinned: making room for our id must not evict the donor
         turn.seq_id = self._alloc_id()
@@ -96,7 +99,8 @@ class KVStore:
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
             self.stats.shared_hits += 1
             return
-        self._follow(turn)
+        if leader is not None and lead_n >= self.policy.min_shared:
+            turn.leader, turn.lead_n = leader, lead_n
 
     def _take_over(self, turn: Turn, e: Entry, n_common: int) -> None:
         self.cache.take(e, turn.session)
@@ -106,10 +110,10 @@ class KVStore:
         turn.copied = min(e.n_tokens - e.own_tokens, n_common)
         self.stats.hits += 1
 
-    def _follow(self, turn: Turn) -> None:
-        """Nobody has the prefix yet: if a running turn it may share with is computing it,
-        wait for it and copy, so a client's requests arriving together compute their
-        common prompt once."""
+    def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
+        """A running turn it may share with that is computing (or has) more of its prompt
+        than any cache entry holds: it waits for it and copies, so a client's requests
+        arriving together (n choices, a burst) compute their common prompt once."""
         best, best_n = None, 0
         for other in self.sched.running:
             if other is turn or other.leader is not None or other.seq_id < 0:
@@ -120,8 +124,7 @@ class KVStore:
             n = min(common_prefix(other.prompt, turn.prompt), cap)
             if n > best_n:
                 best, best_n = other, n
-        if best is not None and best_n >= self.policy.min_shared:
-            turn.leader, turn.lead_n = best, best_n
+        return best, best_n
 
     def _restore(self, turn: Turn, e: Entry) -> bool:
         """Bring a parked session back into the KV cache, when cheaper than recomputing."""
