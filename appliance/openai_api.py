@@ -396,6 +396,19 @@ def chunk(cid: str, created: int, model: str, delta: dict[str, Any], finish_reas
     }
 
 
+def chunks(cid: str, created: int, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A chunk carrying ready `choices` entries (choices.py), for n >= 1 and tool calls."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices, **extra}
+
+
+def completion_of(cid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any],
+                  **extra: Any) -> dict[str, Any]:
+    """A whole chat completion from ready `choices` entries (choices.py)."""
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": use, **extra}
+
+
 def usage_chunk(cid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [], "usage": use}

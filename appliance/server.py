@@ -7,6 +7,7 @@ published snapshot, and never touches llama.cpp.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import math
@@ -14,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +23,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from . import openai_api as api
 from .auth import KeyRing
+from .choices import Choice
 from .engine import Engine, EngineState, Handle
 from .errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
 from .guard import Caller, Guard, GuardPolicy, caller_of
 from .limits import ParseGate
 from .metrics import Metrics
+from .prompt import Prompt
 from .turn import Delta, Done, Failed
 
 log = logging.getLogger(__name__)
@@ -80,7 +84,11 @@ class App:
         # paths) only for the operator: this machine or an admin key.
         caller = caller_of(request.scope["state"])
         operator = caller.local or caller.admin
-        body: dict[str, Any] = {"status": e.state.value}
+        stalled = e.stalled_s  # > 0 once one engine step has run longer than stall_s (a hang)
+        status = "stalled" if stalled else e.state.value
+        body: dict[str, Any] = {"status": status}
+        if stalled:
+            body["stalled_s"] = round(stalled, 1)
         if e.state is EngineState.FAILED:
             body["error"] = e.load_error if operator else "the model failed to load; see the server log"
         if e.state in (EngineState.READY, EngineState.DRAINING):
@@ -108,13 +116,25 @@ class App:
                     **snap.cache_events,
                 },
             })
-        return JSONResponse(body, status_code=200 if e.state is EngineState.READY else 503)
+            from .cpu import SENSORS  # here: this method is the one place server.py reads sensors
+
+            mem, heat = SENSORS.read()
+            body["memory"] = {"total_bytes": mem.total, "available_bytes": mem.available,
+                              "pressure_pct": mem.pressure, "cgroup_limit_bytes": mem.cgroup_limit,
+                              "park_budget_bytes": e.park_budget}
+            body["thermal"] = {"throttled": heat.throttled, "zones_c": dict(heat.zones)}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def system_prompts_list(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"name": k, "text": v} for k, v in self.system_prompts.items()]})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse(api.models_list(self.model_id, self.created))
+        body = api.models_list(self.model_id, self.created)
+        # The context one request may use (prompt + answer), named as llama-server (meta.n_ctx)
+        # and vLLM (max_model_len) report it: clients size their prompts by it.
+        ctx = self.limits.ctx_limit
+        body["data"][0].update(max_model_len=ctx, meta={"n_ctx": ctx, "n_vocab": self.engine.n_vocab or None})
+        return JSONResponse(body)
 
     async def chat(self, request: Request) -> Response:
         caller = caller_of(request.scope["state"])
@@ -127,52 +147,85 @@ class App:
                 if e.code:
                     self.refused(e.code)
                 raise
-            prompt = await self.engine.prepare(req.messages, req.params.max_tokens)
+            prompt = await self.engine.prepare(req.messages, req.params.max_tokens, req.tools)
         session = req.session_id or api.new_session_id()
-        handle = self.engine.submit(prompt, req.params, caller.client, session_key(caller, session),
-                                    named=req.session_id is not None)
+        handles = self._submit_choices(req, prompt, caller, session)
         headers = {"X-Session-Id": session}
         extra: dict[str, Any] = {}
         if prompt.dropped_messages:
             headers["X-Dropped-Messages"] = str(prompt.dropped_messages)
             extra["dropped_messages"] = prompt.dropped_messages
         cid, created = api.new_id(), int(time.time())
+        choices = [Choice(i, req.tool_names, req.params.logprobs is not None) for i in range(req.n)]
         if req.stream:
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return StreamingResponse(self._stream(handle, req, cid, created, extra),
+            return StreamingResponse(self._stream(handles, choices, req, cid, created, extra),
                                      media_type="text/event-stream", headers=headers)
-        return await self._complete(request, handle, cid, created, extra, headers)
+        return await self._complete(request, handles, choices, cid, created, extra, headers)
 
-    async def _stream(self, handle: Handle, req: api.ChatRequest, cid: str, created: int,
-                      extra: dict[str, Any]) -> AsyncIterator[bytes]:
-        model = self.model_id
-        started = 0.0
+    def _submit_choices(self, req: api.ChatRequest, prompt: Prompt, caller: Caller, session: str) -> list[Handle]:
+        """One engine request per choice. They are submitted together with one prompt, so
+        the engine computes it once and the others copy its cells (kvstore's followers);
+        only the first continues the session."""
+        handles: list[Handle] = []
         try:
-            yield api.sse(api.chunk(cid, created, model, {"role": "assistant", "content": ""}, **extra))
-            while True:
-                ev = await handle.next(QUEUE_NOTE_S)
-                if ev is None:
+            for i in range(req.n):
+                params = req.params
+                if i and params.seed is not None:
+                    params = dataclasses.replace(params, seed=params.seed + i)
+                key = session_key(caller, session) if i == 0 else session_key(caller, api.new_session_id())
+                handles.append(self.engine.submit(prompt, params, caller.client, key,
+                                                  named=i == 0 and req.session_id is not None))
+        except ApplianceError:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
+    async def _stream(self, handles: list[Handle], choices: list[Choice], req: api.ChatRequest, cid: str,
+                      created: int, extra: dict[str, Any]) -> AsyncIterator[bytes]:
+        model = self.model_id
+        events: asyncio.Queue[tuple[int, Delta | Done | Failed]] = asyncio.Queue()
+
+        async def pump(i: int, h: Handle) -> None:
+            async for ev in h.events():
+                await events.put((i, ev))
+
+        pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+        started, ends = 0.0, dict[int, Done]()
+        try:
+            yield api.sse(api.chunks(cid, created, model, [c.entry({"role": "assistant", "content": ""})
+                                                           for c in choices], **extra))
+            while len(ends) < len(handles):
+                try:
+                    i, ev = await asyncio.wait_for(events.get(), QUEUE_NOTE_S)
+                except TimeoutError:
                     # Waiting for a slot: an SSE comment (ignored by OpenAI clients, shown by
                     # the chat page) tells the user, and finds out if they left.
-                    yield self._queue_note(handle.position)
+                    yield self._queue_note(min((pos for h in handles if (pos := h.position)), default=0))
                     continue
-                if isinstance(ev, Delta):
-                    started = started or time.monotonic()
-                    yield api.sse(api.chunk(cid, created, model, {"content": ev.text}))
-                elif isinstance(ev, Done):
-                    self._note_served(started)
-                    yield api.sse(api.chunk(cid, created, model, {}, _reason(ev)))
-                    if req.include_usage:
-                        yield api.sse(api.usage_chunk(cid, created, model,
-                                                      api.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
-                    yield api.sse("[DONE]")
-                    return
-                elif isinstance(ev, Failed):
+                if isinstance(ev, Failed):
                     # The 200 is already sent: the error travels as one event, then we close.
                     yield api.sse(ev.error.body())
                     return
+                if isinstance(ev, Delta):
+                    started = started or time.monotonic()
+                    entries = choices[i].delta(ev)
+                else:
+                    ends[i] = ev
+                    entries, reason = choices[i].finish(ev)
+                    entries.append({**choices[i].entry({}), "finish_reason": reason})
+                for entry in entries:
+                    yield api.sse(api.chunks(cid, created, model, [entry]))
+            self._note_served(started)
+            if req.include_usage:
+                yield api.sse(api.usage_chunk(cid, created, model, _usage(list(ends.values()))))
+            yield api.sse("[DONE]")
         finally:
-            handle.cancel()  # no-op after Done; frees the slot if the client went away
+            for task in pumps:
+                task.cancel()
+            for h in handles:
+                h.cancel()  # no-op after Done; frees the slot if the client went away
 
     def _queue_note(self, position: int) -> bytes:
         if not position:
@@ -184,42 +237,43 @@ class App:
         if started:
             self._served.append(time.monotonic() - started)
 
-    async def _complete(self, request: Request, handle: Handle, cid: str, created: int,
-                        extra: dict[str, Any], headers: dict[str, str]) -> Response:
-        async def collect() -> tuple[str, Done | Failed]:
-            parts: list[str] = []
-            started = 0.0
-            async for ev in handle.events():
+    async def _complete(self, request: Request, handles: list[Handle], choices: list[Choice], cid: str,
+                        created: int, extra: dict[str, Any], headers: dict[str, str]) -> Response:
+        async def collect(h: Handle, choice: Choice) -> tuple[dict[str, Any], Done] | Failed:
+            async for ev in h.events():
                 if isinstance(ev, Delta):
-                    started = started or time.monotonic()
-                    parts.append(ev.text)
+                    choice.delta(ev)
+                elif isinstance(ev, Done):
+                    return choice.message(ev), ev
                 else:
-                    if isinstance(ev, Done):
-                        self._note_served(started)
-                    return "".join(parts), ev
+                    return ev
             raise EngineFailure("the engine ended the request without an answer")
 
         async def disconnected() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        work = asyncio.ensure_future(collect())
+        t0 = time.monotonic()
+        work = asyncio.ensure_future(asyncio.gather(*(collect(h, c) for h, c in zip(handles, choices))))
         gone = asyncio.ensure_future(disconnected())
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
             if not work.done():
-                handle.cancel()  # the client left: free its slot at the next step
+                for h in handles:
+                    h.cancel()  # the client left: free its slots at the next step
                 work.cancel()
         if not work.done() or work.cancelled():
             return Response(status_code=499)
-        text, end = work.result()
-        if isinstance(end, Failed):
-            return error_response(end.error)
-        use = api.usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens)
-        return JSONResponse(api.completion(cid, created, self.model_id, text, _reason(end), use, **extra),
-                            headers=headers)
+        results = work.result()
+        failed = next((r for r in results if isinstance(r, Failed)), None)
+        if failed is not None:
+            return error_response(failed.error)
+        done = [r for r in results if not isinstance(r, Failed)]
+        self._note_served(t0)
+        body = api.completion_of(cid, created, self.model_id, [m for m, _ in done], _usage([d for _, d in done]), **extra)
+        return JSONResponse(body, headers=headers)
 
     async def session(self, request: Request) -> Response:
         # One route for both methods, so a 405 lists both in Allow.
@@ -287,8 +341,10 @@ async def _parse(body: bytes, limits: api.ServerLimits, session_header: str | No
     return await asyncio.to_thread(parse) if len(body) > THREAD_PARSE_BYTES else parse()
 
 
-def _reason(done: Done) -> str:
-    return "stop" if done.finish_reason == "cancelled" else done.finish_reason
+def _usage(ends: list[Done]) -> dict[str, Any]:
+    """One prompt (computed once for all choices), every choice's completion tokens."""
+    first = ends[0]
+    return api.usage(first.prompt_tokens, sum(d.completion_tokens for d in ends), first.cached_tokens)
 
 
 async def _appliance_error(request: Request, exc: Exception) -> Response:
@@ -307,6 +363,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _client_left(request: Request, exc: Exception) -> Response:
+    # Mid-body (or dropped by conn.py's deadline): nobody to answer and nothing to log.
+    return Response(status_code=499)
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
     return error_response(EngineFailure("internal error; see the server log"))
@@ -314,6 +375,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(app_state: App) -> Starlette:
     """The app behind its front door (guard.Guard): every route sees a checked caller."""
+    from . import completions  # here: the route modules build on this module's App
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # The HTTP server is up before the model loads: /health says "loading" meanwhile.
@@ -328,6 +391,11 @@ def create_app(app_state: App) -> Starlette:
         Route("/metrics", app_state.prometheus),
         Route("/debug/steps", app_state.steps),
         Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
+        # Text completion, fill-in-the-middle and tokens (completions.py).
+        Route("/v1/completions", partial(completions.completions, app_state), methods=["POST"]),
+        Route("/infill", partial(completions.infill, app_state), methods=["POST"]),
+        Route("/tokenize", partial(completions.tokenize, app_state), methods=["POST"]),
+        Route("/detokenize", partial(completions.detokenize, app_state), methods=["POST"]),
         Route("/v1/sessions/{sid}", app_state.session, methods=["GET", "DELETE"]),
         Route("/", app_state.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.
@@ -337,5 +405,6 @@ def create_app(app_state: App) -> Starlette:
         routes=routes,
         lifespan=lifespan,
         middleware=[Middleware(Guard, policy=app_state.guard, on_refuse=app_state.refused)],
-        exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error,
+                            ClientDisconnect: _client_left, Exception: _unexpected},
     )
