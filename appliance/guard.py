@@ -32,7 +32,10 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 ADMIN_PATHS = ("/metrics", "/debug/")
-API_PATHS = ("/v1/", "/api/")  # what needs a key when keys are on
+# What needs a key when keys are on (and counts against the rate limit): the OpenAI and
+# Ollama APIs and llama-server's token-level routes.
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
+OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -209,7 +212,8 @@ class Guard:
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
         if isinstance(err, Unauthorized):
             headers["WWW-Authenticate"] = "Bearer"
-        await JSONResponse(err.body(), status_code=err.status, headers=headers)(scope, receive, _with_headers(send, origin))
+        body = {"error": err.message} if scope["path"].startswith(OLLAMA_PATHS) else err.body()
+        await JSONResponse(body, status_code=err.status, headers=headers)(scope, receive, _with_headers(send, origin))
 
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
         response = Response(status_code=204, headers={

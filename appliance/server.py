@@ -375,7 +375,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(app_state: App) -> Starlette:
     """The app behind its front door (guard.Guard): every route sees a checked caller."""
-    from . import completions  # here: the route modules build on this module's App
+    from . import completions, ollama  # here: the route modules build on this module's App
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -396,6 +396,13 @@ def create_app(app_state: App) -> Starlette:
         Route("/infill", partial(completions.infill, app_state), methods=["POST"]),
         Route("/tokenize", partial(completions.tokenize, app_state), methods=["POST"]),
         Route("/detokenize", partial(completions.detokenize, app_state), methods=["POST"]),
+        # Ollama's API (ollama.py).
+        Route("/api/chat", partial(ollama.chat, app_state), methods=["POST"]),
+        Route("/api/generate", partial(ollama.generate, app_state), methods=["POST"]),
+        Route("/api/tags", partial(ollama.tags, app_state)),
+        Route("/api/show", partial(ollama.show, app_state), methods=["POST"]),
+        Route("/api/ps", partial(ollama.ps, app_state)),
+        Route("/api/version", partial(ollama.version, app_state)),
         Route("/v1/sessions/{sid}", app_state.session, methods=["GET", "DELETE"]),
         Route("/", app_state.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.

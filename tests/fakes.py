@@ -42,7 +42,8 @@ class FakeTokenizer:
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
-    fim = None  # no fill-in-the-middle tokens
+    fim: tuple[int, int, int] | None = None  # no fill-in-the-middle tokens
+    n_vocab = 0x110000  # every code point
 
     def detokenize(self, tokens: list[int]) -> str:
         return "".join(chr(t) for t in tokens if t)

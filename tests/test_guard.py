@@ -28,7 +28,8 @@ def whoami(request: Request) -> Response:
 
 
 APP = Starlette(routes=[Route(p, whoami, methods=["GET", "POST", "DELETE"])
-                        for p in ("/", "/health", "/v1/x", "/metrics", "/debug/steps", "/api/chat")])
+                        for p in ("/", "/health", "/v1/x", "/metrics", "/debug/steps", "/api/chat",
+                                  "/tokenize", "/detokenize", "/infill")])
 
 
 @contextmanager
@@ -150,12 +151,21 @@ def test_keys_guard_the_api_but_not_the_page_or_health(keys: KeyRing) -> None:
         assert err["type"] == "authentication_error" and err["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
         error(c.post("/v1/x", json={}, headers={"Authorization": "Bearer wrong-key-xxxxxxxxxxxx"}), 401)
-        error(c.post("/api/chat", json={}, headers={"Authorization": f"Basic {USER_KEY}"}), 401)
+        # Ollama's paths answer in Ollama's error shape, a message string.
+        r = c.post("/api/chat", json={}, headers={"Authorization": f"Basic {USER_KEY}"})
+        assert r.status_code == 401 and r.json() == {"error": "an API key is needed: send `Authorization: Bearer KEY`"}
         me = c.post("/v1/x", json={}, headers={"Authorization": f"Bearer {USER_KEY}"}).json()
         assert me["client"].startswith("key:") and me["namespace"] == me["client"] and not me["admin"]
         assert me["address"] == "192.168.1.20"
         assert c.get("/").status_code == 200 and c.get("/health").status_code == 200
     assert refusals == ["no_key"] * 3
+
+
+def test_llama_server_token_routes_need_a_key_like_the_api(keys: KeyRing) -> None:
+    with guarded(keys=keys) as c:
+        for path in ("/tokenize", "/detokenize", "/infill"):
+            error(c.post(path, json={}), 401)
+            assert c.post(path, json={}, headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 200
 
 
 def test_operator_routes_from_this_machine_or_with_an_admin_key(keys: KeyRing) -> None:

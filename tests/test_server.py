@@ -409,7 +409,7 @@ def test_max_tokens_within_the_context_is_capped_not_refused(client: TestClient)
 def test_unknown_route_is_404(client: TestClient) -> None:
     err = error_of(client.get("/v1/nope"), 404)
     assert "/v1/nope" in err["message"]
-    error_of(client.post("/v1/completions", json={"prompt": "hi"}), 404)
+    error_of(client.post("/v1/embeddings", json={"input": "hi"}), 404)
 
 
 @pytest.mark.parametrize("method,path", [("GET", CHAT), ("PUT", CHAT), ("POST", "/v1/models"),
