@@ -617,7 +617,7 @@ async function generate(chat) {
   chat.messages.push(bot);
   touch(chat);
   const ctrl = new AbortController();
-  const r = { chat, bot, ctrl, label: '', tFirst: 0, queue: null, tick: 0 };
+  const r = { chat, bot, ctrl, label: '', tFirst: 0, queue: null, tick: 0, done: false };
   run = r;
   if (current === chat) {
     els.empty.hidden = true;
@@ -639,6 +639,7 @@ async function generate(chat) {
   let t0 = performance.now(), n = 0, usage = null, finish = null, frame = 0, lastPaint = 0, lastSave = Date.now();
   const paint = () => {
     frame = 0;
+    if (r.done) return; // a frame that was already queued when the answer ended
     lastPaint = performance.now();
     if (views.get(bot)) {
       update(bot, false);
@@ -730,6 +731,7 @@ async function generate(chat) {
       checkHealth();
     } else bot.error = String(e && e.message || e);
   } finally {
+    r.done = true;
     clearTimeout(frame);
     clearInterval(r.tick);
     const tEnd = performance.now();
