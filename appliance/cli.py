@@ -139,7 +139,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from . import model_files, tune
 
+    # tune creates the --config file when it does not exist yet.
+    given = args.config
+    if given and not Path(given).exists():
+        args.config = None
     cfg, _ = _load_config(args)
+    args.config = given
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     try:
         path = model_files.resolve(cfg.model, Path(cfg.models_dir))

@@ -392,3 +392,25 @@ def test_cli_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert cli.main(["config", "--config", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope.toml" in err
+
+
+def test_ubatch_tokens_is_its_own_setting_at_most_batch_tokens() -> None:
+    cfg, sources = load({"ubatch_tokens": "128"}, environ={})
+    assert (cfg.ubatch_tokens, cfg.batch_tokens, sources["ubatch_tokens"]) == (128, 512, "command line")
+    with pytest.raises(ConfigError) as e:
+        load({"ubatch_tokens": "1024"}, environ={})
+    assert "must be <= batch_tokens" in config_error(e, "ubatch_tokens")
+    with pytest.raises(ConfigError) as e:
+        load({"ubatch_tokens": "0"}, environ={})
+    config_error(e, "ubatch_tokens")
+
+
+def test_ubatch_tokens_reaches_the_context_spec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from appliance import llm, serve
+
+    seen: list[llm.ContextSpec] = []
+    monkeypatch.setattr(llm, "LLM", lambda path, spec: seen.append(spec))
+    cfg, _ = load({"ubatch_tokens": "64", "batch_tokens": "256"}, environ={})
+    engine = serve.build_engine(cfg, tmp_path / "m.gguf")
+    engine._factory()
+    assert (seen[0].n_batch, seen[0].n_ubatch) == (256, 64)
