@@ -157,14 +157,14 @@ def measure(model_path: Path, machine: Machine, repack: bool, quick: bool = Fals
         toks = [t for s in range(16) for t in prompt[s:s + n]]
         llm.decode(toks, [p for _ in range(16) for p in range(n)], [s for s in range(16) for _ in range(n)],
                    [False] * len(toks))
-        pos, out = n, {}
+        pos, out = [n] * 16, {}  # each sequence's next position (llama.cpp wants them consecutive)
         for rows in rows_list:
             times = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                llm.decode([prompt[rows]] * rows, [pos] * rows, list(range(rows)), [True] * rows)
+                llm.decode([prompt[rows]] * rows, pos[:rows], list(range(rows)), [True] * rows)
                 times.append((time.perf_counter() - t0) * 1000)
-                pos += 1
+                pos[:rows] = [p + 1 for p in pos[:rows]]
             out[rows] = statistics.median(times)
         return out
 
