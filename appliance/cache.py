@@ -140,6 +140,7 @@ class CacheEvents:
     expired: int = 0  # TTL
     parked: int = 0
     parked_dropped: int = 0  # RAM budget
+    parked_shed: int = 0  # the budget shrank: memory ran short, or the kernel was reclaiming
 
 
 class SessionCache:
@@ -275,7 +276,15 @@ class SessionCache:
     def restored(self, e: Entry, seq_id: int) -> None:
         e.parked, e.disk, e.seq_id = None, None, seq_id
 
-    def _fit_park_budget(self, keep: Entry) -> None:
+    def set_park_budget(self, budget: int) -> int:
+        """A new RAM budget for parked sessions; the least recently used ones beyond it are
+        dropped. Returns how many."""
+        self.park_budget = budget
+        before = self.events.parked_shed
+        self._fit_park_budget(keep=None)
+        return self.events.parked_shed - before
+
+    def _fit_park_budget(self, keep: Entry | None) -> None:
         parked = sorted((e for e in self.entries.values() if e.parked is not None), key=lambda e: e.last_used)
         total = sum(len(e.parked or b"") for e in parked)
         for e in parked:
@@ -285,4 +294,7 @@ class SessionCache:
                 continue
             total -= len(e.parked or b"")
             del self.entries[e.session]
-            self.events.parked_dropped += 1
+            if keep is None:
+                self.events.parked_shed += 1
+            else:
+                self.events.parked_dropped += 1

@@ -17,6 +17,8 @@ from typing import Any
 
 SYSTEM_CONFIG = Path("/etc/appliance/appliance.toml")
 ENV_PREFIX = "APPLIANCE_"
+# APPLIANCE_* variables that are not settings: read by their own modules.
+NOT_SETTINGS = frozenset({"APPLIANCE_FAULT"})  # faults.py: test-only fault injection
 
 
 class ConfigError(Exception):
@@ -153,6 +155,11 @@ class Config:
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
     request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))
     grace_s: float = field(default=30.0, metadata=_opt("on SIGTERM, how long running streams may finish", _non_negative))
+    save_timeout_s: float = field(default=15.0, metadata=_opt(
+        "at shutdown, sessions are saved most recent first for at most this long, s", _non_negative))
+    stall_s: float = field(default=60.0, metadata=_opt(
+        "an engine step running longer than this is a hang: /health says 'stalled' (503) and the "
+        "systemd watchdog pings stop, s", lambda v: None if v >= 1 else "must be >= 1"))
     web_dir: str = field(default="", metadata=_opt("chat page directory; empty = the bundled web/"))
     log_level: str = field(default="info", metadata=_opt("logging level", _one_of("debug", "info", "warning", "error")))
 
@@ -240,7 +247,7 @@ def load(
             sources[key] = f"file {path}"
 
     for env_key, raw in environ.items():
-        if not env_key.startswith(ENV_PREFIX):
+        if not env_key.startswith(ENV_PREFIX) or env_key in NOT_SETTINGS:
             continue
         key = env_key[len(ENV_PREFIX):].lower()
         if key not in FIELDS:

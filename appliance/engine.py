@@ -17,6 +17,7 @@ from typing import Any
 from .cache import SAVED, session_key
 from .core import EngineCore, Events, Model
 from .errors import ApplianceError, EngineFailure, Unavailable
+from .faults import Fault, inject
 from .inbox import Cancel, DeleteSession, Inbox
 from .kvstore import CachePolicy
 from .prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
@@ -91,6 +92,8 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         metrics: Any = None,
         on_fatal: Callable[[], None] = lambda: None,
+        stall_s: float = 60.0,
+        fault: Fault | None = None,
     ) -> None:
         self._factory = model_factory
         self._pin = pin
@@ -103,6 +106,10 @@ class Engine:
         self.clock = clock
         self.metrics = metrics
         self.on_fatal = on_fatal
+        self.stall_s = stall_s  # a loop iteration (one step) longer than this is a hang
+        self.fault = fault  # faults.py, tests only: armed once the engine is ready
+        self.progress_at = 0.0  # time.monotonic() when the engine loop last made progress
+        self.park_budget = self.policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
         self.inbox = Inbox(limits.max_queue, max_per_client)
         self.state = EngineState.LOADING
         self.load_error = ""
@@ -127,16 +134,32 @@ class Engine:
         if self.state is EngineState.READY:
             self.state = EngineState.DRAINING
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Default wait: the time sessions may take to save, and some."""
         self._stop = True
         self.inbox.wake()
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._thread.join(timeout if timeout is not None else self.policy.save_timeout_s + 10)
 
     @property
     def n_active(self) -> int:
         """Requests queued or running."""
         return self.inbox.n_open
+
+    # -- liveness (any thread) -----------------------------------------------------------
+    @property
+    def stalled_s(self) -> float:
+        """How long the engine loop has been stuck in one iteration (a decode that hangs),
+        once that exceeds stall_s; 0.0 otherwise, and while loading or stopped."""
+        if self.state not in (EngineState.READY, EngineState.DRAINING):
+            return 0.0
+        idle = time.monotonic() - self.progress_at
+        return idle if idle > self.stall_s else 0.0
+
+    @property
+    def status(self) -> str:
+        """What /health says: loading, ok, stalled, draining, failed or stopped."""
+        return "stalled" if self.stalled_s else self.state.value
 
     # -- requests (loop thread) ----------------------------------------------------------
     def prompt_limit(self, max_tokens: int) -> int:
@@ -242,6 +265,7 @@ class Engine:
             return
         self.core = core
         self.snapshot = core.snapshot()
+        self.progress_at = time.monotonic()
         self.state = EngineState.READY
         self.ready.set()
         log.info("engine ready: %d slots, %d KV tokens, %d sequence ids",
@@ -277,20 +301,25 @@ class Engine:
             core.add_public(tokens)
         core.kv.load_sessions()
         self._template, self._tokenize, self._tokenizer = template, tokenize, tok
+        if self.fault is not None:
+            inject(model, self.fault)  # after start-up's own decodes
         return core
 
     def _run(self, core: EngineCore) -> None:
         while not self._stop:
+            self.progress_at = time.monotonic()  # the watchdog's sign of life (notify.py)
             for cmd in self.inbox.take():
                 core.handle(cmd)
             busy = core.iterate()
             # Publish before handing out events: a client that sees its Done then reads
             # /health or its session already sees the state that Done reflects.
             self.snapshot = core.snapshot()
+            self.park_budget = core.cache.park_budget
             self._emit(core)
             if not busy:
                 closes = core.sched.window_open_until()
-                self.inbox.wait(max(0.0, closes - self.clock()) if closes is not None else 1.0)
+                # Idle waits are short enough to never look like a stall.
+                self.inbox.wait(min(max(0.0, closes - self.clock()) if closes is not None else 1.0, self.stall_s / 4))
 
     def _shut(self, core: EngineCore, error: ApplianceError) -> None:
         core.fail_all(error, self.inbox.close())

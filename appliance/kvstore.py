@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Protocol
 
 from . import persist
 from .cache import SAVED, Entry, SessionCache, SessionTable, common_prefix
+from .cpu import Memory, trim_heap
 from .errors import KVCacheFull
 from .scheduler import Scheduler
 from .turn import State, Turn
@@ -37,11 +39,39 @@ class CachePolicy:
     n_seq: int  # llama.cpp sequence ids: `slots` for running requests, the rest hold idle sessions
     ttl_s: float = 1800.0
     share_all: bool = False  # False: across clients, reuse only public prefixes
-    park_bytes: int = 0  # RAM for sessions evicted from the KV cache; 0 = no parking
+    park_bytes: int = 0  # RAM for sessions evicted from the KV cache, at most; 0 = no parking
     restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
     min_shared: int = 8  # shortest prefix worth sharing between sequences
     state_dir: str = ""  # where sessions survive a restart; "" = they do not
     state_max_bytes: int = 1 << 30
+    save_timeout_s: float = 15.0  # at shutdown, the most recent sessions saved within this
+    # Free memory and pressure, read once a second: parking gives memory back before the
+    # kernel runs out (park_budget below). None: the budget stays park_bytes.
+    memory: Callable[[], Memory] | None = None
+
+
+# Parked sessions are the one use of memory the engine can give back (the KV cache and the
+# weights are fixed at start-up). They leave a reserve free for the rest of the machine: a
+# tenth of the memory, at least 64 MiB (a 1 GiB board keeps ~100 MiB, which its kernel,
+# sshd and journald need; 8 GiB keeps ~800 MiB for the page cache).
+PARK_RESERVE_MIN = 64 << 20
+# PSI "some avg10" (% of the last 10 s in which a task waited for memory) at which the
+# kernel is already reclaiming hard: parked sessions are halved, at most every
+# PRESSURE_HOLD_S since avg10 trails the relief by about that long.
+PRESSURE_PCT = 10.0
+PRESSURE_HOLD_S = 10.0
+
+
+def park_budget(ceiling: int, parked: int, mem: Memory, pressed: bool) -> int:
+    """What parked sessions may hold now: at most `ceiling`; growing by at most half of
+    what is free beyond the reserve, shrinking by the shortfall when less than the reserve
+    is free; halved when `pressed` (memory pressure)."""
+    reserve = max(PARK_RESERVE_MIN, mem.total // 10)
+    spare = mem.available - reserve
+    budget = parked + (spare // 2 if spare > 0 else spare)
+    if pressed:
+        budget = min(budget, parked // 2)
+    return max(0, min(ceiling, budget))
 
 
 @dataclass(slots=True)
@@ -63,6 +93,7 @@ class KVStore:
         self.clock = clock
         self.stats = ReuseStats()
         self._next_ttl_check = 0.0
+        self._next_pressure_cut = 0.0
 
     def evict_lru(self) -> bool:
         """Make room after a "KV cache full" decode; False when nothing idle is left."""
@@ -211,10 +242,29 @@ class KVStore:
         if now < self._next_ttl_check:
             return
         self._next_ttl_check = now + 1.0
+        self._fit_memory()
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)
             _unlink(e.disk)
+
+    def _fit_memory(self) -> None:
+        """Once a second: the parking budget follows free memory and pressure."""
+        probe = self.policy.memory
+        if probe is None or not self.policy.park_bytes:
+            return
+        mem = probe()
+        now = time.monotonic()
+        pressed = mem.pressure >= PRESSURE_PCT and now >= self._next_pressure_cut
+        if pressed:
+            self._next_pressure_cut = now + PRESSURE_HOLD_S
+        parked = self.cache.parked_bytes
+        dropped = self.cache.set_park_budget(park_budget(self.policy.park_bytes, parked, mem, pressed))
+        if dropped:
+            trim_heap()
+            log.warning("memory short (%d MiB free of %d, pressure %.0f%%): dropped %d parked sessions, "
+                        "parking budget now %d MiB", mem.available >> 20, mem.total >> 20, mem.pressure,
+                        dropped, self.cache.park_budget >> 20)
 
     def drop_session(self, session: str) -> bool:
         """Forget a session now, and what its turns in flight would leave; True if there
@@ -274,14 +324,19 @@ class KVStore:
             log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
 
     def save_sessions(self) -> None:
+        """Most recent first, for at most save_timeout_s: a stop must end within systemd's
+        TimeoutStopSec even on a slow SD card; sessions left out are recomputed."""
         if not self.policy.state_dir:
             return
         now = self.clock()
+        deadline = time.monotonic() + self.policy.save_timeout_s
         records = []
         try:
-            for e in list(self.cache.entries.values()):
+            for e in sorted(self.cache.entries.values(), key=lambda e: e.last_used, reverse=True):
                 if e.busy:
                     continue
+                if time.monotonic() > deadline:
+                    break
                 data: bytes | None
                 if e.seq_id >= 0:
                     data = self.model.seq_state(e.seq_id)
@@ -294,7 +349,7 @@ class KVStore:
                 if data:
                     records.append((SessionTable.key_of(e.session), e.tokens, e.public_len, now - e.last_used, data))
             n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
-                                 self.policy.state_max_bytes)
+                                 self.policy.state_max_bytes, deadline=deadline)
             log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
         except OSError as e:  # StateDirError too: a symlink, not a directory, not ours
             log.error("could not save sessions to %s: %s", self.policy.state_dir, e)

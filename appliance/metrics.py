@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .cpu import SENSORS, Sensors
+
 if TYPE_CHECKING:
     from .engine import Engine
 
@@ -37,13 +39,14 @@ class Metrics:
         self.rejected = Counter("appliance_rejected_requests", "Requests refused before queuing",
                                 ["reason"], registry=r)
 
-    def attach(self, engine: Engine) -> None:
-        self.registry.register(_EngineCollector(engine))
+    def attach(self, engine: Engine, sensors: Sensors = SENSORS) -> None:
+        self.registry.register(_EngineCollector(engine, sensors))
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sensors: Sensors) -> None:
         self.engine = engine
+        self.sensors = sensors
 
     def collect(self) -> Iterator[Any]:
         snap = self.engine.snapshot  # one immutable picture: every figure from the same moment
@@ -72,6 +75,26 @@ class _EngineCollector(Collector):
         for name, n in sorted(snap.cache_events.items()):
             sess.add_metric([name], n)
         yield sess
+        yield from self._machine()
+
+    def _machine(self) -> Iterator[Any]:
+        """Liveness, memory and heat: what a hang, a leak or a hot cupboard looks like."""
+        yield _gauge("appliance_engine_stalled_seconds",
+                     "How long one engine step has run, once beyond stall_s (a hang); 0 otherwise",
+                     self.engine.stalled_s)
+        mem, heat = self.sensors.read()
+        yield _gauge("appliance_memory_total_bytes", "Memory this process may use (RAM, or its cgroup's limit)",
+                     mem.total)
+        yield _gauge("appliance_memory_available_bytes", "Memory still available to this process", mem.available)
+        yield _gauge("appliance_memory_pressure_ratio",
+                     "PSI some avg10: share of the last 10 s in which a task waited for memory", mem.pressure / 100)
+        yield _gauge("appliance_park_budget_bytes", "RAM parked sessions may use now (shrinks when memory runs short)",
+                     self.engine.park_budget)
+        yield _gauge("appliance_thermal_throttled", "1 while the CPU is thermally throttled", int(heat.throttled))
+        temp = GaugeMetricFamily("appliance_temperature_celsius", "Temperature per thermal zone", labels=["zone"])
+        for zone, celsius in heat.zones:
+            temp.add_metric([zone], celsius)
+        yield temp
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -21,11 +21,13 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
 import stat
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +115,10 @@ def _unlink(name: str, dir_fd: int) -> None:
 
 
 def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, list[int], int, float, bytes]],
-             max_bytes: int) -> int:
+             max_bytes: int, deadline: float = math.inf) -> int:
     """Write (key, tokens, shared_len, idle seconds, state) records, most recent first,
-    until max_bytes; key is cache.session_key(session), never the id. Replaces what the
-    directory held before. Returns files written."""
+    until max_bytes or the `deadline` (time.monotonic()); key is cache.session_key(session),
+    never the id. Replaces what the directory held before. Returns files written."""
     fd = open_dir(state_dir, create=True)
     assert fd is not None
     try:
@@ -132,6 +134,10 @@ def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, lis
                                  "sha256": hashlib.sha256(data).hexdigest()}).encode()
             size = len(MAGIC) + 4 + len(header) + len(data)
             if total + size > max_bytes:
+                break
+            if time.monotonic() > deadline:
+                log.warning("saving sessions ran out of time after %d files (%d MiB); the older ones are not kept",
+                            written, total >> 20)
                 break
             name = file_name(key)
             tmp = f".{name}.{secrets.token_hex(6)}{TMP_SUFFIX}"

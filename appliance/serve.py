@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 
 import uvicorn
 
-from . import conn, cpu
+from . import conn, cpu, faults
 from .auth import KeyRing, KeysFileError
 from .config import Config, ConfigError
 from .engine import Engine, EngineState
@@ -19,6 +21,7 @@ from .guard import GuardPolicy
 from .identity import parse_networks
 from .kvstore import CachePolicy
 from .metrics import Metrics
+from .notify import Notifier, Watchdog
 from .openai_api import ServerLimits
 from .scheduler import Limits
 from .server import App, create_app
@@ -39,10 +42,11 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
 
     n_seq = cfg.slots + cfg.cached_sessions
     presets = tuple(cfg.system_prompts.values())
-    park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else cpu.available_memory() // 4
+    park = cfg.park_ram_mb * 2**20 if cfg.park_ram_mb >= 0 else auto_park_bytes(model_path)
     policy = CachePolicy(n_seq=n_seq, ttl_s=cfg.session_ttl_s, share_all=cfg.prefix_sharing == "all",
                          park_bytes=park, restore_min_tokens=cfg.restore_min_tokens,
-                         state_dir=cfg.state_dir, state_max_bytes=cfg.state_max_mb * 2**20)
+                         state_dir=cfg.state_dir, state_max_bytes=cfg.state_max_mb * 2**20,
+                         save_timeout_s=cfg.save_timeout_s, memory=cpu.read_memory)
 
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
@@ -57,17 +61,49 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
                   spec_budget=cfg.spec_budget,
                   request_timeout_s=cfg.request_timeout_s,
-                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal)
+                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal,
+                  stall_s=cfg.stall_s, fault=faults.from_env(os.environ))
+
+
+def auto_park_bytes(model_path: Path) -> int:
+    """park_ram_mb = -1: a quarter of the memory available at start-up beyond the model
+    file, so a 1 GiB board parks little and a big PC a lot. It is a ceiling: while
+    serving, parking yields whenever memory runs short (kvstore.park_budget)."""
+    mem = cpu.read_memory()
+    size = model_path.stat().st_size if model_path.is_file() else 0
+    park = max(0, mem.available - size) // 4
+    log.info("parking: up to %d MiB (a quarter of the %d MiB available beyond the model), less when memory runs short",
+             park >> 20, max(0, mem.available - size) >> 20)
+    return park
+
+
+def supervise(engine: Engine, notifier: Notifier, listening: Any = lambda: True) -> Watchdog:
+    """systemd's view of us: READY=1 once the model is loaded and the port open, then
+    watchdog pings for as long as the engine loop makes progress."""
+    def ready() -> bool | None:
+        if engine.state is EngineState.FAILED:
+            return False
+        return True if engine.state is not EngineState.LOADING and listening() else None
+
+    def status() -> str:
+        if engine.stalled_s:
+            return f"stalled: one engine step has been running for {engine.stalled_s:.0f} s"
+        snap = engine.snapshot
+        return f"{engine.status}: {snap.running} of {snap.slots} slots busy, {snap.queue} queued"
+
+    return Watchdog(notifier, ready, lambda: engine.status in ("ok", "draining"), status)
 
 
 class _Server(uvicorn.Server):
     """On the first SIGTERM/SIGINT: stop admitting (/health says draining), let running
     streams finish within the grace period, then shut down. A second signal exits at once."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None,
+                 notifier: Notifier | None = None) -> None:
         super().__init__(config)
         self.engine = engine
         self.keys = keys
+        self.notifier = notifier or Notifier()
         self.grace_s = grace_s
         self._draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -83,6 +119,7 @@ class _Server(uvicorn.Server):
             return super().handle_exit(sig, frame)
         self._draining = True
         log.info("signal %d: draining (grace %.0f s)", sig, self.grace_s)
+        self.notifier.send("STOPPING=1", "STATUS=draining")
         self.engine.drain()
         asyncio.get_event_loop().create_task(self._drain())
 
@@ -115,6 +152,9 @@ def serve(cfg: Config, model_path: Path) -> int:
         log.info("API keys on: %d keys from %s", len(keys), cfg.api_keys_file)
     engine = build_engine(cfg, model_path, metrics, fatal)
     metrics.attach(engine)
+    # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
+    faulthandler.enable()
+    notifier = Notifier.from_env()
     limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
                           ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
     web = Path(cfg.web_dir) if cfg.web_dir else None
@@ -124,10 +164,17 @@ def serve(cfg: Config, model_path: Path) -> int:
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
                          parse_per_client=cfg.parse_per_client))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                          timeout_graceful_shutdown=max(1, int(cfg.grace_s)), lifespan="on",
+                          # _drain has waited grace_s already: what is left gets a few seconds.
+                          timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",
                           ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None,
                           http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
                                                   parse_networks(cfg.trusted_proxies)))
-    server = _Server(ucfg, engine, cfg.grace_s, keys)
-    server.run()
+    server = _Server(ucfg, engine, cfg.grace_s, keys, notifier)
+    watchdog = supervise(engine, notifier, lambda: server.started)
+    watchdog.start()
+    try:
+        server.run()
+    finally:
+        watchdog.stop()
+        notifier.close()
     return 1 if engine.state is EngineState.FAILED else 0

@@ -175,3 +175,61 @@ class RuleModel(FakeModel):
         for i in range(n):
             out[i, self.rule(self._row_tokens[first + i])] = 30.0  # p ~ 1 - 1e-11 at temperature 1
         return out
+
+
+class FakeSystemd:
+    """The receiving end of systemd's notify protocol: a datagram socket (a path, or a name
+    in the abstract namespace) that records every message with its arrival time."""
+
+    def __init__(self, abstract: bool = False) -> None:
+        import socket
+        import tempfile
+        from pathlib import Path
+
+        self._dir = Path(tempfile.mkdtemp(prefix="notify-"))  # short: a socket path is <= 107 bytes
+        name = f"appliance-test-{id(self)}-{time.monotonic_ns()}"
+        self.address = f"@{name}" if abstract else str(self._dir / "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind("\0" + name if abstract else self.address)
+        self.sock.settimeout(0.1)
+        self.received: list[tuple[float, str]] = []  # (time.monotonic(), message)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.received.append((time.monotonic(), data.decode()))
+
+    def env(self, watchdog_s: float) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": self.address, "WATCHDOG_USEC": str(int(watchdog_s * 1e6))}
+
+    def messages(self) -> list[str]:
+        return [m for _, m in list(self.received)]
+
+    def pings(self) -> list[float]:
+        return [t for t, m in list(self.received) if "WATCHDOG=1" in m.split("\n")]
+
+    def wait_for(self, line: str, timeout: float) -> float:
+        """Arrival time of the first message holding `line`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, m in list(self.received):
+                if line in m.split("\n"):
+                    return t
+            time.sleep(0.01)
+        raise AssertionError(f"no {line!r} within {timeout} s; got {self.messages()}")
+
+    def close(self) -> None:
+        import shutil
+
+        self._stop.set()
+        self._thread.join(1)
+        self.sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

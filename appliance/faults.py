@@ -1,0 +1,74 @@
+"""A test-only fault hook: APPLIANCE_FAULT, read once at start-up, makes the model's decode
+block or fail once the engine is ready, so tests (ours and the reliability suite's) can
+watch what the watchdog, /health and the streams do when llama_decode hangs or errors.
+Never set it in production; unset, nothing here runs.
+
+    APPLIANCE_FAULT=decode-block[:SECONDS][@N]   the first decode after N good ones blocks
+                                                 SECONDS (default: until the process ends)
+    APPLIANCE_FAULT=decode-fail[:COUNT][@N]      COUNT decodes after N good ones raise (default 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ConfigError
+
+log = logging.getLogger(__name__)
+ENV = "APPLIANCE_FAULT"
+_SPEC = re.compile(r"(decode-block|decode-fail)(?::([0-9.]+))?(?:@([0-9]+))?")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str  # decode-block | decode-fail
+    amount: float  # decode-block: seconds (inf = until the process ends); decode-fail: decodes
+    after: int = 0  # decodes that succeed first (counted from the engine being ready)
+
+
+def parse(text: str) -> Fault:
+    m = _SPEC.fullmatch(text.strip())
+    if m is None:
+        raise ConfigError(f"environment variable {ENV}: expected decode-block[:SECONDS][@N] or "
+                          f"decode-fail[:COUNT][@N], got {text!r}")
+    kind, amount, after = m[1], m[2], m[3]
+    default = math.inf if kind == "decode-block" else 1.0
+    try:
+        value = float(amount) if amount else default
+    except ValueError:
+        raise ConfigError(f"environment variable {ENV}: bad number in {text!r}") from None
+    return Fault(kind, value, int(after or 0))
+
+
+def from_env(environ: Mapping[str, str]) -> Fault | None:
+    text = environ.get(ENV, "")
+    return parse(text) if text else None
+
+
+def inject(model: Any, fault: Fault) -> None:
+    """Wrap model.decode (an instance attribute shadows the method) with the fault."""
+    real: Callable[..., None] = model.decode
+    seen = 0
+    left = fault.amount
+
+    def decode(*args: Any, **kw: Any) -> None:
+        nonlocal seen, left
+        seen += 1
+        if seen > fault.after and left > 0:
+            if fault.kind == "decode-block":
+                left = 0  # once
+                log.warning("%s: decode %d blocks for %s s", ENV, seen, fault.amount)
+                threading.Event().wait(None if math.isinf(fault.amount) else fault.amount)
+            else:
+                left -= 1
+                raise RuntimeError(f"{ENV}: injected decode failure")
+        real(*args, **kw)
+
+    setattr(model, "decode", decode)  # noqa: B010 - mypy refuses assigning to a method
+    log.warning("%s=%s is set: a test-only fault is armed (%s)", ENV, fault.kind, fault)
