@@ -242,7 +242,10 @@ def sampling_as(data: dict[str, Any], limits: api.ServerLimits, names: dict[str,
         theirs = next((t for t, o in names.items() if o == e.param and t in data), e.param)
         if e.param is None or theirs is None:
             raise
-        raise BadRequest(e.message.replace(f"'{e.param}'", f"'{where}{theirs}'"), param=f"{where}{theirs}") from None
+        name = f"'{where}{theirs}'"
+        said = f"'{e.param}'"
+        message = e.message.replace(said, name) if said in e.message else f"{name}: {e.message}"
+        raise BadRequest(message, param=f"{where}{theirs}") from None
 
 
 def refuse_changed(data: dict[str, Any], defaults: dict[str, Any], where: str = "") -> None:
