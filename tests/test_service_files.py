@@ -42,9 +42,10 @@ KNOWN = {
     "Unit": {"Description", "Documentation", "After", "Wants", "StartLimitIntervalSec",
              "StartLimitBurst"},
     "Service": {
-        "Type", "User", "Group", "ExecStart", "ExecReload", "StateDirectory", "StateDirectoryMode",
-        "ConfigurationDirectory", "WorkingDirectory", "Environment", "KillSignal",
-        "TimeoutStopSec", "Restart", "RestartSec", "RestartPreventExitStatus", "LimitNOFILE",
+        "Type", "NotifyAccess", "User", "Group", "ExecStart", "ExecReload", "StateDirectory",
+        "StateDirectoryMode", "ConfigurationDirectory", "WorkingDirectory", "Environment", "KillSignal",
+        "TimeoutStartSec", "WatchdogSec", "TimeoutStopSec", "MemoryHigh", "MemoryMax", "Restart",
+        "RestartSec", "RestartPreventExitStatus", "LimitNOFILE",
         "UMask", "NoNewPrivileges", "CapabilityBoundingSet", "AmbientCapabilities",
         "ProtectSystem", "ReadWritePaths", "ProtectHome", "PrivateTmp", "PrivateDevices",
         "PrivateMounts", "ProtectProc", "ProtectKernelTunables", "ProtectKernelModules",
@@ -106,11 +107,11 @@ def test_unit_hardening_and_paths(unit: Unit) -> None:
         assert not unknown, f"[{section}] unexpected directives {sorted(unknown)}"
     s = "Service"
     expected = {
-        "Type": "simple", "User": "appliance", "Group": "appliance",
+        "Type": "notify", "NotifyAccess": "main", "User": "appliance", "Group": "appliance",
         "ExecStart": f"{PREFIX}/.venv/bin/appliance serve",
         "StateDirectory": "appliance", "ConfigurationDirectory": "appliance",
         "WorkingDirectory": STATE, "ReadWritePaths": STATE,
-        "KillSignal": "SIGTERM", "TimeoutStopSec": "45", "Restart": "on-failure", "RestartSec": "5",
+        "KillSignal": "SIGTERM", "Restart": "on-failure", "RestartSec": "5",
         "UMask": "0077", "NoNewPrivileges": "yes",
         "CapabilityBoundingSet": "", "AmbientCapabilities": "",
         "ProtectSystem": "strict", "ProtectHome": "true",
@@ -136,9 +137,37 @@ def test_unit_hardening_and_paths(unit: Unit) -> None:
     assert one(unit, "Install", "WantedBy") == "multi-user.target"
 
 
-def test_unit_stop_timeout_covers_grace_period(unit: Unit) -> None:
-    grace = config_mod.Config().grace_s
-    assert float(one(unit, "Service", "TimeoutStopSec")) >= grace + 10
+def test_unit_stop_timeout_covers_drain_and_saving(unit: Unit) -> None:
+    # appliance/serve.py: drain up to grace_s, then at most 5 s for what is left, then
+    # sessions saved for at most save_timeout_s; a few seconds to unload and exit.
+    cfg = config_mod.Config()
+    assert float(one(unit, "Service", "TimeoutStopSec")) >= cfg.grace_s + 5 + cfg.save_timeout_s + 5
+
+
+def test_unit_watchdog_and_start_timeouts(unit: Unit) -> None:
+    from appliance.notify import Notifier, Watchdog
+
+    watchdog_s = float(one(unit, "Service", "WatchdogSec"))
+    # The app pings every WatchdogSec/4 (at most 1 s apart) while its engine makes progress.
+    dog = Watchdog(Notifier("/run/systemd/notify", watchdog_s), lambda: None, lambda: True)
+    assert dog.tick_s <= watchdog_s / 4
+    # A hang is restarted within stall_s + WatchdogSec; legitimate steps (~2 s here, an
+    # estimated 15-20 s on a Pi 4) stay well inside stall_s.
+    assert 10 <= watchdog_s and config_mod.Config().stall_s + watchdog_s <= 120
+    # Loading the model from a slow SD card must not count as a failed start.
+    assert float(one(unit, "Service", "TimeoutStartSec")) >= 120
+    # notify.py sends through an AF_UNIX datagram socket: the unit must allow the family.
+    assert "AF_UNIX" in one(unit, "Service", "RestrictAddressFamilies").split()
+
+
+def test_unit_memory_limits_match_the_tuned_plan(unit: Unit) -> None:
+    from appliance.tune import MEM_SHARE
+
+    high = float(one(unit, "Service", "MemoryHigh").rstrip("%"))
+    top = float(one(unit, "Service", "MemoryMax").rstrip("%"))
+    # tune plans the appliance's memory for MEM_SHARE of the machine: reclaim (MemoryHigh)
+    # starts only beyond that plan, and the hard limit beyond that.
+    assert MEM_SHARE * 100 < high < top <= 100
 
 
 def test_exec_start_is_the_console_script_the_venv_installs(unit: Unit) -> None:
