@@ -81,7 +81,8 @@ class Watchdog:
         self.alive = alive
         self.status = status
         # systemd suggests pinging at half the interval; a quarter leaves room for a late
-        # wake-up on a busy machine. At most 1 s apart, so a stall shows up promptly.
+        # wake-up on a busy machine. At most 1 s apart, so a stall (and the STATUS= line)
+        # shows promptly; a datagram a second costs nothing.
         self.tick_s = min(1.0, notifier.watchdog_s / 4) if notifier.watchdog_s else 1.0
         self.pings = 0
         self._stop = threading.Event()
@@ -101,7 +102,8 @@ class Watchdog:
                 return
         if not ok:
             return
-        self.notifier.send("READY=1", f"STATUS={self.status()}")
+        shown = self.status()
+        self.notifier.send("READY=1", f"STATUS={shown}")
         log.info("ready%s", f" (systemd watchdog {self.notifier.watchdog_s:g} s)" if self.notifier.watchdog_s else "")
         stalled = False
         while not self._stop.wait(self.tick_s):
@@ -109,10 +111,14 @@ class Watchdog:
                 if stalled:
                     stalled = False
                     log.warning("engine making progress again; watchdog pings resume")
-                    self.notifier.send(f"STATUS={self.status()}")
+                text = self.status()
+                fields = [f"STATUS={text}"] if text != shown else []
+                shown = text
                 if self.notifier.watchdog_s:
-                    self.notifier.send("WATCHDOG=1")
+                    fields.insert(0, "WATCHDOG=1")
                     self.pings += 1
+                if fields:
+                    self.notifier.send(*fields)
             elif not stalled:
                 stalled = True
                 text = self.status()
@@ -120,3 +126,4 @@ class Watchdog:
                           f" (systemd restarts the service within {self.notifier.watchdog_s:g} s)"
                           if self.notifier.watchdog_s else "")
                 self.notifier.send(f"STATUS={text}")
+                shown = text
