@@ -118,8 +118,10 @@ def _convert(schema_json: str, prop_order: tuple[str, ...]) -> str:
 
 def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema",
                    prop_order: tuple[str, ...] = ()) -> str:
-    """A checked schema's grammar (cached by the schema's canonical JSON)."""
-    text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    """A checked schema's grammar (cached by the schema's JSON). Properties keep the
+    schema's order: a model writes `name` before `tags` more naturally than the converter's
+    alphabetical default would have it."""
+    text = json.dumps(schema, ensure_ascii=False)
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise BadRequest(f"{param}: the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
     check_schema(schema, param)
