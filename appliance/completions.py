@@ -206,7 +206,8 @@ async def completions(app: App, request: Request) -> Response:
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
-    text, end = result
+    deltas, end = result
+    text = "".join(d.text for d in deltas)
     if isinstance(end, Failed):
         return error_response(end.error)
     return JSONResponse(completion_body(cid, created, app.model_id, echo + text, finish_reason(end), _usage(end)))
@@ -378,7 +379,8 @@ async def infill(app: App, request: Request) -> Response:
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
-    text, end = result
+    deltas, end = result
+    text = "".join(d.text for d in deltas)
     if isinstance(end, Failed):
         return error_response(end.error)
     if req.warm_only:

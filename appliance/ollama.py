@@ -9,6 +9,7 @@ pure functions; one route function per endpoint takes the App.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -24,10 +25,12 @@ from . import openai_api as api
 from .completions import check_chars, check_tokens, fim_ids, fim_prompt, refuse_changed, sampling_as
 from .engine import Engine, EngineState
 from .errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailable
+from .grammar import JSON_OBJECT, schema_grammar
 from .relay import Timing, collect, intake, relay, submit
 from .sampling import SamplingParams
 from .server import App
-from .turn import Delta, Done, Failed
+from .tools import CLOSE, OPEN, ToolCall, ToolCallParser, split_answer
+from .turn import Delta, Done, Failed, TokenLogprob
 
 # The Ollama release whose /api shapes these routes follow; some tools check it.
 VERSION = "0.12.11"
@@ -82,7 +85,7 @@ def stamp(t: float | None = None) -> str:
 @dataclass(frozen=True, slots=True)
 class Common:
     model: str
-    params: SamplingParams
+    params: SamplingParams  # with the format's grammar and the logprobs asked for
     stream: bool
     unload: bool  # keep_alive 0: the client asks to unload (we never do; the model stays)
 
@@ -106,18 +109,25 @@ def parse_options(raw: Any, limits: api.ServerLimits) -> SamplingParams:
     return sampling_as(opts, limits, {k: v for k, v in OPTIONS.items() if k != v}, "options.")
 
 
+def parse_format(fmt: Any) -> str | None:
+    """format -> the grammar the answer must follow: "json" any JSON object, or a JSON
+    schema (checked as response_format's: a keyword we cannot enforce is a 400)."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return JSON_OBJECT
+    if isinstance(fmt, dict):
+        return schema_grammar(fmt, "format")
+    raise BadRequest("'format' must be \"json\" or a JSON schema object", param="format")
+
+
 def parse_common(data: dict[str, Any], limits: api.ServerLimits) -> Common:
     """What /api/chat and /api/generate share; fields that would change the answer and are
     not supported are a 400 naming them."""
     model = _model(data)
-    fmt = data.get("format")
-    if fmt not in (None, ""):
-        raise BadRequest("'format' (structured output) is not supported on /api/ yet; use /v1/chat/completions",
-                         param="format")
     if data.get("think") not in (None, False):
         raise BadRequest("'think': this model does not think", param="think")
-    if data.get("logprobs") not in (None, False):
-        raise BadRequest("'logprobs' is not supported on /api/", param="logprobs")
+    _, logprobs = api.parse_choices({k: data[k] for k in ("logprobs", "top_logprobs") if k in data})
     keep_alive = data.get("keep_alive")
     if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float, str))):
         raise BadRequest("'keep_alive' must be a duration such as \"5m\" or a number of seconds", param="keep_alive")
@@ -125,24 +135,45 @@ def parse_common(data: dict[str, Any], limits: api.ServerLimits) -> Common:
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", param="stream")
     unload = keep_alive in (0, 0.0, "0", "0s", "0m", "0h")
-    return Common(model, parse_options(data.get("options"), limits), stream is not False, unload)
+    params = dataclasses.replace(parse_options(data.get("options"), limits), grammar=parse_format(data.get("format")),
+                                 logprobs=logprobs)
+    return Common(model, params, stream is not False, unload)
 
 
-def parse_chat(data: dict[str, Any], limits: api.ServerLimits) -> tuple[Common, list[dict[str, str]]]:
-    """The messages ([] = Ollama's load call) and the shared fields."""
+@dataclass(frozen=True, slots=True)
+class Chat:
+    common: Common
+    messages: list[dict[str, Any]]  # [] = Ollama's load call
+    tools: list[dict[str, Any]] | None  # for the chat template
+    tool_names: frozenset[str]  # calls of these in the answer become tool_calls
+
+
+def _openai_calls(calls: Any) -> Any:
+    """Ollama's tool calls carry their arguments as an object; OpenAI's as JSON text."""
+    if not isinstance(calls, list):
+        return calls
+    out = []
+    for c in calls:
+        f = c.get("function") if isinstance(c, dict) else None
+        if isinstance(f, dict) and isinstance(f.get("arguments"), dict):
+            c = {**c, "function": {**f, "arguments": json.dumps(f["arguments"], ensure_ascii=False)}}
+        out.append(c)
+    return out
+
+
+def parse_chat(data: dict[str, Any], limits: api.ServerLimits) -> Chat:
     common = parse_common(data, limits)
-    if data.get("tools"):
-        raise BadRequest("'tools' are not supported on /api/chat yet; use /v1/chat/completions", param="tools")
+    tools, names, _ = api.parse_tools({"tools": data["tools"]} if data.get("tools") else {})
     raw = data.get("messages")
     if raw is None or raw == []:
-        return common, []
+        return Chat(common, [], tools, names)
     if isinstance(raw, list):
         for i, m in enumerate(raw):
             if isinstance(m, dict) and m.get("images"):
                 raise BadRequest(f"'messages[{i}].images': this model reads text only", param=f"messages[{i}].images")
-            if isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool"):
-                raise BadRequest(f"'messages[{i}]': tool calls are not supported on /api/chat yet", param=f"messages[{i}]")
-    return common, api.parse_messages(raw, limits.max_messages, limits.max_chars)
+        raw = [{**m, "tool_calls": _openai_calls(m["tool_calls"])} if isinstance(m, dict) and m.get("tool_calls")
+               else m for m in raw]
+    return Chat(common, api.parse_messages(raw, limits.max_messages, limits.max_chars), tools, names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +235,76 @@ def stats(done: Done, timing: Timing) -> dict[str, Any]:
             "eval_count": done.completion_tokens, "eval_duration": int(timing.predict_s * 1e9)}
 
 
-def chat_part(model: str, text: str, done: bool = False) -> dict[str, Any]:
-    return {"model": model, "created_at": stamp(), "message": {"role": "assistant", "content": text}, "done": done}
+def chat_part(model: str, text: str, done: bool = False, calls: list[ToolCall] | None = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]
+    return {"model": model, "created_at": stamp(), "message": msg, "done": done}
 
 
 def generate_part(model: str, text: str, done: bool = False) -> dict[str, Any]:
     return {"model": model, "created_at": stamp(), "response": text, "done": done}
+
+
+def answer_calls(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
+    """A whole answer -> (its text, its tool calls). Besides Qwen's tagged blocks, an answer
+    that is nothing but one call's JSON is that call: the 0.5B model often leaves the tags
+    out (measured: "What is the weather like in Paris?" with a get_weather tool, greedy)."""
+    if not names:
+        return text, []
+    shown, calls = split_answer(text, names)
+    if not calls and text.strip().startswith("{"):
+        bare, calls = split_answer(f"{OPEN}{text.strip()}{CLOSE}", names)
+        if calls and not bare.strip():
+            return "", calls
+        return text, []
+    return shown, calls
+
+
+class StreamedReply:
+    """An answer as it streams, with tool calls taken out (tools.ToolCallParser). With tools,
+    an answer that starts with "{" is held until it ends: it may be a call without its tags."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.parser = ToolCallParser(names) if names else None
+        self.held: list[Delta] | None = [] if names else None  # undecided: could be a bare call
+
+    def feed(self, ev: Delta) -> tuple[str, list[ToolCall], list[Delta]]:
+        if self.parser is None:
+            return ev.text, [], [ev]
+        text, calls = self.parser.feed(ev.text)
+        if self.held is None:
+            return text, calls, [ev]
+        self.held.append(Delta(text, ev.logprobs))
+        so_far = "".join(d.text for d in self.held).lstrip()
+        if calls or (so_far and not so_far.startswith("{")):
+            held, self.held = self.held, None  # decided: not a bare call
+            return "".join(d.text for d in held), calls, held
+        return "", [], []
+
+    def finish(self) -> tuple[str, list[ToolCall], list[Delta]]:
+        rest = self.parser.flush() if self.parser else ""
+        if self.held is None:
+            return rest, [], []
+        held = [*self.held, Delta(rest)]
+        text, calls = answer_calls("".join(d.text for d in held), self.names)
+        return text, calls, held
+
+
+def logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Ollama's logprobs: each token's text and log-probability, with its likeliest alternatives."""
+    def text(token: bytes) -> str:
+        return token.decode("utf-8", "replace")
+
+    return [{"token": text(e.token), "logprob": e.logprob,
+             "top_logprobs": [{"token": text(t), "logprob": lp} for t, lp in e.top]} for e in entries]
+
+
+def _with_logprobs(part: dict[str, Any], params: SamplingParams, deltas: list[Delta]) -> dict[str, Any]:
+    if params.logprobs is not None:
+        part["logprobs"] = logprobs([e for d in deltas for e in d.logprobs])
+    return part
 
 
 def ollama_name(model_id: str) -> str:
@@ -237,29 +332,41 @@ def _ready(engine: Engine) -> None:
 @ollama_errors
 async def chat(app: App, request: Request) -> Response:
     async with intake(app, request) as (caller, data):
-        common, messages = parse_chat(data, app.limits)
-        if not messages:
+        req = parse_chat(data, app.limits)
+        common = req.common
+        if not req.messages:
             _ready(app.engine)
             return JSONResponse({**chat_part(common.model, "", True), "done_reason": "unload" if common.unload else "load"})
-        prompt = await app.engine.prepare(messages, common.params.max_tokens)
+        prompt = await app.engine.prepare(req.messages, common.params.max_tokens, req.tools)
     timing = Timing()
     handle = submit(app, caller, prompt, common.params)
     if common.stream:
-        return StreamingResponse(_chat_stream(app, handle, timing, common.model), media_type=NDJSON)
+        return StreamingResponse(_chat_stream(app, handle, timing, req), media_type=NDJSON)
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
-    text, end = result
+    deltas, end = result
     if isinstance(end, Failed):
         return error_response(end.error)
-    return JSONResponse({**chat_part(common.model, text, True), **stats(end, timing)})
+    text, calls = answer_calls("".join(d.text for d in deltas), req.tool_names)
+    part = _with_logprobs(chat_part(common.model, text, True, calls), common.params, deltas)
+    return JSONResponse({**part, **stats(end, timing)})
 
 
-async def _chat_stream(app: App, handle: Any, timing: Timing, model: str) -> AsyncIterator[bytes]:
+async def _chat_stream(app: App, handle: Any, timing: Timing, req: Chat) -> AsyncIterator[bytes]:
+    model, params = req.common.model, req.common.params
+    reply = StreamedReply(req.tool_names)
     async for ev in relay(app, handle, timing, notes=False):
         if isinstance(ev, Delta):
-            yield line(chat_part(model, ev.text))
+            text, calls, deltas = reply.feed(ev)
+            if text or (params.logprobs is not None and any(d.logprobs for d in deltas)):
+                yield line(_with_logprobs(chat_part(model, text), params, deltas))
+            if calls:  # each call whole, as Ollama sends them
+                yield line(chat_part(model, "", calls=calls))
         elif isinstance(ev, Done):
+            text, calls, deltas = reply.finish()
+            if text or calls:
+                yield line(_with_logprobs(chat_part(model, text, calls=calls), params, deltas))
             yield line({**chat_part(model, "", True), **stats(ev, timing)})
         elif isinstance(ev, Failed):  # the 200 is sent: the error is the last line
             yield line({"error": ev.error.message})
@@ -278,15 +385,16 @@ async def generate(app: App, request: Request) -> Response:
     handle = submit(app, caller, tokens, req.common.params)
     model = req.common.model
     if req.common.stream:
-        return StreamingResponse(_generate_stream(app, handle, timing, model, tokens if with_context else None),
+        return StreamingResponse(_generate_stream(app, handle, timing, req.common, tokens if with_context else None),
                                  media_type=NDJSON)
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
-    text, end = result
+    deltas, end = result
     if isinstance(end, Failed):
         return error_response(end.error)
-    body = {**generate_part(model, text, True), **stats(end, timing)}
+    text = "".join(d.text for d in deltas)
+    body = {**_with_logprobs(generate_part(model, text, True), req.common.params, deltas), **stats(end, timing)}
     if with_context:
         body["context"] = await _context(app.engine, tokens, text)
     return JSONResponse(body)
@@ -301,13 +409,14 @@ async def _context(engine: Engine, prompt: list[int], answer: str) -> list[int]:
         return prompt
 
 
-async def _generate_stream(app: App, handle: Any, timing: Timing, model: str,
+async def _generate_stream(app: App, handle: Any, timing: Timing, common: Common,
                            prompt: list[int] | None) -> AsyncIterator[bytes]:
+    model = common.model
     parts: list[str] = []
     async for ev in relay(app, handle, timing, notes=False):
         if isinstance(ev, Delta):
             parts.append(ev.text)
-            yield line(generate_part(model, ev.text))
+            yield line(_with_logprobs(generate_part(model, ev.text), common.params, [ev]))
         elif isinstance(ev, Done):
             body = {**generate_part(model, "", True), **stats(ev, timing)}
             if prompt is not None:
@@ -336,7 +445,8 @@ async def show(app: App, request: Request) -> Response:
     async with intake(app, request) as (_, data):
         _model(data)  # any name: this server has one model
     ctx = app.limits.ctx_limit
-    capabilities = ["completion"] + (["insert"] if app.engine.fim_tokens else [])
+    # Tool calls go through the model's chat template (Qwen2.5's has a tools section).
+    capabilities = ["completion", "tools"] + (["insert"] if app.engine.fim_tokens else [])
     return JSONResponse({
         "license": "", "modelfile": f"FROM {app.model_id}\nPARAMETER num_ctx {ctx}\n",
         "parameters": f"num_ctx                        {ctx}", "template": "",

@@ -81,20 +81,20 @@ def submit(app: App, caller: Caller, prompt: list[int] | Prompt, params: Samplin
     return app.engine.submit(prompt, params, caller.client, session_key(caller, api.new_session_id()), named=False)
 
 
-async def collect(app: App, request: Request, handle: Handle, timing: Timing) -> tuple[str, Done | Failed] | None:
-    """The whole answer and how it ended; None if the client left first (its request is then
-    cancelled, so its slot is free at the next step)."""
-    async def answer() -> tuple[str, Done | Failed]:
-        parts: list[str] = []
+async def collect(app: App, request: Request, handle: Handle, timing: Timing) -> tuple[list[Delta], Done | Failed] | None:
+    """The whole answer's deltas and how it ended; None if the client left first (its request
+    is then cancelled, so its slot is free at the next step)."""
+    async def answer() -> tuple[list[Delta], Done | Failed]:
+        parts: list[Delta] = []
         async for ev in handle.events():
             if isinstance(ev, Delta):
                 timing.saw_text()
-                parts.append(ev.text)
+                parts.append(ev)
             else:
                 timing.finish()
                 if isinstance(ev, Done):
                     app._note_served(timing.first)  # the wait estimates in queue notes
-                return "".join(parts), ev
+                return parts, ev
         raise EngineFailure("the engine ended the request without an answer")
 
     async def disconnected() -> None:

@@ -18,7 +18,8 @@ from test_completions import MID, PRE, SUF, FimTokenizer, sent
 from test_server import CTX, MODEL_ID, REPLY, Served, failing_after, is_idle, serving, user, wait_health
 
 from appliance.errors import BadRequest
-from appliance.ollama import parse_options, stamp
+from appliance.grammar import JSON_OBJECT
+from appliance.ollama import parse_common, parse_options, stamp
 from appliance.openai_api import ServerLimits
 
 LIMITS = ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX)
@@ -81,6 +82,16 @@ def test_options_map_onto_our_sampling() -> None:
         parse_options([1], LIMITS)
 
 
+def test_format_is_a_grammar_and_logprobs_are_asked_for() -> None:
+    assert parse_common({"model": NAME}, LIMITS).params.grammar is None
+    assert parse_common({"model": NAME, "format": "json"}, LIMITS).params.grammar == JSON_OBJECT
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    grammar = parse_common({"model": NAME, "format": schema}, LIMITS).params.grammar
+    assert grammar and "age" in grammar
+    assert parse_common({"model": NAME}, LIMITS).params.logprobs is None
+    assert parse_common({"model": NAME, "logprobs": True, "top_logprobs": 3}, LIMITS).params.logprobs == 3
+
+
 def test_created_at_is_rfc3339_utc_with_nanoseconds() -> None:
     assert stamp(1700000000.5) == "2023-11-14T22:13:20.500000000Z"
 
@@ -115,6 +126,58 @@ def test_load_and_unload_calls_answer_at_once(client: TestClient) -> None:
     assert post(client, "/api/chat", messages=[]).json()["message"] == {"role": "assistant", "content": ""}
     assert post(client, "/api/generate").json()["response"] == ""
     assert wait_health(client.get, is_idle)["engine"]["steps"] >= 0  # nothing was queued
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+LONG = {"num_predict": 200}  # the whole call (the fake's default answer is 32 tokens)
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_tool_calls_come_back_with_arguments_as_an_object() -> None:
+    with serving(lambda: FakeModel(reply=CALL)) as client:
+        body = post(client, "/api/chat", messages=HI, tools=[WEATHER], stream=False, options=LONG).json()
+        assert body["message"] == {"role": "assistant", "content": "",
+                                   "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+        *parts, final = lines(post(client, "/api/chat", 1, messages=HI, tools=[WEATHER], options=LONG))
+        calls = [c for p in parts for c in p["message"].get("tool_calls", [])]
+        assert calls == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+        assert "".join(p["message"]["content"] for p in parts) == "" and final["done"]
+        # Without tools the same text is just text.
+        assert post(client, "/api/chat", 2, messages=HI, stream=False, options=LONG).json()["message"]["content"] == CALL
+        # The follow-up turn: the call (arguments as an object, as Ollama sends it) and its result.
+        history = [*HI, {"role": "assistant", "content": "", "tool_calls": calls},
+                   {"role": "tool", "content": "18 degrees", "tool_name": "get_weather"}]
+        assert post(client, "/api/chat", 3, messages=history, tools=[WEATHER], stream=False).status_code == 200
+
+
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("reply,content,calls", [
+    (BARE, "", [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]),  # the tags left out
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON, but not a call: text
+    ("It is sunny.", "It is sunny.", []),
+])
+def test_a_call_without_its_tags_is_still_a_call(reply: str, content: str, calls: list[Any]) -> None:
+    with serving(lambda: FakeModel(reply=reply)) as client:
+        body = post(client, "/api/chat", messages=HI, tools=[WEATHER], stream=False, options=LONG).json()
+        assert body["message"] == {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        *parts, _ = lines(post(client, "/api/chat", 1, messages=HI, tools=[WEATHER], options=LONG))
+        assert "".join(p["message"]["content"] for p in parts) == content
+        assert [c for p in parts for c in p["message"].get("tool_calls", [])] == calls
+        if not reply.startswith("{"):
+            assert len(parts) == len(reply)  # plain text is not held back
+
+
+def test_logprobs_in_ollamas_shape(client: TestClient) -> None:
+    body = post(client, "/api/chat", messages=HI, stream=False, logprobs=True, top_logprobs=2).json()
+    assert [e["token"] for e in body["logprobs"]] == list(REPLY)
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in body["logprobs"])
+    parts = lines(post(client, "/api/generate", prompt="x", logprobs=True))
+    assert [e["token"] for p in parts for e in p.get("logprobs", [])] == list(REPLY)
+    assert "logprobs" not in post(client, "/api/chat", messages=HI, stream=False).json()
 
 
 # -- /api/generate ---------------------------------------------------------------------------
@@ -167,10 +230,11 @@ def test_generate_with_a_suffix_fills_in_the_middle() -> None:
     ("/api/show", {"model": ""}, "'model' is required"),
     ("/api/chat", {"messages": HI, "options": {"temperature": 9}}, "'options.temperature'"),
     ("/api/chat", {"messages": HI, "options": {"mirostat": 1}}, "'options.mirostat'"),
-    ("/api/chat", {"messages": HI, "format": "json"}, "'format'"),
-    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools'"),
+    ("/api/chat", {"messages": HI, "format": "xml"}, "'format'"),
+    ("/api/chat", {"messages": HI, "format": {"type": "integer", "minimum": 1}}, "'minimum'"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "'tools[0]'"),
     ("/api/chat", {"messages": HI, "think": True}, "'think'"),
-    ("/api/chat", {"messages": HI, "logprobs": True}, "'logprobs'"),
+    ("/api/chat", {"messages": HI, "logprobs": True, "top_logprobs": 99}, "'top_logprobs'"),
     ("/api/chat", {"messages": HI, "stream": "yes"}, "'stream'"),
     ("/api/chat", {"messages": HI, "keep_alive": [5]}, "'keep_alive'"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
@@ -222,7 +286,7 @@ def test_tags_ps_show_version(client: TestClient) -> None:
     (running,) = client.get("/api/ps").json()["models"]
     assert running["name"] == tag["name"] and running["context_length"] == CTX and running["size_vram"] == 0
     show = post(client, "/api/show").json()
-    assert show["capabilities"] == ["completion"] and show["model_info"]["general.context_length"] == CTX
+    assert show["capabilities"] == ["completion", "tools"] and show["model_info"]["general.context_length"] == CTX
     assert client.get("/api/version").json()["version"].count(".") == 2
     r = client.post("/api/tags")
     assert r.status_code == 405
@@ -253,7 +317,7 @@ def test_the_ollama_client_talks_to_the_app() -> None:
         assert c.generate(model=NAME, prompt="hi").response == REPLY
         assert [m.model for m in c.list().models] == [f"{MODEL_ID}:latest"]
         assert c.ps().models[0].context_length == CTX
-        assert c.show(NAME).capabilities == ["completion"]
+        assert c.show(NAME).capabilities == ["completion", "tools"]
         with pytest.raises(ollama_client.ResponseError) as e:
             c.chat(model=NAME, messages=HI, options={"mirostat": 2})
         assert e.value.status_code == 400 and "'options.mirostat'" in e.value.error

@@ -48,7 +48,7 @@ def test_list_show_ps_version(server: Live) -> None:
     (model,) = c.list().models
     assert model.model and model.model.endswith(":latest") and model.details and model.details.format == "gguf"
     shown = c.show(NAME)
-    assert shown.capabilities == ["completion", "insert"]  # the Coder model has FIM tokens
+    assert shown.capabilities == ["completion", "tools", "insert"]  # the Coder model has FIM tokens
     assert shown.modelinfo and shown.modelinfo["general.context_length"] == 1024
     (running,) = c.ps().models
     assert running.context_length == 1024
@@ -74,3 +74,27 @@ def test_errors_in_ollamas_shape(server: Live) -> None:
     assert r.status_code == 400 and r.json() == {"error": "'model' is required"}
     r = server.client.post("/api/generate", json={"model": NAME, "prompt": "x" * 20_000, "raw": True})
     assert r.status_code == 400 and set(r.json()) == {"error"} and "prompt tokens" in r.json()["error"]
+
+
+def test_format_schema_and_a_tool_call(server: Live) -> None:
+    c = client(server)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    out = c.chat(model=NAME, messages=[{"role": "user", "content": "Alice is 31. Give her name and age as JSON."}],
+                 format=schema, options={"temperature": 0, "num_predict": 30})
+    person = json.loads(out.message.content or "")
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                       "required": ["city"]}}}
+    asked = [{"role": "system", "content": "You are a helpful assistant with tools."},
+             {"role": "user", "content": "What is the weather like in Paris right now?"}]
+    out = c.chat(model=NAME, messages=asked, tools=[weather], options={"temperature": 0, "num_predict": 40})
+    (call,) = out.message.tool_calls or []
+    assert call.function.name == "get_weather" and "paris" in str(call.function.arguments.get("city", "")).lower()
+    # The follow-up turn, as the client sends it: the call (arguments as an object) and its result.
+    follow = c.chat(model=NAME, messages=[*asked, out.message, {"role": "tool", "content": '{"temp_c": 21, "sky": "sunny"}',
+                                                                "tool_name": "get_weather"}],
+                    tools=[weather], options={"temperature": 0, "num_predict": 24})
+    assert follow.message.content and "21" in follow.message.content and not follow.message.tool_calls
