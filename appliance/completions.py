@@ -6,6 +6,7 @@ per endpoint takes the App.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from .errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
 from .relay import Timing, collect, intake, relay, submit
 from .sampling import SamplingParams
 from .server import App, error_response
-from .turn import Delta, Done, Failed
+from .turn import Delta, Done, Failed, TokenLogprob
 
 MAX_EXTRA = 64  # input_extra chunks in one /infill request
 # Between input_extra chunks when the model has no file-separator token (llama-server's).
@@ -72,8 +73,6 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
     best_of = api._integer(data, "best_of")
     if best_of is not None and best_of != 1:
         raise BadRequest("only 'best_of': 1 is supported", param="best_of")
-    if data.get("logprobs") not in (None, False):
-        raise BadRequest("'logprobs' is not supported on completions", param="logprobs")
     if data.get("logit_bias"):
         raise BadRequest("'logit_bias' is not supported", param="logit_bias")
 
@@ -95,7 +94,13 @@ def parse_completion_request(data: dict[str, Any], limits: api.ServerLimits) -> 
     echo = api._bool(data, "echo")
     if echo and suffix:
         raise BadRequest("'echo' cannot be combined with 'suffix'", param="echo")
-    params = api.parse_sampling(data, limits)
+    logprobs = api._integer(data, "logprobs")  # completions': how many alternatives per token
+    if logprobs is not None and not 0 <= logprobs <= api.MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'logprobs' must be between 0 and {api.MAX_TOP_LOGPROBS}", param="logprobs")
+    if logprobs is not None and echo:
+        raise BadRequest("'logprobs' with 'echo' would need the prompt's log-probabilities, which are not computed",
+                         param="logprobs")
+    params = dataclasses.replace(api.parse_sampling(data, limits), logprobs=logprobs)
     stream, include_usage = api.parse_stream(data)
     return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, api.parse_model(data))
 
@@ -171,14 +176,29 @@ def finish_reason(done: Done) -> str:
     return "stop" if done.finish_reason == "cancelled" else done.finish_reason
 
 
-def completion_body(cid: str, created: int, model: str, text: str, finish: str, use: dict[str, Any]) -> dict[str, Any]:
-    return {"id": cid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": use}
+def legacy_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """Completions' logprobs: parallel lists of tokens, their log-probabilities, the likeliest
+    alternatives and each token's character offset in the text (from `offset`)."""
+    tokens = [e.token.decode("utf-8", "replace") for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.decode("utf-8", "replace"): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets}
 
 
-def completion_chunk(cid: str, created: int, model: str, text: str, finish: str | None = None) -> dict[str, Any]:
+def completion_body(cid: str, created: int, model: str, text: str, finish: str, use: dict[str, Any],
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": cid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}], "usage": use}
+
+
+def completion_chunk(cid: str, created: int, model: str, text: str, finish: str | None = None,
+                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": cid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def usage_chunk(cid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +230,8 @@ async def completions(app: App, request: Request) -> Response:
     text = "".join(d.text for d in deltas)
     if isinstance(end, Failed):
         return error_response(end.error)
-    return JSONResponse(completion_body(cid, created, app.model_id, echo + text, finish_reason(end), _usage(end)))
+    lps = legacy_logprobs([e for d in deltas for e in d.logprobs]) if req.params.logprobs is not None else None
+    return JSONResponse(completion_body(cid, created, app.model_id, echo + text, finish_reason(end), _usage(end), lps))
 
 
 async def _stream(app: App, handle: Any, timing: Timing, req: CompletionRequest, cid: str, created: int,
@@ -218,11 +239,14 @@ async def _stream(app: App, handle: Any, timing: Timing, req: CompletionRequest,
     model = app.model_id
     if echo:
         yield api.sse(completion_chunk(cid, created, model, echo))
+    offset = 0  # characters of the answer so far (logprobs' text_offset)
     async for ev in relay(app, handle, timing, notes=True):
         if isinstance(ev, int):
             yield app._queue_note(ev)
         elif isinstance(ev, Delta):
-            yield api.sse(completion_chunk(cid, created, model, ev.text))
+            lps = legacy_logprobs(ev.logprobs, offset) if req.params.logprobs is not None else None
+            offset += len(ev.text)
+            yield api.sse(completion_chunk(cid, created, model, ev.text, logprobs=lps))
         elif isinstance(ev, Done):
             yield api.sse(completion_chunk(cid, created, model, "", finish_reason(ev)))
             if req.include_usage:

@@ -4,6 +4,7 @@ in /v1/models, with every refusal, in-process."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,6 +134,18 @@ def test_max_tokens_and_stop(client: TestClient) -> None:
     assert (choice["text"], choice["finish_reason"]) == ("he", "stop")
 
 
+def test_logprobs_in_the_completions_shape(client: TestClient) -> None:
+    lp = complete(client, prompt="a", logprobs=2).json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == list(REPLY) and lp["text_offset"] == list(range(len(REPLY)))
+    assert all(math.isclose(x, math.log(0.9)) for x in lp["token_logprobs"])
+    assert all(len(top) == 2 and t in top for t, top in zip(lp["tokens"], lp["top_logprobs"]))
+    chunks = [e for e in events_of(complete(client, prompt="a", logprobs=0, stream=True)) if isinstance(e, dict)]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["text"]]
+    assert [t for x in streamed for t in x["tokens"]] == list(REPLY)
+    assert [o for x in streamed for o in x["text_offset"]] == list(range(len(REPLY)))
+    assert complete(client, prompt="a").json()["choices"][0]["logprobs"] is None
+
+
 def test_completion_streamed_with_usage(client: TestClient) -> None:
     r = complete(client, prompt="Once", stream=True, echo=True, stream_options={"include_usage": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -191,7 +204,8 @@ def test_a_plain_prompt_too_long_is_refused_and_counted(client: TestClient) -> N
 @pytest.mark.parametrize("body,param", [
     ({"prompt": "a", "n": 2}, "n"),
     ({"prompt": "a", "best_of": 3}, "best_of"),
-    ({"prompt": "a", "logprobs": 2}, "logprobs"),
+    ({"prompt": "a", "logprobs": 99}, "logprobs"),
+    ({"prompt": "a", "logprobs": 2, "echo": True}, "logprobs"),
     ({"prompt": "a", "logit_bias": {"50256": -100}}, "logit_bias"),
     ({"prompt": "a", "echo": True, "suffix": "b"}, "echo"),
     ({"prompt": "a", "suffix": 3}, "suffix"),
