@@ -277,8 +277,9 @@ def refuse_changed(data: dict[str, Any], defaults: dict[str, Any], where: str = 
     """Sampling fields we do not implement are fine at their neutral value, else a 400."""
     for key, neutral in defaults.items():
         v = data.get(key)
-        if v is not None and v != neutral and not (isinstance(neutral, list) and v == []):
-            raise BadRequest(f"'{where}{key}' is not supported (only {neutral!r})", param=f"{where}{key}")
+        if v is None or v == neutral or (neutral in ("", []) and not v):  # [] and {}: no biases, no adapters
+            continue
+        raise BadRequest(f"'{where}{key}' is not supported here (leave it out or at {neutral!r})", param=f"{where}{key}")
 
 
 # Neutral values of llama-server's sampling fields that the appliance does not have.
