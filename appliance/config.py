@@ -17,8 +17,11 @@ from typing import Any
 
 SYSTEM_CONFIG = Path("/etc/appliance/appliance.toml")
 ENV_PREFIX = "APPLIANCE_"
-# APPLIANCE_* variables that are not settings: read by their own modules.
-NOT_SETTINGS = frozenset({"APPLIANCE_FAULT"})  # faults.py: test-only fault injection
+# APPLIANCE_* variables that are not settings: read by their own modules or scripts.
+NOT_SETTINGS = frozenset({
+    "APPLIANCE_FAULT",  # faults.py: test-only fault injection
+    "APPLIANCE_PORTABLE",  # scripts/setup.sh, which scripts/run.sh runs before `appliance serve`
+})
 
 
 class ConfigError(Exception):

@@ -119,9 +119,11 @@ def test_fault_specs() -> None:
     for bad in ("decode-hang", "decode-block:x", "decode-fail@", "1"):
         with pytest.raises(ConfigError, match="APPLIANCE_FAULT"):
             faults.parse(bad)
-    # Read by faults.py, not a setting: the configuration loader lets it through.
-    cfg, _ = load_config(environ={"APPLIANCE_FAULT": "decode-fail", "APPLIANCE_SLOTS": "3"})
+    # Read by faults.py (and setup.sh), not settings: the configuration loader lets them through.
+    cfg, _ = load_config(environ={"APPLIANCE_FAULT": "decode-fail", "APPLIANCE_PORTABLE": "1", "APPLIANCE_SLOTS": "3"})
     assert cfg.slots == 3
+    with pytest.raises(ConfigError, match="APPLIANCE_FAUL"):
+        load_config(environ={"APPLIANCE_FAUL": "decode-fail"})  # a typo is still an error
 
 
 def test_fault_wraps_only_decode_and_counts_from_arming() -> None:
