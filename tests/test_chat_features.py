@@ -82,7 +82,8 @@ def test_a_broken_tool_call_stays_text() -> None:
 
 def test_tool_choice_none_is_plain_text() -> None:
     with serving(lambda: FakeModel(reply=CALL)) as client:
-        choice = client.post(CHAT, json={"messages": USER, "max_tokens": 200, "tools": [WEATHER], "tool_choice": "none"}).json()["choices"][0]
+        body = {"messages": USER, "max_tokens": 200, "tools": [WEATHER], "tool_choice": "none"}
+        choice = client.post(CHAT, json=body).json()["choices"][0]
         assert choice["message"]["content"] == CALL and choice["finish_reason"] == "stop"
 
 
