@@ -110,10 +110,10 @@ class App:
                     "finished": dict(c.finished),
                 },
                 "sessions": {
+                    **snap.cache_events,  # event counts first: the current counts below win
                     "cached": snap.sessions_cached,
                     "parked": snap.sessions_parked,
                     "parked_bytes": snap.parked_bytes,
-                    **snap.cache_events,
                 },
             })
             from .cpu import SENSORS  # here: this method is the one place server.py reads sensors
