@@ -171,6 +171,14 @@ if [[ ,$extras, == *,test,* ]] && ! command -v chromium >/dev/null; then
     say "note: without chromium the chat page's browser tests skip; install it with:  sudo apt-get install -y chromium"
   fi
 fi
+# ...and puts two appliances behind Debian's nginx (tests/test_scaleout_live.py).
+if [[ ,$extras, == *,test,* ]] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" = 0 ]; then
+    missing+=(nginx)
+  else
+    say "note: without nginx the scale-out test skips; install it with:  sudo apt-get install -y nginx"
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing system packages: ${missing[*]}"

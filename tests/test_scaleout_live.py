@@ -23,8 +23,10 @@ from live import ROOT, Live, free_port, start
 
 from appliance.bench import user_address
 
+# Debian puts nginx in /usr/sbin, which is not on a normal user's PATH.
+NGINX = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)")]
+              pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")]
 
 CONF = ROOT / "systemd" / "nginx-appliance.conf"
 N_CONVERSATIONS = 10
@@ -68,7 +70,7 @@ def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
     conf = tmp / "nginx.conf"
     conf.write_text(nginx_conf(CONF.read_text(), tmp, port, backends))
     out = open(tmp / "nginx.out", "wb")
-    proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-g", f"daemon off; pid {tmp}/nginx.pid;"],
+    proc = subprocess.Popen([str(NGINX), "-p", str(tmp), "-c", str(conf), "-g", f"daemon off; pid {tmp}/nginx.pid;"],
                             stdout=out, stderr=subprocess.STDOUT)
     out.close()
     ngx = Nginx(proc, port, tmp)
