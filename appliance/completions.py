@@ -242,7 +242,7 @@ async def _stream(app: App, handle: Any, timing: Timing, req: CompletionRequest,
     offset = 0  # characters of the answer so far (logprobs' text_offset)
     async for ev in relay(app, handle, timing, notes=True):
         if isinstance(ev, int):
-            yield app._queue_note(ev)
+            yield app.queue_note(ev)
         elif isinstance(ev, Delta):
             lps = legacy_logprobs(ev.logprobs, offset) if req.params.logprobs is not None else None
             offset += len(ev.text)
@@ -417,7 +417,7 @@ async def _infill_stream(app: App, handle: Any, timing: Timing, req: InfillReque
     n = 0
     async for ev in relay(app, handle, timing, notes=True):
         if isinstance(ev, int):
-            yield app._queue_note(ev)
+            yield app.queue_note(ev)
         elif isinstance(ev, Delta):
             n += 1
             if not req.warm_only:

@@ -20,7 +20,7 @@ from .errors import ApplianceError, EngineFailure
 from .guard import Caller, caller_of
 from .prompt import Prompt
 from .sampling import SamplingParams
-from .server import QUEUE_NOTE_S, THREAD_PARSE_BYTES, App, _read_body, session_key
+from .server import QUEUE_NOTE_S, THREAD_PARSE_BYTES, App, read_body, session_key
 from .turn import Delta, Done, Failed
 
 
@@ -68,7 +68,7 @@ async def intake(app: App, request: Request) -> AsyncIterator[tuple[Caller, dict
 
 
 async def read_json(request: Request, max_messages: int) -> dict[str, Any]:
-    body = await _read_body(request)
+    body = await read_body(request)
     api.precheck(body, max_messages)  # bodies of countless messages, before parsing
     if len(body) > THREAD_PARSE_BYTES:
         return await asyncio.to_thread(api.parse_json, body)
@@ -93,7 +93,7 @@ async def collect(app: App, request: Request, handle: Handle, timing: Timing) ->
             else:
                 timing.finish()
                 if isinstance(ev, Done):
-                    app._note_served(timing.first)  # the wait estimates in queue notes
+                    app.note_served(timing.first)  # the wait estimates in queue notes
                 return parts, ev
         raise EngineFailure("the engine ended the request without an answer")
 
@@ -140,7 +140,7 @@ async def relay(app: App, handle: Handle, timing: Timing, notes: bool) -> AsyncI
             else:
                 timing.finish()
                 if isinstance(ev, Done):
-                    app._note_served(timing.first)  # the wait estimates in queue notes
+                    app.note_served(timing.first)  # the wait estimates in queue notes
             yield ev
     finally:
         handle.cancel()  # no-op after Done

@@ -141,7 +141,7 @@ class App:
         # Reading, parsing and tokenizing are bounded per client and in all before they start.
         async with self.gate.permit(caller.client):
             try:
-                body = await _read_body(request)
+                body = await read_body(request)
                 req = await _parse(body, self.limits, request.headers.get("x-session-id"))
             except ApplianceError as e:
                 if e.code:
@@ -202,7 +202,7 @@ class App:
                 except TimeoutError:
                     # Waiting for a slot: an SSE comment (ignored by OpenAI clients, shown by
                     # the chat page) tells the user, and finds out if they left.
-                    yield self._queue_note(min((pos for h in handles if (pos := h.position)), default=0))
+                    yield self.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
                     continue
                 if isinstance(ev, Failed):
                     # The 200 is already sent: the error travels as one event, then we close.
@@ -217,7 +217,7 @@ class App:
                     entries.append({**choices[i].entry({}), "finish_reason": reason})
                 for entry in entries:
                     yield api.sse(api.chunks(cid, created, model, [entry]))
-            self._note_served(started)
+            self.note_served(started)
             if req.include_usage:
                 yield api.sse(api.usage_chunk(cid, created, model, _usage(list(ends.values()))))
             yield api.sse("[DONE]")
@@ -227,13 +227,13 @@ class App:
             for h in handles:
                 h.cancel()  # no-op after Done; frees the slot if the client went away
 
-    def _queue_note(self, position: int) -> bytes:
+    def queue_note(self, position: int) -> bytes:
         if not position:
             return b": busy\n\n"
         eta = self.wait_estimate(position)
         return f": queued {position} eta {eta}\n\n".encode() if eta is not None else f": queued {position}\n\n".encode()
 
-    def _note_served(self, started: float) -> None:
+    def note_served(self, started: float) -> None:
         if started:
             self._served.append(time.monotonic() - started)
 
@@ -271,7 +271,7 @@ class App:
         if failed is not None:
             return error_response(failed.error)
         done = [r for r in results if not isinstance(r, Failed)]
-        self._note_served(t0)
+        self.note_served(t0)
         body = api.completion_of(cid, created, self.model_id, [m for m, _ in done], _usage([d for _, d in done]), **extra)
         return JSONResponse(body, headers=headers)
 
@@ -319,7 +319,7 @@ def session_key(caller: Caller, session: str) -> str:
     return hashlib.sha256(f"{caller.namespace}\0{session}".encode()).hexdigest()[:32]
 
 
-async def _read_body(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
     if int(request.headers.get("content-length") or 0) > api.MAX_BODY_BYTES:
         raise PayloadTooLarge(f"the request body is larger than {api.MAX_BODY_BYTES // 2**20} MiB", code="body_too_large")
     body = bytearray()
