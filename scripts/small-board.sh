@@ -25,13 +25,13 @@ say() { echo "[$(( $(date +%s) - t_start ))s] $*" | tee -a "$out/summary.txt"; }
 : >"$out/summary.txt"
 
 # -- a memory cgroup of our own -------------------------------------------------------------
-cg= kind=none
+cg='' kind=none
 v2_own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
 v1_own=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
 for base in /sys/fs/cgroup /sys/fs/cgroup/unified; do
   d="$base${v2_own%/}/appliance-board-$$"
   if [ -n "$v2_own" ] && grep -qw memory "$base${v2_own%/}/cgroup.subtree_control" 2>/dev/null && mkdir "$d" 2>/dev/null; then
-    echo $limit >"$d/memory.max" && echo 0 >"$d/memory.swap.max" 2>/dev/null || true
+    echo $limit >"$d/memory.max"; echo 0 >"$d/memory.swap.max" 2>/dev/null || true
     cg=$d kind=v2; break
   fi
 done
@@ -65,7 +65,7 @@ board() { ( [ $kind = none ] || echo $BASHPID >"$cg/cgroup.procs"; exec taskset 
 
 pid=
 cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
   [ -n "$cg" ] && { sleep 0.5; rmdir "$cg" 2>/dev/null || true; }
 }
 trap cleanup EXIT
@@ -86,9 +86,10 @@ board "$app" tune --config "$out/board.toml" --model "$out/model.gguf" --json "$
 say "appliance tune in the board: $(( $(date +%s) - t0 )) s, peak $(( $(peak) / 1048576 )) MiB; wrote $(grep -v '^#' "$out/board.toml" | tr '\n' ' ')"
 
 reset_peak
-board "$app" serve --config "$out/board.toml" --model "$out/model.gguf" --host 127.0.0.1 --port "$port" \
-  --state-dir "" --log-level warning >"$out/serve.log" 2>&1 &
-pid=$!
+( [ $kind = none ] || echo $BASHPID >"$cg/cgroup.procs"
+  exec taskset -c "$core" "$app" serve --config "$out/board.toml" --model "$out/model.gguf" --host 127.0.0.1 \
+    --port "$port" --state-dir "" --log-level warning ) >"$out/serve.log" 2>&1 &
+pid=$!  # the server itself: the subshell execs taskset, which execs the appliance
 for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.5; done
 sleep 2
 idle_rss=$(awk '/VmRSS/ {print int($2/1024)}' "/proc/$pid/status")
