@@ -117,7 +117,7 @@ def parse_format(fmt: Any) -> str | None:
     if fmt == "json":
         return JSON_OBJECT
     if isinstance(fmt, dict):
-        return schema_grammar(fmt, "format")
+        return schema_grammar(api.json_text(fmt, "format"), "format")
     raise BadRequest("'format' must be \"json\" or a JSON schema object", param="format")
 
 

@@ -119,6 +119,13 @@ def _text(value: str, param: str) -> str:
     return value
 
 
+def json_text(value: Any, param: str) -> Any:
+    """A schema, tool definition or call's arguments reach a grammar or the prompt as JSON
+    text: a lone surrogate anywhere in it is a 400, as in message text (found by hypothesis)."""
+    _text(json.dumps(value, ensure_ascii=False), param)
+    return value
+
+
 def _content(msg: dict[str, Any], i: int) -> str:
     param = f"messages[{i}].content"
     c = msg.get("content")
@@ -189,7 +196,8 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
             raise BadRequest(f"'{param}[{j}].function.arguments' is not valid JSON", param=param) from None
         if not isinstance(args, dict):
             raise BadRequest(f"'{param}[{j}].function.arguments' must be a JSON object", param=param)
-        calls.append({"type": "function", "function": {"name": _text(f["name"], param), "arguments": args}})
+        calls.append({"type": "function", "function": {"name": _text(f["name"], param),
+                                                        "arguments": json_text(args, param)}})
     return calls
 
 
@@ -213,7 +221,7 @@ def parse_tools(data: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, froz
             raise BadRequest(f"'tools[{j}].function.parameters' must be a JSON schema object", param="tools")
         if f.get("description") is not None and not isinstance(f["description"], str):
             raise BadRequest(f"'tools[{j}].function.description' must be a string", param="tools")
-        functions.append(f)
+        functions.append(json_text(f, f"tools[{j}]"))
     if not functions or choice == "none":
         return None, frozenset(), None
     names = frozenset(f["name"] for f in functions)
@@ -250,7 +258,7 @@ def parse_response_format(data: dict[str, Any]) -> str | None:
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
             raise BadRequest("'response_format.json_schema' must be an object with a 'schema'",
                              param="response_format.json_schema")
-        return schema_grammar(js.get("schema", {}))
+        return schema_grammar(json_text(js.get("schema", {}), "response_format.json_schema.schema"))
     raise BadRequest(f"'response_format.type' must be text, json_object or json_schema, got {kind[:32]!r}",
                      param="response_format.type")
 

@@ -191,3 +191,25 @@ def test_valid_requests_still_parse() -> None:
     assert req.messages[0]["content"] == "hi"
     assert completions.parse_completion_request({"prompt": "x", "max_tokens": 4}, LIMITS).params.max_tokens == 4
     assert ollama.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, LIMITS)
+
+
+def test_lone_surrogates_in_schemas_and_tools_are_400s() -> None:
+    """Found by the tests above: a lone surrogate in a schema was a UnicodeEncodeError (500)."""
+    bad_schema = {"type": "string", "description": "\ud800"}
+    cases: list[Callable[[], object]] = [
+        lambda: ollama.parse_format(bad_schema),
+        lambda: api.parse_response_format({"response_format": {"type": "json_schema",
+                                                               "json_schema": {"schema": bad_schema}}}),
+        lambda: api.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad_schema}}],
+                                 "tool_choice": "required"}),
+        lambda: api.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "description": "\udfff"}}]}),
+        lambda: api.parse_messages([{"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}]),
+    ]
+    for case in cases:
+        try:
+            case()
+        except ApplianceError as e:
+            assert e.status == 400 and "surrogate" in str(e), e
+        else:
+            raise AssertionError("accepted a lone surrogate")
