@@ -113,7 +113,7 @@ good_message = st.fixed_dictionaries(
         optional={"id": json_values}), max_size=2) | json_values})
 # Bodies that carry what each route requires, mostly well-formed, plus a few other fields:
 # these reach the parsers' later checks and their success paths.
-REQUIRED = {
+REQUIRED: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "chat": {"messages": st.lists(good_message | message, min_size=1, max_size=5)},
     "completion": {"prompt": st.text(min_size=1, max_size=60)
                    | st.lists(st.integers(min_value=-5, max_value=200_000), min_size=1, max_size=8)},

@@ -70,8 +70,9 @@ def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
     conf = tmp / "nginx.conf"
     conf.write_text(nginx_conf(CONF.read_text(), tmp, port, backends))
     out = open(tmp / "nginx.out", "wb")
-    proc = subprocess.Popen([str(NGINX), "-p", str(tmp), "-c", str(conf), "-g", f"daemon off; pid {tmp}/nginx.pid;"],
-                            stdout=out, stderr=subprocess.STDOUT)
+    cmd = [str(NGINX), "-p", str(tmp), "-e", str(tmp / "error.log"), "-c", str(conf),
+           "-g", f"daemon off; pid {tmp}/nginx.pid;"]
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     out.close()
     ngx = Nginx(proc, port, tmp)
     deadline = time.monotonic() + 10
