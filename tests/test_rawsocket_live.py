@@ -88,7 +88,8 @@ BAD_BODIES = [
 ]
 
 
-def test_malformed_http_gets_a_4xx_or_a_close_and_the_server_keeps_serving(server: Live) -> None:
+def test_malformed_http_gets_a_4xx_or_a_close_and_the_server_keeps_serving(server: Live,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     logged = len(server.log())
     t0 = time.monotonic()
     results = {name: clean(exchange(server.port, data), answered=answered) for name, (data, answered) in CASES.items()}
@@ -97,8 +98,10 @@ def test_malformed_http_gets_a_4xx_or_a_close_and_the_server_keeps_serving(serve
             req = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n" % (path, len(body)) + body)
             results[f"{path.decode()} {body[:12]!r}"] = clean(exchange(server.port, req), answered=True)
-    print(f"\nraw socket: {len(results)} malformed requests in {time.monotonic() - t0:.1f} s: "
-          f"{sum(r is None for r in results.values())} closed, the rest answered {sorted({r for r in results.values() if r})}")
+    with capsys.disabled():
+        print(f"\nraw socket: {len(results)} malformed requests in {time.monotonic() - t0:.1f} s: "
+              f"{sum(r is None for r in results.values())} closed, the rest answered "
+              f"{sorted({r for r in results.values() if r})}")
 
     # Still serving: a real answer on a fresh connection, and nothing crashed in between.
     r = server.chat([{"role": "user", "content": "Say OK."}], max_tokens=2, temperature=0)
