@@ -94,7 +94,7 @@ class Config:
     repack: str = field(default="auto", metadata=_opt(
         "llama.cpp weight repacking (extra buffer types); auto = off where AMX is advertised", _one_of("auto", "on", "off")))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))
-    ubatch_tokens: int = field(default=512, metadata=_opt(
+    ubatch_tokens: int = field(default=256, metadata=_opt(
         "tokens llama.cpp computes at once within a step (its compute buffer scales with it); "
         "at most batch_tokens", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(

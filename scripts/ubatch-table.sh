@@ -33,8 +33,7 @@ for ub in 64 128 256 512; do
     --ubatch-tokens "$ub" >"$out/appliance-$ub.log" 2>&1 &
   pids+=($!)
   up 18080; up 18181; sleep 2
-  peer=$(pgrep -f "llama-server -m $model" | head -1)
-  me=${pids[1]}
+  peer=${pids[0]} me=${pids[1]}  # the peer script execs llama-server: its pid is the server's
   idle="idle RSS MiB: appliance $(mib "$me" VmRSS), llama-server $(mib "$peer" VmRSS)"
   echo "== ubatch $ub: $idle" | tee "$out/ub$ub.txt"
   "$app" bench --url http://127.0.0.1:18181 --compare http://127.0.0.1:18080 --compare-label "llama-server-ub$ub" \
