@@ -137,7 +137,9 @@ def serve(cfg: Config, model_path: Path) -> int:
     # spinning thread holds the core its partner needs: measured on 2 cores with another
     # process busy on one, 1.3-5.8 tokens/s for one stream instead of 15.5-17.6 with
     # passive waiting, and a decode step of 3 s instead of 0.15 s while 20 large bodies
-    # arrive. Set before llama.cpp (and libgomp) load in the engine thread; the environment wins.
+    # arrive. On a quiet machine spinning is 10-15% faster (docs/BENCHMARKS.md): a
+    # dedicated box may set OMP_WAIT_POLICY=active in its environment, which wins here.
+    # Set before llama.cpp (and libgomp) load in the engine thread.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     metrics = Metrics()
     server: _Server | None = None
