@@ -122,7 +122,12 @@ def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema
     schema's order: a model writes `name` before `tags` more naturally than the converter's
     alphabetical default would have it."""
     text = json.dumps(schema, ensure_ascii=False)
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise BadRequest(f"{param}: the schema is not valid Unicode text (it holds a lone surrogate)",
+                         param=param) from None
+    if size > MAX_SCHEMA_BYTES:
         raise BadRequest(f"{param}: the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
     check_schema(schema, param)
     try:

@@ -582,3 +582,11 @@ def test_precheck_refuses_a_body_of_countless_messages_without_parsing() -> None
     assert e.value.code == "too_many_messages"
     # "role" inside a string is escaped, so message text cannot trip it.
     api.precheck(b'{"messages":[{"role":"user","content":"' + b'\\"role\\" ' * 1000 + b'"}]}', 50)
+
+
+def test_a_lone_surrogate_in_a_schema_or_tool_is_a_400() -> None:
+    schema = {"type": "object", "properties": {"\ud800": {"type": "string"}}}
+    bad(req(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+        "response_format.json_schema.schema")
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    bad(req(tools=[tool], tool_choice="required"), "tools")
