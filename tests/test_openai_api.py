@@ -589,4 +589,4 @@ def test_a_lone_surrogate_in_a_schema_or_tool_is_a_400() -> None:
     bad(req(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
         "response_format.json_schema.schema")
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
-    bad(req(tools=[tool], tool_choice="required"), "tools")
+    bad(req(tools=[tool], tool_choice="required"), "tools[0]")
