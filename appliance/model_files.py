@@ -28,9 +28,13 @@ OFFICIAL_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"
 # one (docs/BENCHMARKS.md, "Quantization"); an official file pays the quality cost once, so
 # its perplexity is lower than the requantized file's.
 QUANTS = {
+    # Measured through the appliance on 2 x86-64 cores against the bundled q4_k_m, on files
+    # requantized from it (docs/BENCHMARKS.md, "Quantization"); an official file loses less.
     "q4_k_m": "the default; for Qwen2.5-0.5B mostly Q5_0 and Q8_0 inside, which few fast CPU kernels cover",
-    "q4_0": "~1.4x faster decode, ~1.3x faster prompts and 60 MiB smaller than q4_k_m; perplexity +44% requantized",
-    "q8_0": "most accurate of the small ones (perplexity -1% requantized), 180 MiB larger, decode as fast as q4_k_m",
+    "q4_0": "~1.4x faster decode for 1 user (1.5-1.8x for 8-16), ~1.6x faster prompts, 60 MiB smaller file "
+            "but ~100 MiB more RSS than q4_k_m; perplexity +43% requantized",
+    "q8_0": "most accurate of the small ones (perplexity -0.5% requantized), 175 MiB larger (~150 MiB more RSS), "
+            "~1.2x faster decode for 1 user (1.3-1.4x for 8-16) than q4_k_m",
     "q5_0": "what q4_k_m mostly is already; not measured",
     "q5_k_m": "not measured",
     "q6_k": "not measured",

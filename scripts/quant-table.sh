@@ -35,7 +35,10 @@ mkdir -p "$out/models"
 files=("$bundled")
 for q in Q8_0 IQ4_NL Q4_0; do
   f="$out/models/bundled-to-${q,,}.gguf"
-  [ -f "$f" ] || "$bin/llama-quantize" --allow-requantize "$bundled" "$f" "$q" "$(nproc)" >"$out/quantize-$q.log" 2>&1
+  # Into a temporary name first: a run stopped half-way must not leave a truncated file behind
+  # that the next run would take as done.
+  [ -f "$f" ] || { "$bin/llama-quantize" --allow-requantize "$bundled" "$f.part" "$q" "$(nproc)" \
+      >"$out/quantize-$q.log" 2>&1 && mv "$f.part" "$f"; }
   files+=("$f")
 done
 
@@ -43,7 +46,7 @@ echo "== quality and prompt speed"
 "$root/.venv/bin/python" "$root/scripts/measure-quant.py" "${files[@]}" --json "$out/quality.json"
 
 pid=
-stop() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; pid=; }
+stop() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; pid=; }
 trap stop EXIT
 for f in "${files[@]}"; do
   name=$(basename "$f" .gguf)

@@ -52,7 +52,8 @@ def test_pull_quant_takes_the_official_file_of_that_type(tmp_path: Path) -> None
     out = appliance(tmp_path, "pull", "--quant", "q4_0", "--models-dir", str(models))
     assert out.returncode == 0, out.stderr
     dst = models / "qwen2.5-0.5b-instruct-q4_0.gguf"
-    assert f"downloaded {dst}" in out.stdout and "q4_0: ~1.4x faster decode" in out.stdout
+    assert f"downloaded {dst}" in out.stdout and "q4_0: ~1.4x faster decode for 1 user" in out.stdout
+    assert "perplexity +43% requantized" in out.stdout
     assert dst.read_bytes() == q4_0 and os.listdir(models) == [dst.name]
     # Pulled and official, it is served before the third-party bundled file.
     (models / mf.BUNDLED_FILE).write_bytes(gguf())
