@@ -267,6 +267,9 @@ def load(
         sources[key] = "command line"
 
     cfg = Config(**values)
+    if "ubatch_tokens" not in values and cfg.ubatch_tokens > cfg.batch_tokens:
+        # The default fits the default batch; a smaller batch takes the default down with it.
+        cfg = dataclasses.replace(cfg, ubatch_tokens=cfg.batch_tokens)
     for key, ok, why in (
         ("default_max_tokens", cfg.default_max_tokens <= cfg.max_tokens_limit, "must be <= max_tokens_limit"),
         ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),

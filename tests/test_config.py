@@ -414,3 +414,10 @@ def test_ubatch_tokens_reaches_the_context_spec(monkeypatch: pytest.MonkeyPatch,
     engine = serve.build_engine(cfg, tmp_path / "m.gguf")
     engine._factory()
     assert (seen[0].n_batch, seen[0].n_ubatch) == (256, 64)
+
+
+def test_a_small_batch_takes_the_default_ubatch_down_but_not_an_explicit_one() -> None:
+    cfg, _ = load({"batch_tokens": "64", "slots": "8"}, environ={})
+    assert cfg.ubatch_tokens == 64
+    with pytest.raises(ConfigError, match="ubatch_tokens"):
+        load({"batch_tokens": "64", "slots": "8", "ubatch_tokens": "128"}, environ={})
