@@ -32,7 +32,7 @@ def test_random_clients_leave_the_server_healthy(bundled_model: Path, tmp_path: 
             rng = random.Random(i)
             with httpx.Client(base_url=live.url, timeout=60, trust_env=False) as c:
                 for _ in range(5):
-                    sid = f"chaos-session-{rng.randint(0, 5)}"
+                    sid = f"chaos-session-{rng.randint(0, 5):04d}"
                     msgs = histories.get(sid, [SYSTEM])[:]
                     if len(msgs) > 2 and rng.random() < 0.2:
                         msgs = msgs[: rng.randrange(1, len(msgs))]  # edit: go back in the history
