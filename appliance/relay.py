@@ -20,7 +20,7 @@ from .errors import ApplianceError, EngineFailure
 from .guard import Caller, caller_of
 from .prompt import Prompt
 from .sampling import SamplingParams
-from .server import QUEUE_NOTE_S, THREAD_PARSE_BYTES, App, read_body, session_key
+from .server import QUEUE_NOTE_S, THREAD_PARSE_BYTES, App, disconnected, read_body, session_key
 from .turn import Delta, Done, Failed
 
 
@@ -97,12 +97,8 @@ async def collect(app: App, request: Request, handle: Handle, timing: Timing) ->
                 return parts, ev
         raise EngineFailure("the engine ended the request without an answer")
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     work = asyncio.ensure_future(answer())
-    gone = asyncio.ensure_future(disconnected())
+    gone = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -249,13 +249,9 @@ class App:
                     return ev
             raise EngineFailure("the engine ended the request without an answer")
 
-        async def disconnected() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
         t0 = time.monotonic()
         work = asyncio.ensure_future(asyncio.gather(*(collect(h, c) for h, c in zip(handles, choices))))
-        gone = asyncio.ensure_future(disconnected())
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -317,6 +313,12 @@ def session_key(caller: Caller, session: str) -> str:
     """What the engine calls a session: a digest of the caller's key and the id, so another
     key's sessions are out of reach, and no raw id is held, logged or saved anywhere."""
     return hashlib.sha256(f"{caller.namespace}\0{session}".encode()).hexdigest()[:32]
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when a client waiting for a whole (non-streamed) answer goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(request: Request) -> bytes:
