@@ -28,7 +28,7 @@ import secrets
 import stat
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under our name must not hang start-up (it is refused below).
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Test-only (faults.py, APPLIANCE_FAULT=save-slow): called with a session file's temporary
+# name once its bytes are written and fsynced, before its rename. None in production.
+before_rename: Callable[[str], None] | None = None
 
 
 class StateDirError(OSError):
@@ -149,6 +152,8 @@ def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, lis
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+                if before_rename is not None:
+                    before_rename(tmp)
                 os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
                 _unlink(tmp, fd)
