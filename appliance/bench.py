@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import importlib
 import ipaddress
 import json
 import math
+import os
 import statistics
 import sys
 import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 import httpx
 
@@ -254,12 +258,33 @@ _REWRITE = [_rewrite_prompt(i) for i in range(len(_PROSE) + len(_CODE))]
 REWRITE_PROMPTS: tuple[str, ...] = tuple(p for p, _ in _REWRITE)
 REWRITE_FOLLOW_UPS: tuple[tuple[str, ...], ...] = tuple(f for _, f in _REWRITE)
 
-WorkloadName = Literal["chat", "rewrite"]
+# --workload burst: one person pastes a list of products and asks for a description of each,
+# all at once (a script, or 20 browser tabs); every answer must come back.
+PRODUCTS: tuple[str, ...] = (
+    "a stainless steel water bottle", "a wireless ergonomic mouse", "a standing desk mat",
+    "a noise-cancelling headset", "a recycled paper notebook", "a USB-C docking station",
+    "a desk lamp with a dimmer", "a whiteboard with magnetic markers", "a mesh office chair",
+    "a 27-inch monitor arm", "a compact label printer", "a ceramic coffee mug",
+    "a cable management tray", "a portable projector", "a mechanical keyboard",
+    "a filing cabinet with a lock", "a webcam with a privacy shutter", "a shredder for paper and cards",
+    "a laptop stand made of bamboo", "a set of reusable sticky notes",
+)
+BURST_PROMPTS: tuple[str, ...] = tuple(
+    f"Write a 2-sentence description for this product in our online shop: {p}." for p in PRODUCTS)
+BURST_SIZE = len(PRODUCTS)
+
+WorkloadName = Literal["chat", "rewrite", "burst", "soak"]
 # What each --workload sends: prompts[k] opens conversation k, follow_ups[k % len] continues it.
+# soak is chat for a fixed time; burst sends one opening each (no follow-ups unless --turns).
 PROMPT_SETS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
     "chat": (PROMPTS, (FOLLOW_UPS,)),
     "rewrite": (REWRITE_PROMPTS, REWRITE_FOLLOW_UPS),
+    "burst": (BURST_PROMPTS, (FOLLOW_UPS,)),
+    "soak": (PROMPTS, (FOLLOW_UPS,)),
 }
+# Concurrency levels when --concurrency is not given: a burst is its size, a soak one load.
+DEFAULT_LEVELS: dict[str, list[int]] = {"chat": [1, 4, 8, 16], "rewrite": [1, 4, 8, 16],
+                                        "burst": [BURST_SIZE], "soak": [8]}
 
 
 _LONG_SENTENCES = (
@@ -293,6 +318,8 @@ class Workload:
     # Most OpenAI clients send no session id; the server must then tell users apart by
     # address and prompt prefix, so runs should measure both ways.
     session_ids: bool = True
+    # All requests from one address (burst: one person's script); else one per simulated user.
+    one_address: bool = False
 
 
 @dataclass(slots=True)
@@ -345,6 +372,10 @@ class LevelResult:
     results: list[RequestResult]
     long_results: list[RequestResult] = field(default_factory=list)
     itl_during_long: list[float] = field(default_factory=list)  # short-stream gaps, s
+    # --workload soak: the server's RSS as (seconds since the load started, MiB), the first
+    # taken before it starts and the last after it ended; warm-up ends at warmup_s.
+    rss_mib: list[tuple[float, float]] = field(default_factory=list)
+    warmup_s: float = 0.0
 
     @classmethod
     def merge(cls, parts: list[LevelResult]) -> LevelResult:
@@ -353,7 +384,16 @@ class LevelResult:
             first.label, first.concurrency, sum(p.wall_s for p in parts),
             [r for p in parts for r in p.results], [r for p in parts for r in p.long_results],
             [g for p in parts for g in p.itl_during_long],
+            first.rss_mib, first.warmup_s,  # RSS is one soak's story: the first round tells it
         )
+
+    def rss_points(self) -> dict[str, float | None]:
+        """RSS (MiB) before the load, once warmed up, after it ended, and the highest seen."""
+        s = self.rss_mib
+        if not s:
+            return {"start": None, "warm": None, "end": None, "max": None}
+        warm = next((mib for t, mib in s if t >= self.warmup_s), s[-1][1])
+        return {"start": s[0][1], "warm": warm, "end": s[-1][1], "max": max(mib for _, mib in s)}
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -456,6 +496,13 @@ class LevelResult:
             **by_turn,
             "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
             "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
+            # The last answer's end, from the moment all requests were let go (burst: how long
+            # the person waits for the whole list).
+            "last_answer_s": round(max((r.t_end for r in self.results), default=0.0)
+                                   - min((r.t_start for r in self.results), default=0.0), 3),
+            "rss_mib": self.rss_points(),  # all None unless --workload soak found the server
+            "rss_samples": [[round(t, 1), mib] for t, mib in self.rss_mib],
+            "warmup_s": self.warmup_s,
         }
 
 
@@ -554,6 +601,99 @@ async def resolve_model(url: str, timeout: float = 10.0) -> str:
         return "default"
 
 
+class Progress:
+    """One line on stderr: which server and level, a bar, answers so far; redrawn at most
+    10 times a second, wiped when the level ends. Silent when off (not a TTY, or --quiet)."""
+
+    WIDTH = 24  # characters of bar
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.title, self.total, self.timed = "", 1.0, False
+        self.t0 = self.drawn = 0.0
+        self.num_done = self.num_ok = 0
+
+    def begin(self, title: str, total: float, timed: bool = False) -> None:
+        """total: requests expected, or seconds when timed (a soak)."""
+        self.title, self.total, self.timed = title, max(total, 1e-9), timed
+        self.t0, self.drawn, self.num_done, self.num_ok = time.perf_counter(), 0.0, 0, 0
+        self._draw(force=True)
+
+    def update(self, results: list[RequestResult]) -> None:
+        self.num_done, self.num_ok = len(results), sum(1 for r in results if r.ok)
+        self._draw()
+
+    def end(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.t0
+        frac = min(1.0, (elapsed if self.timed else self.num_done) / self.total)
+        bar = "#" * round(frac * self.WIDTH)
+        count = f"{elapsed:.0f}/{self.total:.0f} s" if self.timed else f"{self.num_done}/{self.total:.0f}"
+        failed = self.num_done - self.num_ok
+        return (f"{self.title}  [{bar.ljust(self.WIDTH, '.')}] {count}  ok {self.num_ok}"
+                + (f"  not ok {failed}" if failed else "") + f"  {elapsed:.1f} s")
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not force and now - self.drawn < 0.1):
+            return
+        self.drawn = now
+        self.stream.write("\r" + self.line() + "\x1b[K")
+        self.stream.flush()
+
+
+def listening_pid(port: int) -> int | None:
+    """The process listening on TCP `port` of this host (Linux /proc), lowest pid first; None
+    when there is none or it cannot be seen (another user's process, another namespace)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            # local_address is HEX_IP:HEX_PORT, state 0A is LISTEN, field 9 the socket inode.
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    pids = sorted(int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
+    for pid in pids:
+        try:
+            if any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return pid
+        except OSError:
+            continue  # gone, or not ours to look at
+    return None
+
+
+def rss_mib(pid: int) -> float | None:
+    """VmRSS of `pid` in MiB, None when the process is gone or unreadable."""
+    try:
+        for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if row.startswith("VmRSS:"):
+                return round(int(row.split()[1]) / 1024.0, 1)  # the kernel reports kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def server_pid(url: str, pid: int | None = None) -> int | None:
+    """The pid to sample for `url`: the one given, else whoever listens on its loopback port."""
+    if pid is not None:
+        return pid
+    if not is_loopback(url):
+        return None
+    u = httpx.URL(base_url(url))
+    return listening_pid(u.port or (443 if u.scheme == "https" else 80))
+
+
 async def _request(
     client: httpx.AsyncClient, endpoint: str, workload: Workload,
     messages: list[dict[str, str]], timeout: float, session: str | None = None,
@@ -620,21 +760,25 @@ async def _read_stream(
 async def measure(
     url: str, concurrency: int, requests: int, workload: Workload, *,
     label: str = "appliance", timeout: float = 300.0, arrival: Arrival = "together",
-    stagger_s: float = STAGGER_S,
+    stagger_s: float = STAGGER_S, duration_s: float | None = None, progress: Progress | None = None,
 ) -> LevelResult:
     """Run `requests` streamed requests through `concurrency` closed-loop workers.
 
     With workload.turns > 1 `requests` is ignored: each worker is one user holding one
     conversation of `turns` requests, and wall time includes the users' think time.
+    With `duration_s` (soak) `requests` is ignored too: each worker starts conversation after
+    conversation until the time is up, then finishes the request it has in flight.
     """
     multi_turn = workload.turns > 1
     if multi_turn:
         requests = concurrency
+    expected = concurrency * workload.turns if multi_turn else requests
     endpoint = base_url(url) + "/v1/chat/completions"
     results: list[RequestResult] = []
     long_results: list[RequestResult] = []
     gate, first_token = asyncio.Event(), asyncio.Event()
     next_index = 0  # shared counter; safe without a lock: only awaits switch tasks
+    deadline: float | None = None  # perf_counter() time a soak ends; set when the clock starts
     local = is_loopback(url)
     # One TLS context for all users: building one loads the CA bundle (~10 ms of CPU each).
     tls = httpx.create_ssl_context()
@@ -642,8 +786,9 @@ async def measure(
     def user_client(i: int) -> httpx.AsyncClient:
         # One client per simulated user: its own connection and, on loopback, its own source
         # address, so the server sees an office of users rather than one very busy one.
+        address = user_address(0 if workload.one_address else i) if local else None
         transport = httpx.AsyncHTTPTransport(
-            verify=tls, local_address=user_address(i) if local else None,
+            verify=tls, local_address=address,
             limits=httpx.Limits(max_connections=2, max_keepalive_connections=2))
         return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
@@ -664,9 +809,13 @@ async def measure(
                                      first_token)
                 res.turn, res.pad_tokens = turn, pad
                 results.append(res)
+                if progress is not None:
+                    progress.update(results)
                 if not res.ok or turn == workload.turns:
                     return  # done, or no answer to follow up on: this user gives up
                 await asyncio.sleep(workload.think_s)
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return  # the soak is over: no new turn
                 messages += [{"role": "assistant", "content": res.text},
                              {"role": "user", "content": follow_up(workload, k, turn)}]
 
@@ -675,10 +824,10 @@ async def measure(
             await gate.wait()
             if arrival == "staggered":
                 await asyncio.sleep(i * stagger_s)
-            while next_index < requests:
+            while (next_index < requests if deadline is None else time.perf_counter() < deadline):
                 k, next_index = next_index, next_index + 1
                 await conversation(clients[i], k)
-                if multi_turn:
+                if multi_turn and deadline is None:
                     return  # one user, one conversation: no worker takes a second one
 
         async def long_client() -> None:
@@ -689,11 +838,28 @@ async def measure(
             long_results.append(await _request(clients[-1], endpoint, workload,
                                                _opening(workload.system, prompt), timeout))
 
+        async def ticker() -> None:
+            # A soak's bar moves with the clock, not only when a request ends.
+            while True:
+                await asyncio.sleep(0.5)
+                if progress is not None:
+                    progress.update(results)
+
         workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
         paster = asyncio.create_task(long_client()) if workload.long_prompt_tokens else None
+        if progress is not None:
+            progress.begin(f"{label} c={concurrency}", duration_s or expected, timed=duration_s is not None)
+        tick = asyncio.create_task(ticker()) if progress is not None and duration_s else None
         t0 = time.perf_counter()
+        deadline = t0 + duration_s if duration_s else None
         gate.set()
-        await asyncio.gather(*workers)
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            if tick is not None:
+                tick.cancel()
+            if progress is not None:
+                progress.end()
         wall = time.perf_counter() - t0
         first_token.set()  # all short requests failed: let the paste run anyway, then finish
         if paster is not None:
@@ -755,23 +921,44 @@ def _non_negative_float(text: str) -> float:
     return x
 
 
+def _compare(text: str) -> tuple[str | None, str]:
+    """--compare URL, or LABEL=URL (a label holds no ':' or '/', so a URL's query is no label)."""
+    label, sep, url = text.partition("=")
+    if sep and label and url and not any(ch in label for ch in ":/"):
+        return label, url
+    return None, text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--url", default="http://127.0.0.1:8080", help="server base URL (…/v1 also accepted)")
-    a("--compare", metavar="URL", help="a second server measured in the same run")
+    a("--compare", metavar="[LABEL=]URL", type=_compare, action="append", default=[],
+      help="another server measured in the same run, level by level; repeat for more "
+           "(LABEL=URL names it, else --compare-label)")
     a("--label", default="appliance", help="name of --url in the report")
-    a("--compare-label", default="peer", help="name of --compare in the report")
-    a("--concurrency", type=_concurrency_list, default=[1, 4, 8, 16],
-      help="comma-separated concurrency levels (default 1,4,8,16)")
+    a("--compare-label", default="peer", help="name of an unlabelled --compare in the report")
+    a("--concurrency", type=_concurrency_list, default=None,
+      help="comma-separated concurrency levels (default 1,4,8,16; burst: its size, "
+           f"{BURST_SIZE}; soak: 8)")
     a("--requests", type=_positive_int, default=None,
-      help="requests per level per server per round (default max(2*concurrency, 8))")
+      help="requests per level per server per round (default max(2*concurrency, 8); "
+           "ignored by burst, soak and --turns > 1)")
     a("--workload", choices=tuple(PROMPT_SETS), default="chat",
-      help="chat: short questions (default). rewrite: paste a paragraph with typos or a code "
+      help="chat (default): office users asking short questions; with --turns T each client "
+           "is one user holding a T-turn conversation that resends its growing history, "
+           "pausing --think-s between turns. "
+           "rewrite: paste a paragraph with typos or a code "
            "snippet with a bug and ask for it back fixed, so answers mostly copy the prompt "
            "(what n-gram speculative decoding speeds up); later --turns ask for the whole text "
            "again with another small edit. Use --max-tokens 160 --temperature 0 with it. "
            f"Both pick texts round-robin ({len(PROMPTS)} chat, {len(REWRITE_PROMPTS)} rewrite), "
-           "so two runs send the same requests")
+           "so two runs send the same requests. "
+           "burst: N requests for a 2-sentence product description let go at once from one "
+           "address (one person's list of N products), N = each --concurrency level: reports "
+           "how many came back and when the last did, and exits 1 unless all did. "
+           "soak: chat at a steady --concurrency (default 8) for --duration-s per server, "
+           "sampling the server's RSS (VmRSS of the process listening on a loopback port, or "
+           "--pid) every --rss-every-s")
     a("--prompt-mix", type=_prompt_mix, default=None, metavar="N1,N2,...",
       help="put a ~N-token document before the first prompt of conversation i (request i; "
            "user i with --turns), N = N[i %% len] (0 = none), e.g. 20,60,150,300,600: with --arrival together and "
@@ -782,7 +969,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
     a("--model", default=None, help="model name (default: first id of GET /v1/models)")
     a("--timeout", type=_positive_float, default=300.0, help="seconds per request")
-    a("--json", metavar="PATH", help="also write the results as JSON")
     a("--rounds", type=_positive_int, default=1,
       help="repeat each level, alternating server order per round (A B, B A, ...)")
     a("--arrival", choices=("together", "staggered"), default="together")
@@ -798,53 +984,108 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--no-session-id", dest="session_ids", action="store_false",
       help="send no X-Session-Id, as most OpenAI clients do (users are then told apart "
            "by source address: on loopback each simulated user has its own 127.0.0.N)")
+    a("--duration-s", type=_positive_float, default=180.0,
+      help="soak: seconds of steady load per server and level (default 180)")
+    a("--warmup-s", type=_non_negative_float, default=30.0,
+      help="soak: the 'warm' RSS is the first sample this many seconds into the load (default 30)")
+    a("--rss-every-s", type=_positive_float, default=5.0,
+      help="soak: seconds between RSS samples (default 5)")
+    a("--pid", type=_positive_int, default=None,
+      help="soak: pid of the --url server (default: the process listening on its loopback port)")
+    a("--json", metavar="PATH", help="also write the results as JSON")
+    a("--jsonl", metavar="PATH",
+      help="append one JSON line per level per server, so several runs can share a file "
+           "(what --plot --from reads)")
+    a("--tag", default="", help="name of this run in --jsonl lines and plot legends")
+    a("--markdown", action="store_true", help="print the report as Markdown tables")
+    a("--quiet", action="store_true",
+      help="no progress bar on stderr (there is none when stderr is not a terminal)")
+    a("--plot", metavar="FILE.png",
+      help="draw tokens/s and TTFT p50 against clients, one line per server and --tag: of "
+           "this run, or with --from of JSONL files only (nothing is measured then). Needs "
+           "matplotlib: pip install 'appliance[plot]'")
+    a("--from", dest="plot_from", metavar="PATH", action="append", default=[],
+      help="with --plot: a --jsonl file to draw (repeatable)")
+
+
+def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
+    targets = [(args.label, args.url)]
+    unnamed = 0
+    for label, url in args.compare:
+        if label is None:
+            unnamed += 1
+            label = args.compare_label if unnamed == 1 else f"{args.compare_label}{unnamed}"
+        targets.append((label, url))
+    return targets
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `appliance bench`.
 
-    Exit codes: 0 every server completed requests, 1 one completed none (down, or always
-    rejecting), 2 bad arguments, 130 interrupted (what was measured is still printed).
+    Exit codes: 0 every server completed requests (burst: all of them), 1 one did not (down,
+    always rejecting, or a burst answer missing), 2 bad arguments or no plot, 130 interrupted
+    (what was measured is still printed).
     """
-    targets = [(args.label, args.url)]
-    if args.compare:
-        if args.compare_label == args.label:
-            print("bench: --label and --compare-label must differ", file=sys.stderr)
+    if args.plot_from:
+        if not args.plot:
+            print("bench: --from goes with --plot", file=sys.stderr)
             return 2
-        targets.append((args.compare_label, args.compare))
+        try:
+            records = read_jsonl(args.plot_from)
+        except (OSError, ValueError) as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
+        return _plot(records, args.plot)
+    targets = _targets(args)
+    labels = [lb for lb, _ in targets]
+    if len(set(labels)) < len(labels):
+        print("bench: server labels must differ (--label, --compare-label, LABEL=URL)", file=sys.stderr)
+        return 2
+    progress = Progress(enabled=False if args.quiet else None)
     # Filled in as levels finish, so Ctrl-C still reports everything measured so far.
     done: dict[int, dict[str, LevelResult]] = {}
     rounds: dict[int, dict[str, list[LevelResult]]] = {}  # the same, round by round
     models: dict[str, str] = {}
     interrupted = False
     try:
-        asyncio.run(_run(args, targets, models, done, rounds))
+        asyncio.run(_run(args, targets, models, done, rounds, progress))
     except KeyboardInterrupt:
         interrupted = True
+        progress.end()
         print("\ninterrupted; results so far:")
-    labels = [lb for lb, _ in targets]
-    print(format_report(done, labels))
+    print(format_report(done, labels, workload=args.workload, markdown=args.markdown))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(_json_report(args, targets, models, done, rounds), f, indent=2)
             f.write("\n")
+    records = jsonl_records(args, targets, models, done)
+    if args.jsonl:
+        with open(args.jsonl, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    if args.plot and (code := _plot(records, args.plot)):
+        return code
     if interrupted:
         return 130
+    levels = [lv[lb] for lv in done.values() for lb in labels if lb in lv]
+    if args.workload == "burst" and any(len(lv.completed) < len(lv.results) for lv in levels):
+        return 1  # every answer of a burst must come back
     completed = [sum(len(lv[lb].completed) for lv in done.values() if lb in lv) for lb in labels]
     return 0 if all(completed) else 1
 
 
 async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models: dict[str, str],
-               done: dict[int, dict[str, LevelResult]], rounds: dict[int, dict[str, list[LevelResult]]]) -> None:
+               done: dict[int, dict[str, LevelResult]], rounds: dict[int, dict[str, list[LevelResult]]],
+               progress: Progress | None = None) -> None:
     for lb, url in targets:
         models[lb] = args.model or await resolve_model(url)
     prompts, follow_ups = PROMPT_SETS[args.workload]
     base = Workload(prompts=prompts, follow_ups=follow_ups, prompt_mix=args.prompt_mix or (),
                     max_tokens=args.max_tokens, temperature=args.temperature,
                     long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
-                    think_s=args.think_s, session_ids=args.session_ids)
-    for c in args.concurrency:
-        n = args.requests or max(2 * c, 8)
+                    think_s=args.think_s, session_ids=args.session_ids,
+                    one_address=args.workload == "burst")
+    for c in args.concurrency or DEFAULT_LEVELS[args.workload]:
+        n = c if args.workload == "burst" else args.requests or max(2 * c, 8)
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
         rounds[c] = parts
         for rnd in range(args.rounds):
@@ -853,9 +1094,50 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
             for lb, url in order:
                 system = fresh_system(args.system) if args.fresh_system else args.system
                 wl = replace(base, model=models[lb], system=system)
-                parts[lb].append(await measure(url, c, n, wl, label=lb, timeout=args.timeout,
-                                               arrival=args.arrival))
+                if args.workload == "soak":
+                    lv = await soak(url, c, wl, args.duration_s, label=lb, timeout=args.timeout,
+                                    arrival=args.arrival, pid=args.pid if lb == args.label else None,
+                                    every_s=args.rss_every_s, warmup_s=args.warmup_s, progress=progress)
+                else:
+                    lv = await measure(url, c, n, wl, label=lb, timeout=args.timeout,
+                                       arrival=args.arrival, progress=progress)
+                parts[lb].append(lv)
                 done[c] = {k: LevelResult.merge(v) for k, v in parts.items() if v}
+
+
+async def soak(url: str, concurrency: int, workload: Workload, duration_s: float, *,
+               label: str = "appliance", timeout: float = 300.0, arrival: Arrival = "together",
+               pid: int | None = None, every_s: float = 5.0, warmup_s: float = 30.0,
+               progress: Progress | None = None) -> LevelResult:
+    """measure() for duration_s while the server's RSS is sampled every every_s: once before the
+    load, then on the interval, then once after (no samples when its process is not found)."""
+    found = server_pid(url, pid)
+    if found is None:
+        print(f"bench: no RSS for {label}: no process found behind {url} (give --pid)", file=sys.stderr)
+    samples: list[tuple[float, float]] = []
+    t0 = time.perf_counter()
+
+    def take() -> None:
+        if found is not None and (mib := rss_mib(found)) is not None:
+            samples.append((time.perf_counter() - t0, mib))
+
+    async def sampler() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            take()
+
+    take()
+    task = asyncio.create_task(sampler())
+    try:
+        level = await measure(url, concurrency, 0, workload, label=label, timeout=timeout,
+                              arrival=arrival, duration_s=duration_s, progress=progress)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    take()
+    level.rss_mib, level.warmup_s = samples, warmup_s
+    return level
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -872,6 +1154,16 @@ def _ratios(level: dict[str, LevelResult], a: str, b: str) -> dict[str, float | 
             "later_ttft_p50": _ratio(ttft(b, True), ttft(a, True))}
 
 
+def _level_ratios(level: dict[str, LevelResult], labels: list[str]) -> dict[str, dict[str, float | None]]:
+    """The first server against each other one measured at this level."""
+    a = labels[0]
+    return {b: _ratios(level, a, b) for b in labels[1:] if a in level and b in level}
+
+
+def _ratio_row(b: str, labels: list[str]) -> str:
+    return "ratio" if len(labels) == 2 else f"ratio {b}"
+
+
 _COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5),
             ("tok/s", "tokens_per_s", 8), ("req/min", "requests_per_min", 8),
             ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8),
@@ -886,58 +1178,112 @@ _RATIO_OF = {"tokens_per_s": "tokens_per_s", "ttft_ms_p50": "ttft_p50",
              "later_ttft_ms_p50": "later_ttft_p50"}
 
 
-def _cell(v: Any, width: int) -> str:
+def _cell(v: Any, width: int = 0) -> str:
     if v is None:
         return "-".rjust(width)
     return (f"{v:.1f}" if isinstance(v, float) else str(v)).rjust(width)
 
 
+def _render(head: list[str], rows: list[list[str]], note: str, markdown: bool,
+            widths: list[int] | None = None) -> list[str]:
+    """Rows of cells as a fixed-width table (conc, server, then right-aligned columns) or as
+    Markdown, where columns with nothing in them are left out."""
+    if markdown:
+        keep = [i for i in range(len(head)) if i < 2 or any(r[i] not in ("", "-") for r in rows)]
+        line = lambda cells: "| " + " | ".join(cells[i] for i in keep) + " |"
+        return ([line(head), "|" + "|".join(":---" if i == 1 else "---:" for i in keep) + "|"]
+                + [line(r) for r in rows] + ["", f"({note})"])
+    if widths is None:
+        widths = [max(len(x) for x in col) + (2 if i > 1 else 0)
+                  for i, col in enumerate(zip(head, *rows, strict=True))]
+    fixed = lambda cells: (cells[0].rjust(widths[0]) + "  " + cells[1].ljust(widths[1])
+                           + "".join(x.rjust(w) for x, w in zip(cells[2:], widths[2:], strict=True)))
+    return [fixed(head) + f"   ({note})"] + [fixed(r).rstrip() for r in rows]
+
+
 def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
-           columns: list[tuple[str, str, int]], lw: int, note: str) -> list[str]:
-    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in columns)
-             + f"   ({note})"]
+           columns: list[tuple[str, str, int]], lw: int, note: str, markdown: bool = False) -> list[str]:
+    rows = []
     for c, level in done.items():
         for lb in labels:
             if lb in level:
                 s = level[lb].summary()
-                lines.append(f"{c:>4}  {lb.ljust(lw)}"
-                             + "".join(_cell(s[k], w) for _, k, w in columns))
-        if len(labels) == 2 and all(lb in level for lb in labels):
-            r = _ratios(level, *labels)
-            cells = "".join(f"{v:.2f}x".rjust(w) if (v := r.get(_RATIO_OF.get(k, ""))) is not None
-                            else " " * w for _, k, w in columns)
-            lines.append(f"{c:>4}  {'ratio'.ljust(lw)}{cells}".rstrip())
-    return lines
+                rows.append([str(c), lb] + [_cell(s[k]) for _, k, _ in columns])
+        for b, r in _level_ratios(level, labels).items():
+            rows.append([str(c), _ratio_row(b, labels)]
+                        + [f"{v:.2f}x" if (v := r.get(_RATIO_OF.get(k, ""))) is not None else ""
+                           for _, k, _ in columns])
+    head = ["conc", "server"] + [h for h, _, _ in columns]
+    return _render(head, rows, note, markdown, [4, lw] + [w for *_, w in columns])
 
 
-def _pad_table(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int) -> list[str]:
-    columns = [("pad", "", 6), ("ok", "completed", 5), ("prompt", "prompt_tokens", 8),
+def _pad_table(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
+               markdown: bool = False) -> list[str]:
+    columns = [("ok", "completed", 5), ("prompt", "prompt_tokens", 8),
                ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8)]
-    lines = ["conc  " + "server".ljust(lw) + "".join(h.rjust(w) for h, _, w in columns)
-             + "   (turn 1 by --prompt-mix document, tokens; times in ms)"]
+    rows = [[str(c), lb, pad] + [_cell(s[k]) for _, k, _ in columns]
+            for c, level in done.items() for lb in labels
+            for pad, s in (level[lb].by_pad() if lb in level else {}).items()]
+    return _render(["conc", "server", "pad"] + [h for h, _, _ in columns], rows,
+                   "turn 1 by --prompt-mix document, tokens; times in ms", markdown,
+                   [4, lw, 6] + [w for *_, w in columns])
+
+
+def _burst_table(done: dict[int, dict[str, LevelResult]], labels: list[str], markdown: bool) -> list[str]:
+    rows = []
     for c, level in done.items():
         for lb in labels:
-            for pad, s in (level[lb].by_pad() if lb in level else {}).items():
-                lines.append(f"{c:>4}  {lb.ljust(lw)}{pad.rjust(6)}"
-                             + "".join(_cell(s[k], w) for _, k, w in columns[1:]))
-    return lines
+            if lb in level:
+                s = level[lb].summary()
+                rows.append([str(c), lb, f"{s['completed']}/{s['requests']}", _cell(s["last_answer_s"]),
+                             _cell(s["ttft_ms_p50"]), _cell(s["ttft_ms_p95"]), _cell(s["tokens_per_s"])])
+    return _render(["burst", "server", "back", "last s", "ttft50", "ttft95", "tok/s"], rows,
+                   "answers back of those sent at once; seconds until the last one; TTFT in ms",
+                   markdown)
 
 
-def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> str:
-    """Fixed-width tables (per turn if multi-turn, per document size if --prompt-mix);
-    ratio rows are >1 when A is better."""
-    lw = max(len(lb) for lb in labels + ["ratio"])
-    lines = _table(done, labels, _COLUMNS, lw, "times in ms")
+def _soak_table(done: dict[int, dict[str, LevelResult]], labels: list[str], markdown: bool) -> list[str]:
+    rows = []
+    for c, level in done.items():
+        for lb in labels:
+            if lb in level:
+                lv = level[lb]
+                rss = lv.rss_points()
+                growth = (f"{(rss['end'] - rss['warm']) / rss['warm'] * 100:+.1f}%"
+                          if rss["end"] is not None and rss["warm"] else "-")
+                rows.append([str(c), lb, str(len(lv.results)), str(len(lv.completed)),
+                             str(lv.num_rejected), str(lv.num_failed), _cell(round(lv.wall_s, 1)),
+                             *(_cell(rss[k]) for k in ("start", "warm", "end", "max")), growth])
+    warm = next((lv.warmup_s for level in done.values() for lv in level.values()), 0.0)
+    return _render(["conc", "server", "tried", "answered", "refused", "failed", "s",
+                    "rss0", "rss@warm", "rss end", "rss max", "end/warm"], rows,
+                   f"refused = 429/503; RSS in MiB before the load, {warm:g} s into it, after it, "
+                   "highest", markdown)
+
+
+def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str], *,
+                  workload: str = "chat", markdown: bool = False) -> str:
+    """Fixed-width (or Markdown) tables: per turn if multi-turn, per document size if
+    --prompt-mix, a burst's answers back, a soak's RSS; ratio rows are >1 when the first is better."""
+    lw = max(len(lb) for lb in labels + [_ratio_row(b, labels) for b in labels[1:]] + ["ratio"])
+    lines = _table(done, labels, _COLUMNS, lw, "times in ms", markdown)
     multi_turn = any(r.turn > 1 for level in done.values() for lv in level.values()
                      for r in lv.results)
     if multi_turn:
-        lines += [""] + _table(done, labels, _TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms")
+        lines += [""] + _table(done, labels, _TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms", markdown)
     if any(lv.by_pad() for level in done.values() for lv in level.values()):
-        lines += [""] + _pad_table(done, labels, lw)
+        lines += [""] + _pad_table(done, labels, lw, markdown)
+    if workload == "burst" and done:
+        lines += [""] + _burst_table(done, labels, markdown)
+    if workload == "soak" and done:
+        lines += [""] + _soak_table(done, labels, markdown)
+    later = ", ttft50@2+ = {b}/{a}" if multi_turn else ""
     if len(labels) == 2:
-        later = f", ttft50@2+ = {labels[1]}/{labels[0]}" if multi_turn else ""
-        lines.append(f"ratio: tok/s = {labels[0]}/{labels[1]}, "
-                     f"ttft50 = {labels[1]}/{labels[0]}{later} (>1 = {labels[0]} is better)")
+        a, b = labels
+        lines.append(f"ratio: tok/s = {a}/{b}, ttft50 = {b}/{a}{later.format(a=a, b=b)} (>1 = {a} is better)")
+    elif len(labels) > 2:
+        a = labels[0]
+        lines.append(f"ratio X: tok/s = {a}/X, ttft50 = X/{a}{later.format(a=a, b='X')} (>1 = {a} is better)")
     notes = [f"  c={c} {lb}: " + ", ".join(f"{r} x{n}" for r, n in why.items())
              for c, level in done.items() for lb in labels
              if lb in level and (why := level[lb].failure_reasons)]
@@ -957,6 +1303,21 @@ def _median_of_rounds(parts: list[LevelResult]) -> dict[str, float | None]:
             "later_ttft_ms_p50": med([_ms(percentile(p.ttfts(True), 50)) for p in parts])}
 
 
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    soak = args.workload == "soak"
+    return {"workload": args.workload,
+            "prompt_mix": list(args.prompt_mix) if args.prompt_mix else None,
+            "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "rounds": args.rounds, "arrival": args.arrival,
+            "long_prompt_tokens": args.long_prompt_tokens,
+            "fresh_system": args.fresh_system, "turns": args.turns,
+            "think_s": args.think_s, "session_ids": args.session_ids,
+            "requests": args.requests, "timeout": args.timeout,
+            "duration_s": args.duration_s if soak else None,
+            "warmup_s": args.warmup_s if soak else None,
+            "rss_every_s": args.rss_every_s if soak else None}
+
+
 def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
                  models: dict[str, str], done: dict[int, dict[str, LevelResult]],
                  rounds: dict[int, dict[str, list[LevelResult]]] | None = None) -> dict[str, Any]:
@@ -965,21 +1326,112 @@ def _json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
     for c, level in done.items():
         entry: dict[str, Any] = {"concurrency": c,
                                  "results": {lb: lv.summary() for lb, lv in level.items()}}
-        if len(labels) == 2 and all(lb in level for lb in labels):
-            entry["ratio"] = _ratios(level, *labels)
+        ratios = _level_ratios(level, labels)
+        if len(labels) == 2 and ratios:
+            entry["ratio"] = ratios[labels[1]]
+        if ratios:
+            entry["ratios"] = ratios  # {other server: first vs it}
         if rounds and args.rounds > 1:
             entry["median_of_rounds"] = {lb: _median_of_rounds(parts) for lb, parts in rounds[c].items()}
         levels.append(entry)
     return {
         "servers": [{"label": lb, "url": url, "model": models.get(lb)} for lb, url in targets],
-        "settings": {"workload": args.workload,
-                     "prompt_mix": list(args.prompt_mix) if args.prompt_mix else None,
-                     "max_tokens": args.max_tokens, "temperature": args.temperature,
-                     "rounds": args.rounds, "arrival": args.arrival,
-                     "long_prompt_tokens": args.long_prompt_tokens,
-                     "fresh_system": args.fresh_system, "turns": args.turns,
-                     "think_s": args.think_s, "session_ids": args.session_ids,
-                     "requests": args.requests, "timeout": args.timeout},
+        "settings": _settings(args),
         "percentiles": "linear interpolation between closest ranks",
         "levels": levels,
     }
+
+
+def jsonl_records(args: argparse.Namespace, targets: list[tuple[str, str]],
+                  models: dict[str, str], done: dict[int, dict[str, LevelResult]]) -> list[dict[str, Any]]:
+    """One record per level per server: the summary, what was run, and (for every server but
+    the first) the first one's ratios against it."""
+    labels = [lb for lb, _ in targets]
+    urls = dict(targets)
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    records = []
+    for level in done.values():
+        ratios = _level_ratios(level, labels)
+        for lb in labels:
+            if lb in level:
+                rec = {"time": when, "tag": args.tag, "workload": args.workload, "url": urls[lb],
+                       "model": models.get(lb), **level[lb].summary(), "settings": _settings(args)}
+                if lb in ratios:
+                    rec["ratio"] = {"of": labels[0], **ratios[lb]}
+                records.append(rec)
+    return records
+
+
+def read_jsonl(paths: list[str]) -> list[dict[str, Any]]:
+    """Every record of the given --jsonl files, in order; blank lines are skipped."""
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise ValueError(f"{path}:{n}: not a JSON line") from None
+                if not isinstance(rec, dict) or not {"label", "concurrency"} <= rec.keys():
+                    raise ValueError(f"{path}:{n}: not an `appliance bench --jsonl` record")
+                records.append(rec)
+    return records
+
+
+class PlotError(Exception):
+    """--plot cannot draw: matplotlib is missing, or there is nothing to draw."""
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
+    """tokens/s and TTFT p50 against clients, one line per server (and --tag, and workload when
+    the records mix them); a later record of the same series and level replaces an earlier one."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise PlotError("--plot needs matplotlib: pip install 'appliance[plot]' "
+                        "(.venv/bin/pip install -e '.[plot]')") from None
+    matplotlib.use("Agg")  # files only: no display needed
+    pyplot = importlib.import_module("matplotlib.pyplot")
+    if not records:
+        raise PlotError("nothing to plot")
+    mixed = len({r.get("workload") for r in records}) > 1
+    series: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        name = str(r["label"]) + (f" ({r['tag']})" if r.get("tag") else "") \
+            + (f" [{r.get('workload')}]" if mixed else "")
+        series.setdefault(name, {})[int(r["concurrency"])] = r
+
+    def values(points: dict[int, dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
+        return [v * scale if isinstance(v := points[x].get(key), int | float) else math.nan
+                for x in sorted(points)]
+
+    fig, (tps, ttft) = pyplot.subplots(1, 2, figsize=(8.0, 3.2), dpi=100)
+    for name, points in series.items():
+        xs = sorted(points)
+        tps.plot(xs, values(points, "tokens_per_s"), marker="o", label=name)
+        ttft.plot(xs, values(points, "ttft_ms_p50", 1e-3), marker="o", label=name)
+    clients = sorted({x for points in series.values() for x in points})
+    for ax, title, ylabel in ((tps, "Throughput", "tokens/s, all clients"),
+                              (ttft, "Time to first token", "TTFT p50, s")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("clients")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(clients)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    ttft.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot.close(fig)
+
+
+def _plot(records: list[dict[str, Any]], path: str) -> int:
+    try:
+        plot(records, path)
+    except PlotError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    print(f"plot: {path}", file=sys.stderr)
+    return 0
