@@ -622,7 +622,7 @@ class Progress:
 
     def update(self, results: list[RequestResult]) -> None:
         self.num_done, self.num_ok = len(results), sum(1 for r in results if r.ok)
-        self._draw()
+        self._draw(force=not self.timed and self.num_done >= self.total)
 
     def end(self) -> None:
         if self.enabled:

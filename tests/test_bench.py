@@ -593,3 +593,185 @@ def test_bad_workload_arguments_are_rejected(
     with pytest.raises(SystemExit):
         parser.parse_args(argv)
     parser.parse_args(["--prompt-mix", "0, 20,600"])  # spaces and zero are fine
+
+
+def test_burst_lets_every_request_go_at_once_from_one_address(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start = len(fast.seen["bodies"])
+    jsonl = tmp_path / "runs.jsonl"
+    assert _run("--url", fast.url, "--workload", "burst", "--max-tokens", "8", "--quiet",
+                "--jsonl", str(jsonl), "--tag", "b") == 0
+    bodies = fast.seen["bodies"][start:]
+    # One request per product, each a different one, all from the one address.
+    assert len(bodies) == bench.BURST_SIZE == 20
+    assert sorted(b["messages"][-1]["content"] for b in bodies) == sorted(bench.BURST_PROMPTS)
+    assert set(fast.seen["hosts"][start:]) == {"127.0.0.2"}
+    out = capsys.readouterr().out
+    assert "back" in out and "20/20" in out
+    (rec,) = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert rec["workload"] == "burst" and rec["tag"] == "b" and rec["concurrency"] == 20
+    assert rec["completed"] == rec["requests"] == 20
+    # All 20 started together: the last answer is within one reply's time, not 20 of them.
+    assert 0 < rec["last_answer_s"] < 10 * (FAST_FIRST_S + NUM_CHUNKS * FAST_GAP_S) + 1
+
+
+def test_burst_exits_1_unless_every_answer_comes_back(
+    fast: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run("--url", fast.url + "/broken", "--workload", "burst", "--concurrency", "3",
+                "--model", "m", "--quiet") == 1
+    assert "0/3" in capsys.readouterr().out
+
+
+def test_soak_runs_for_its_duration_and_samples_the_servers_rss(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path = tmp_path / "soak.json"
+    t0 = time.perf_counter()
+    # The fake server runs in this process, so the process listening on its port is us.
+    assert _run("--url", fast.url, "--workload", "soak", "--concurrency", "2", "--duration-s", "1",
+                "--rss-every-s", "0.2", "--warmup-s", "0.5", "--turns", "2", "--think-s", "0",
+                "--max-tokens", "8", "--quiet", "--json", str(out_path)) == 0
+    assert 1.0 <= time.perf_counter() - t0 < 10
+    (level,) = json.loads(out_path.read_text())["levels"]
+    s = level["results"]["appliance"]
+    assert s["requests"] > 4 and s["completed"] == s["requests"]  # steady: many, all answered
+    assert s["wall_s"] >= 1.0
+    rss = s["rss_mib"]
+    assert all(isinstance(rss[k], float) and rss[k] > 0 for k in ("start", "warm", "end", "max"))
+    assert rss["max"] >= max(rss["start"], rss["end"])
+    times = [t for t, _ in s["rss_samples"]]
+    assert len(times) >= 4 and times == sorted(times) and times[-1] >= 1.0
+    out = capsys.readouterr().out
+    assert "rss@warm" in out and "answered" in out
+
+
+def test_listening_pid_finds_this_process_and_rss_reads_it(fast: FakeServer) -> None:
+    import os
+    port = int(fast.url.rsplit(":", 1)[1])
+    assert bench.listening_pid(port) == os.getpid()
+    assert bench.server_pid(fast.url) == os.getpid()
+    assert bench.server_pid("http://10.0.0.1:8080") is None
+    assert bench.server_pid("http://10.0.0.1:8080", pid=42) == 42
+    mib = bench.rss_mib(os.getpid())
+    assert mib is not None and mib > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening
+        assert bench.listening_pid(s.getsockname()[1]) is None
+
+
+def test_several_compares_by_label(
+    fast: FakeServer, slow: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path, jsonl = tmp_path / "bench.json", tmp_path / "runs.jsonl"
+    jsonl.write_text("")  # appended to, never overwritten
+    for tag in ("first", "second"):
+        assert _run("--url", fast.url, "--compare", f"slowpoke={slow.url}", "--compare", fast.url + "/v1",
+                    "--concurrency", "1,2", "--requests", "2", "--max-tokens", "8", "--quiet",
+                    "--json", str(out_path), "--jsonl", str(jsonl), "--tag", tag) == 0
+    out = capsys.readouterr().out
+    assert "ratio slowpoke" in out and "ratio peer" in out
+    report = json.loads(out_path.read_text())
+    assert [s["label"] for s in report["servers"]] == ["appliance", "slowpoke", "peer"]
+    for lv in report["levels"]:
+        assert set(lv["ratios"]) == {"slowpoke", "peer"} and "ratio" not in lv
+        assert lv["ratios"]["slowpoke"]["ttft_p50"] > 1
+    records = bench.read_jsonl([str(jsonl)])
+    assert len(records) == 2 * 2 * 3  # runs x levels x servers
+    assert [r["tag"] for r in records] == ["first"] * 6 + ["second"] * 6
+    assert {r["label"] for r in records} == {"appliance", "slowpoke", "peer"}
+    slowpoke = [r for r in records if r["label"] == "slowpoke"]
+    assert all(r["ratio"]["of"] == "appliance" and r["ratio"]["ttft_p50"] > 1 for r in slowpoke)
+    assert all("ratio" not in r for r in records if r["label"] == "appliance")
+
+
+def test_compare_label_and_url_parsing() -> None:
+    assert bench._compare("peer=http://127.0.0.1:1") == ("peer", "http://127.0.0.1:1")
+    assert bench._compare("http://h:1/v1?a=b") == (None, "http://h:1/v1?a=b")
+    assert bench._compare("127.0.0.1:8080") == (None, "127.0.0.1:8080")
+
+
+def test_duplicate_labels_are_rejected(fast: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run("--url", fast.url, "--compare", f"appliance={fast.url}") == 2
+    assert "labels must differ" in capsys.readouterr().err
+
+
+def test_markdown_report_leaves_out_empty_columns(
+    fast: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run("--url", fast.url, "--compare", fast.url, "--concurrency", "1", "--requests", "2",
+                "--max-tokens", "8", "--markdown", "--quiet") == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    head, rule, *rows = table
+    assert head.startswith("| conc | server | ok |") and "itl95@long" not in head
+    assert rule.startswith("|---:|:---|---:|")
+    assert len(rows) == 3 and rows[-1].startswith("| 1 | ratio |")
+    assert all(row.count("|") == head.count("|") for row in rows)
+
+
+def test_progress_bar_draws_on_a_terminal_only(fast: FakeServer) -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    assert bench.Progress(pipe).enabled is False
+    assert bench.Progress(tty, enabled=False).enabled is False
+    progress = bench.Progress(tty)
+    workload = bench.Workload(model="fake-model", max_tokens=8)
+    level = asyncio.run(bench.measure(fast.url, 2, 4, workload, timeout=10, progress=progress))
+    assert len(level.completed) == 4
+    text = tty.getvalue()
+    assert "appliance c=2  [" in text and "4/4  ok 4" in text
+    assert text.endswith("\r\x1b[K")  # wiped at the end, so the report starts on a clean line
+    progress.begin("soak", 10.0, timed=True)
+    assert "0/10 s" in progress.line() and "[" + "." * bench.Progress.WIDTH + "]" in progress.line()
+
+
+def test_plot_draws_several_labelled_runs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [{"label": lb, "tag": tag, "workload": "chat", "concurrency": c,
+                "tokens_per_s": c * k, "ttft_ms_p50": 100.0 * c if c < 8 else None}
+               for lb, k in (("appliance", 30.0), ("llama-server", 20.0))
+               for tag in ("a", "b") for c in (1, 4, 8)]
+    jsonl = tmp_path / "runs.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")
+    png = tmp_path / "out.png"
+    assert _run("--plot", str(png), "--from", str(jsonl)) == 0
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) < 100_000
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def no_matplotlib(name: str, *args: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_matplotlib)
+    jsonl = tmp_path / "runs.jsonl"
+    jsonl.write_text(json.dumps({"label": "a", "concurrency": 1, "tokens_per_s": 1.0}) + "\n")
+    assert _run("--plot", str(tmp_path / "x.png"), "--from", str(jsonl)) == 2
+    assert "appliance[plot]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content,error", [("{not json\n", "not a JSON line"),
+                                           ('{"label": "a"}\n', "not an `appliance bench --jsonl` record")])
+def test_plot_from_a_bad_file_is_an_argument_error(
+    tmp_path: Path, content: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jsonl = tmp_path / "runs.jsonl"
+    jsonl.write_text(content)
+    assert _run("--plot", str(tmp_path / "x.png"), "--from", str(jsonl)) == 2
+    assert error in capsys.readouterr().err
+    assert _run("--from", str(jsonl)) == 2  # --from without --plot
