@@ -312,7 +312,8 @@ def choose(machine: Machine, m: Measured) -> Choice:
         kv_tokens = min(want_kv, int(left * 0.75 / kv_mb["q8_0"]) // 1024 * 1024)
     if kv_tokens < 2048:
         why.append(f"WARNING: {left:.0f} MiB left after the model ({m.model_mb:.0f} MiB) and buffers: "
-                   "too little memory; a smaller model file (appliance pull --quant q4_0) would help")
+                   "too little memory; a smaller model file (appliance pull --quant q4_0) with repack = \"off\" "
+                   "would help (with repacking on, a 4-bit file's repacked copy costs more memory than it saves)")
         kv_tokens = 2048
     why.append(f"kv_type {kv_type}, kv_tokens {kv_tokens}: {kv_tokens * kv_mb[kv_type]:.0f} MiB of KV cache "
                f"({m.kv_bytes_per_token * (1 if kv_type == 'f16' else KV_Q8_RATIO):.0f} bytes a token)"
