@@ -1,8 +1,11 @@
 """`appliance bench`: a closed-loop load generator for OpenAI-compatible streaming chat servers.
 
 Reports tokens/s, TTFT, end-to-end and inter-token latency per concurrency level, optionally
-side by side with a peer server measured in the same invocation under the same machine load.
-Each simulated user has its own connection and, against a loopback URL, its own source address.
+side by side with peer servers measured in the same invocation under the same machine load.
+Workloads: chat (questions, or multi-turn users with think time), rewrite, burst (N requests
+let go at once: do all come back?) and soak (steady load for a fixed time, the server's RSS
+sampled). Each simulated user has its own connection and, against a loopback URL, its own
+source address. Output: tables (fixed-width or Markdown), JSON, JSON lines, a plot.
 """
 
 from __future__ import annotations
