@@ -999,7 +999,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--jsonl", metavar="PATH",
       help="append one JSON line per level per server, so several runs can share a file "
            "(what --plot --from reads)")
-    a("--tag", default="", help="name of this run in --jsonl lines and plot legends")
+    a("--tag", default="",
+      help="name of this run in --jsonl lines and plot legends; with --from, the runs to draw "
+           "(comma-separated; default all)")
     a("--markdown", action="store_true", help="print the report as Markdown tables")
     a("--quiet", action="store_true",
       help="no progress bar on stderr (there is none when stderr is not a terminal)")
@@ -1038,6 +1040,9 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
+        if args.tag:
+            tags = set(args.tag.split(","))
+            records = [r for r in records if r.get("tag") in tags]
         return _plot(records, args.plot)
     targets = _targets(args)
     labels = [lb for lb, _ in targets]
@@ -1388,8 +1393,8 @@ class PlotError(Exception):
 
 
 def plot(records: list[dict[str, Any]], path: str) -> None:
-    """tokens/s and TTFT p50 against clients, one line per server (and --tag, and workload when
-    the records mix them); a later record of the same series and level replaces an earlier one."""
+    """tokens/s and TTFT p50 against clients: one colour per server, one line style per run
+    (--tag, else workload); a later record of the same line and level replaces an earlier one."""
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
@@ -1399,33 +1404,40 @@ def plot(records: list[dict[str, Any]], path: str) -> None:
     pyplot = importlib.import_module("matplotlib.pyplot")
     if not records:
         raise PlotError("nothing to plot")
-    mixed = len({r.get("workload") for r in records}) > 1
-    series: dict[str, dict[int, dict[str, Any]]] = {}
+    series: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for r in records:
-        name = str(r["label"]) + (f" ({r['tag']})" if r.get("tag") else "") \
-            + (f" [{r.get('workload')}]" if mixed else "")
-        series.setdefault(name, {})[int(r["concurrency"])] = r
+        run = str(r.get("tag") or r.get("workload") or "")
+        series.setdefault((str(r["label"]), run), {})[int(r["concurrency"])] = r
+    labels = list(dict.fromkeys(lb for lb, _ in series))
+    runs = list(dict.fromkeys(run for _, run in series))
 
     def values(points: dict[int, dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
         return [v * scale if isinstance(v := points[x].get(key), int | float) else math.nan
                 for x in sorted(points)]
 
-    fig, (tps, ttft) = pyplot.subplots(1, 2, figsize=(8.0, 3.2), dpi=100)
-    for name, points in series.items():
+    fig, (tps, ttft) = pyplot.subplots(1, 2, figsize=(8.0, 3.4), dpi=100)
+    for (label, run), points in series.items():
         xs = sorted(points)
-        tps.plot(xs, values(points, "tokens_per_s"), marker="o", label=name)
-        ttft.plot(xs, values(points, "ttft_ms_p50", 1e-3), marker="o", label=name)
+        style = {"marker": "o", "color": f"C{labels.index(label) % 10}",
+                 "linestyle": ("-", "--", ":", "-.")[runs.index(run) % 4],
+                 "label": label + (f" ({run})" if len(runs) > 1 else "")}
+        tps.plot(xs, values(points, "tokens_per_s"), **style)
+        ttft.plot(xs, values(points, "ttft_ms_p50", 1e-3), **style)
     clients = sorted({x for points in series.values() for x in points})
     for ax, title, ylabel in ((tps, "Throughput", "tokens/s, all clients"),
-                              (ttft, "Time to first token", "TTFT p50, s")):
+                              (ttft, "Time to first token", "TTFT p50, s (log)")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("clients")
         ax.set_ylabel(ylabel)
         ax.set_xticks(clients)
-        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    ttft.legend(fontsize=8)
-    fig.tight_layout()
+    tps.set_ylim(bottom=0)
+    # A server that queues requests one by one is 10-100x slower to its first token at 8
+    # clients than one that batches: on a linear axis the batching servers merge into one line.
+    ttft.set_yscale("log")
+    handles, names = tps.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * ((len(names) + 2) // 3) + 0.02, 1, 1))
     fig.savefig(path)
     pyplot.close(fig)
 
