@@ -260,6 +260,9 @@ class App:
                 for h in handles:
                     h.cancel()  # the client left: free its slots at the next step
                 work.cancel()
+                # A cancelled gather() ends holding its children's CancelledError as its
+                # exception: fetch it, or asyncio logs "exception was never retrieved".
+                work.add_done_callback(lambda f: f.cancelled() or f.exception())
         if not work.done() or work.cancelled():
             return Response(status_code=499)
         results = work.result()
