@@ -5,15 +5,20 @@ anything else (which would be a 500 and a traceback in the log)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance import completions, ollama
 from appliance import openai_api as api
 from appliance.errors import ApplianceError
+
+# Part of the reliability suite (bad input), in-process: no server, so not integration.
+pytestmark = pytest.mark.reliability
 
 LIMITS = api.ServerLimits(default_max_tokens=256, max_tokens_limit=512, ctx_limit=2048, max_messages=64,
                           max_chars=20_000)
@@ -134,11 +139,24 @@ def bodies(keys: list[str], required: str | None = None) -> st.SearchStrategy[di
     return st.tuples(st.fixed_dictionaries(REQUIRED[required]), extra).map(lambda t: {**t[1], **t[0]})
 
 
+TRIED: Counter[str] = Counter()  # parsed / refused, over the whole module (printed at its end)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _figures() -> Iterator[None]:
+    yield
+    print(f"\nfuzz: {sum(TRIED.values())} generated requests: {TRIED['parsed']} parsed, {TRIED['refused']} refused "
+          "with a 4xx, 0 other exceptions")
+
+
 def refused_or_parsed(parse: Callable[[], object]) -> None:
     try:
         parse()
     except ApplianceError as e:
         assert 400 <= e.status < 500, e
+        TRIED["refused"] += 1
+    else:
+        TRIED["parsed"] += 1
 
 
 def via_json(data: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 import pytest
 from live import Live
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
 BODY = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
