@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from appliance import bench
+from appliance.bench.cli import _compare
 
 NUM_CHUNKS = 6  # content chunks per fake reply
 USAGE_TOKENS = 7  # reported by the usage chunk; differs from NUM_CHUNKS on purpose
@@ -687,9 +688,9 @@ def test_several_compares_by_label(
 
 
 def test_compare_label_and_url_parsing() -> None:
-    assert bench._compare("peer=http://127.0.0.1:1") == ("peer", "http://127.0.0.1:1")
-    assert bench._compare("http://h:1/v1?a=b") == (None, "http://h:1/v1?a=b")
-    assert bench._compare("127.0.0.1:8080") == (None, "127.0.0.1:8080")
+    assert _compare("peer=http://127.0.0.1:1") == ("peer", "http://127.0.0.1:1")
+    assert _compare("http://h:1/v1?a=b") == (None, "http://h:1/v1?a=b")
+    assert _compare("127.0.0.1:8080") == (None, "127.0.0.1:8080")
 
 
 def test_duplicate_labels_are_rejected(fast: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:

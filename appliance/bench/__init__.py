@@ -1,0 +1,46 @@
+"""`appliance bench`: a closed-loop load generator for OpenAI-compatible streaming chat servers.
+
+Reports tokens/s, TTFT, end-to-end and inter-token latency per concurrency level, optionally
+side by side with peer servers measured in the same invocation under the same machine load.
+Workloads: chat (questions, or multi-turn users with think time), rewrite, burst (N requests
+let go at once: do all come back?) and soak (steady load for a fixed time, the server's RSS
+sampled). Each simulated user has its own connection and, against a loopback URL, its own
+source address. Output: tables (fixed-width or Markdown), JSON, JSON lines, a plot.
+
+Modules, imports running downwards: prompts, workload (what is sent); results (what came
+back); target, rss, progress; load (measure, soak); report, records, plot; cli.
+"""
+
+from __future__ import annotations
+
+from .cli import add_arguments, run
+from .load import STAGGER_S, Arrival, measure, soak
+from .plot import PlotError
+from .progress import Progress
+from .prompts import (
+    BURST_PROMPTS,
+    BURST_SIZE,
+    CHARS_PER_TOKEN,
+    DEFAULT_SYSTEM,
+    FOLLOW_UPS,
+    PROMPT_SETS,
+    PROMPTS,
+    REWRITE_FOLLOW_UPS,
+    REWRITE_PROMPTS,
+    WorkloadName,
+)
+from .records import jsonl_records, read_jsonl
+from .report import format_report
+from .results import LevelResult, RequestResult, percentile
+from .rss import listening_pid, rss_mib, server_pid
+from .target import base_url, is_loopback, resolve_model, user_address
+from .workload import Workload
+
+__all__ = [
+    "BURST_PROMPTS", "BURST_SIZE", "CHARS_PER_TOKEN", "DEFAULT_SYSTEM", "FOLLOW_UPS",
+    "PROMPTS", "PROMPT_SETS", "REWRITE_FOLLOW_UPS", "REWRITE_PROMPTS", "STAGGER_S",
+    "Arrival", "LevelResult", "PlotError", "Progress", "RequestResult", "Workload",
+    "WorkloadName", "add_arguments", "base_url", "format_report", "is_loopback",
+    "jsonl_records", "listening_pid", "measure", "percentile", "read_jsonl", "resolve_model",
+    "rss_mib", "run", "server_pid", "soak", "user_address",
+]

@@ -1,0 +1,266 @@
+"""`appliance bench`: its arguments, and run() measuring every level of every server, then
+printing and writing what was measured."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+from .load import measure, soak
+from .plot import PlotError, plot
+from .progress import Progress
+from .prompts import BURST_SIZE, DEFAULT_LEVELS, DEFAULT_SYSTEM, PROMPT_SETS, PROMPTS, REWRITE_PROMPTS
+from .records import json_report, jsonl_records, read_jsonl
+from .report import format_report
+from .results import LevelResult
+from .target import resolve_model
+from .workload import Workload, fresh_system
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") \
+            from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    return values
+
+
+def _concurrency_list(text: str) -> list[int]:
+    levels = _int_list(text)
+    if min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return levels
+
+
+def _prompt_mix(text: str) -> tuple[int, ...]:
+    sizes = _int_list(text)
+    if min(sizes) < 0:
+        raise argparse.ArgumentTypeError("prompt-mix sizes must be token counts >= 0")
+    return tuple(sizes)
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return x
+
+
+def _non_negative_float(text: str) -> float:
+    x = float(text)
+    if not x >= 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return x
+
+
+def _compare(text: str) -> tuple[str | None, str]:
+    """--compare URL, or LABEL=URL (a label holds no ':' or '/', so a URL's query is no label)."""
+    label, sep, url = text.partition("=")
+    if sep and label and url and not any(ch in label for ch in ":/"):
+        return label, url
+    return None, text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--url", default="http://127.0.0.1:8080", help="server base URL (…/v1 also accepted)")
+    a("--compare", metavar="[LABEL=]URL", type=_compare, action="append", default=[],
+      help="another server measured in the same run, level by level; repeat for more "
+           "(LABEL=URL names it, else --compare-label)")
+    a("--label", default="appliance", help="name of --url in the report")
+    a("--compare-label", default="peer", help="name of an unlabelled --compare in the report")
+    a("--concurrency", type=_concurrency_list, default=None,
+      help="comma-separated concurrency levels (default 1,4,8,16; burst: its size, "
+           f"{BURST_SIZE}; soak: 8)")
+    a("--requests", type=_positive_int, default=None,
+      help="requests per level per server per round (default max(2*concurrency, 8); "
+           "ignored by burst, soak and --turns > 1)")
+    a("--workload", choices=tuple(PROMPT_SETS), default="chat",
+      help="chat (default): office users asking short questions; with --turns T each client "
+           "is one user holding a T-turn conversation that resends its growing history, "
+           "pausing --think-s between turns. "
+           "rewrite: paste a paragraph with typos or a code "
+           "snippet with a bug and ask for it back fixed, so answers mostly copy the prompt "
+           "(what n-gram speculative decoding speeds up); later --turns ask for the whole text "
+           "again with another small edit. Use --max-tokens 160 --temperature 0 with it. "
+           f"Both pick texts round-robin ({len(PROMPTS)} chat, {len(REWRITE_PROMPTS)} rewrite), "
+           "so two runs send the same requests. "
+           "burst: N requests for a 2-sentence product description let go at once from one "
+           "address (one person's list of N products), N = each --concurrency level: reports "
+           "how many came back and when the last did, and exits 1 unless all did. "
+           "soak: chat at a steady --concurrency (default 8) for --duration-s per server, "
+           "sampling the server's RSS (VmRSS of the process listening on a loopback port, or "
+           "--pid) every --rss-every-s")
+    a("--prompt-mix", type=_prompt_mix, default=None, metavar="N1,N2,...",
+      help="put a ~N-token document before the first prompt of conversation i (request i; "
+           "user i with --turns), N = N[i %% len] (0 = none), e.g. 20,60,150,300,600: with --arrival together and "
+           "--concurrency 8 this measures TTFT for users arriving at once with prompts of mixed "
+           "lengths (reported per size too). Default off")
+    a("--max-tokens", type=_positive_int, default=64)
+    a("--temperature", type=float, default=0.0)
+    a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
+    a("--model", default=None, help="model name (default: first id of GET /v1/models)")
+    a("--timeout", type=_positive_float, default=300.0, help="seconds per request")
+    a("--rounds", type=_positive_int, default=1,
+      help="repeat each level, alternating server order per round (A B, B A, ...)")
+    a("--arrival", choices=("together", "staggered"), default="together")
+    a("--long-prompt-tokens", type=_positive_int, default=0, metavar="N",
+      help="one extra client pastes a ~N-token document during each level")
+    a("--fresh-system", action="store_true",
+      help="tag the system prompt afresh per level, server and round: measures it uncached")
+    a("--turns", type=_positive_int, default=1,
+      help="> 1: each concurrent client is one user sending T turns of one growing "
+           "conversation (--requests is then ignored; a failed turn ends that conversation)")
+    a("--think-s", type=_non_negative_float, default=1.0,
+      help="seconds a user pauses between an answer and its next turn (default 1.0)")
+    a("--no-session-id", dest="session_ids", action="store_false",
+      help="send no X-Session-Id, as most OpenAI clients do (users are then told apart "
+           "by source address: on loopback each simulated user has its own 127.0.0.N)")
+    a("--duration-s", type=_positive_float, default=180.0,
+      help="soak: seconds of steady load per server and level (default 180)")
+    a("--warmup-s", type=_non_negative_float, default=30.0,
+      help="soak: the 'warm' RSS is the first sample this many seconds into the load (default 30)")
+    a("--rss-every-s", type=_positive_float, default=5.0,
+      help="soak: seconds between RSS samples (default 5)")
+    a("--pid", type=_positive_int, default=None,
+      help="soak: pid of the --url server (default: the process listening on its loopback port)")
+    a("--json", metavar="PATH", help="also write the results as JSON")
+    a("--jsonl", metavar="PATH",
+      help="append one JSON line per level per server, so several runs can share a file "
+           "(what --plot --from reads)")
+    a("--tag", default="",
+      help="name of this run in --jsonl lines and plot legends; with --from, the runs to draw "
+           "(comma-separated; default all)")
+    a("--markdown", action="store_true", help="print the report as Markdown tables")
+    a("--quiet", action="store_true",
+      help="no progress bar on stderr (there is none when stderr is not a terminal)")
+    a("--plot", metavar="FILE.png",
+      help="draw tokens/s and TTFT p50 against clients, one line per server and --tag: of "
+           "this run, or with --from of JSONL files only (nothing is measured then). Needs "
+           "matplotlib: pip install 'appliance[plot]'")
+    a("--from", dest="plot_from", metavar="PATH", action="append", default=[],
+      help="with --plot: a --jsonl file to draw (repeatable)")
+
+
+def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
+    targets = [(args.label, args.url)]
+    unnamed = 0
+    for label, url in args.compare:
+        if label is None:
+            unnamed += 1
+            label = args.compare_label if unnamed == 1 else f"{args.compare_label}{unnamed}"
+        targets.append((label, url))
+    return targets
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `appliance bench`.
+
+    Exit codes: 0 every server completed requests (burst: all of them), 1 one did not (down,
+    always rejecting, or a burst answer missing), 2 bad arguments or no plot, 130 interrupted
+    (what was measured is still printed).
+    """
+    if args.plot_from:
+        if not args.plot:
+            print("bench: --from goes with --plot", file=sys.stderr)
+            return 2
+        try:
+            records = read_jsonl(args.plot_from)
+        except (OSError, ValueError) as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
+        if args.tag:
+            tags = set(args.tag.split(","))
+            records = [r for r in records if r.get("tag") in tags]
+        return _plot(records, args.plot)
+    targets = _targets(args)
+    labels = [lb for lb, _ in targets]
+    if len(set(labels)) < len(labels):
+        print("bench: server labels must differ (--label, --compare-label, LABEL=URL)", file=sys.stderr)
+        return 2
+    progress = Progress(enabled=False if args.quiet else None)
+    # Filled in as levels finish, so Ctrl-C still reports everything measured so far.
+    done: dict[int, dict[str, LevelResult]] = {}
+    rounds: dict[int, dict[str, list[LevelResult]]] = {}  # the same, round by round
+    models: dict[str, str] = {}
+    interrupted = False
+    try:
+        asyncio.run(_run(args, targets, models, done, rounds, progress))
+    except KeyboardInterrupt:
+        interrupted = True
+        progress.end()
+        print("\ninterrupted; results so far:")
+    print(format_report(done, labels, workload=args.workload, markdown=args.markdown))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(json_report(args, targets, models, done, rounds), f, indent=2)
+            f.write("\n")
+    records = jsonl_records(args, targets, models, done)
+    if args.jsonl:
+        with open(args.jsonl, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    if args.plot and (code := _plot(records, args.plot)):
+        return code
+    if interrupted:
+        return 130
+    levels = [lv[lb] for lv in done.values() for lb in labels if lb in lv]
+    if args.workload == "burst" and any(len(lv.completed) < len(lv.results) for lv in levels):
+        return 1  # every answer of a burst must come back
+    completed = [sum(len(lv[lb].completed) for lv in done.values() if lb in lv) for lb in labels]
+    return 0 if all(completed) else 1
+
+
+async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models: dict[str, str],
+               done: dict[int, dict[str, LevelResult]], rounds: dict[int, dict[str, list[LevelResult]]],
+               progress: Progress | None = None) -> None:
+    for lb, url in targets:
+        models[lb] = args.model or await resolve_model(url)
+    prompts, follow_ups = PROMPT_SETS[args.workload]
+    base = Workload(prompts=prompts, follow_ups=follow_ups, prompt_mix=args.prompt_mix or (),
+                    max_tokens=args.max_tokens, temperature=args.temperature,
+                    long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
+                    think_s=args.think_s, session_ids=args.session_ids,
+                    one_address=args.workload == "burst")
+    for c in args.concurrency or DEFAULT_LEVELS[args.workload]:
+        n = c if args.workload == "burst" else args.requests or max(2 * c, 8)
+        parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
+        rounds[c] = parts
+        for rnd in range(args.rounds):
+            # Alternate who goes first so neither server always gets the cooler machine.
+            order = targets if rnd % 2 == 0 else targets[::-1]
+            for lb, url in order:
+                system = fresh_system(args.system) if args.fresh_system else args.system
+                wl = replace(base, model=models[lb], system=system)
+                if args.workload == "soak":
+                    lv = await soak(url, c, wl, args.duration_s, label=lb, timeout=args.timeout,
+                                    arrival=args.arrival, pid=args.pid if lb == args.label else None,
+                                    every_s=args.rss_every_s, warmup_s=args.warmup_s, progress=progress)
+                else:
+                    lv = await measure(url, c, n, wl, label=lb, timeout=args.timeout,
+                                       arrival=args.arrival, progress=progress)
+                parts[lb].append(lv)
+                done[c] = {k: LevelResult.merge(v) for k, v in parts.items() if v}
+
+
+def _plot(records: list[dict[str, Any]], path: str) -> int:
+    try:
+        plot(records, path)
+    except PlotError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    print(f"plot: {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,229 @@
+"""What a level measured: one RequestResult per request, a LevelResult per server and level,
+its summary numbers (percentiles, ms) and the first server's ratios against the others."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One streamed request; times are time.perf_counter() seconds."""
+
+    t_start: float
+    t_end: float = 0.0
+    status: int = 0  # HTTP status, 0 = no response (connection error, timeout)
+    token_times: list[float] = field(default_factory=list)  # each non-empty content chunk
+    usage_tokens: int | None = None
+    prompt_tokens: int | None = None  # from the usage chunk, when the server sends it
+    text: str = ""  # the streamed answer, sent back as history on the next turn
+    turn: int = 1  # 1-based position in its conversation
+    pad_tokens: int | None = None  # the conversation's --prompt-mix document, None = no mix
+    done: bool = False  # saw `data: [DONE]`
+    reason: str = ""  # why it failed; empty when it succeeded
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and not self.reason
+
+    @property
+    def rejected(self) -> bool:
+        # 429/503 are the server shedding load on purpose: counted apart from real failures.
+        return self.status in (429, 503)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else len(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.t_start if self.token_times else None
+
+    @property
+    def gaps(self) -> list[float]:
+        """Inter-token latency per chunk (a chunk may carry more than one token)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """All requests of one server at one concurrency level (possibly several rounds merged)."""
+
+    label: str
+    concurrency: int
+    wall_s: float
+    results: list[RequestResult]
+    long_results: list[RequestResult] = field(default_factory=list)
+    itl_during_long: list[float] = field(default_factory=list)  # short-stream gaps, s
+    # --workload soak: the server's RSS as (seconds since the load started, MiB), the first
+    # taken before it starts and the last after it ended; warm-up ends at warmup_s.
+    rss_mib: list[tuple[float, float]] = field(default_factory=list)
+    warmup_s: float = 0.0
+
+    @classmethod
+    def merge(cls, parts: list[LevelResult]) -> LevelResult:
+        first = parts[0]
+        return cls(
+            first.label, first.concurrency, sum(p.wall_s for p in parts),
+            [r for p in parts for r in p.results], [r for p in parts for r in p.long_results],
+            [g for p in parts for g in p.itl_during_long],
+            first.rss_mib, first.warmup_s,  # RSS is one soak's story: the first round tells it
+        )
+
+    def rss_points(self) -> dict[str, float | None]:
+        """RSS (MiB) before the load, once warmed up, after it ended, and the highest seen."""
+        s = self.rss_mib
+        if not s:
+            return {"start": None, "warm": None, "end": None, "max": None}
+        warm = next((mib for t, mib in s if t >= self.warmup_s), s[-1][1])
+        return {"start": s[0][1], "warm": warm, "end": s[-1][1], "max": max(mib for _, mib in s)}
+
+    @property
+    def completed(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(1 for r in self.results if r.rejected)
+
+    @property
+    def num_failed(self) -> int:
+        """Failures other than rejections."""
+        return sum(1 for r in self.results if not r.ok and not r.rejected)
+
+    @property
+    def failure_reasons(self) -> Counter[str]:
+        return Counter(r.reason for r in self.results if not r.ok)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.completed)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def requests_per_min(self) -> float:
+        return len(self.completed) * 60.0 / self.wall_s if self.wall_s > 0 else 0.0
+
+    def ttfts(self, later: bool | None = None) -> list[float]:
+        """later: None = every turn, False = turn 1 only, True = turns 2..T only."""
+        return [t for r in self.completed if (t := r.ttft) is not None
+                and (later is None or (r.turn > 1) == later)]
+
+    def latencies(self) -> list[float]:
+        return [r.t_end - r.t_start for r in self.completed]
+
+    def itls(self) -> list[float]:
+        return [g for r in self.completed for g in r.gaps]
+
+    def prompt_tokens_by_turn(self) -> list[float | None]:
+        """Mean usage.prompt_tokens of turn 1, 2, ...: shows how the history grows."""
+        by_turn: defaultdict[int, list[int]] = defaultdict(list)
+        for r in self.completed:
+            if r.prompt_tokens is not None:
+                by_turn[r.turn].append(r.prompt_tokens)
+        last = max((r.turn for r in self.results), default=0)
+        return [round(statistics.fmean(v), 1) if (v := by_turn[t]) else None
+                for t in range(1, last + 1)]
+
+    def by_pad(self) -> dict[str, dict[str, Any]]:
+        """Turn-1 numbers per --prompt-mix document size (JSON keys: tokens as text).
+
+        Shows whether the short prompts of users arriving together wait behind the long ones.
+        """
+        groups: defaultdict[int, list[RequestResult]] = defaultdict(list)
+        for r in self.results:
+            if r.turn == 1 and r.pad_tokens is not None:
+                groups[r.pad_tokens].append(r)
+        out: dict[str, dict[str, Any]] = {}
+        for pad, rs in sorted(groups.items()):
+            ok = [r for r in rs if r.ok]
+            ttfts = [t for r in ok if (t := r.ttft) is not None]
+            sizes = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+            out[str(pad)] = {"requests": len(rs), "completed": len(ok),
+                             "prompt_tokens": round(statistics.fmean(sizes), 1) if sizes else None,
+                             "ttft_ms_p50": ms(percentile(ttfts, 50)),
+                             "ttft_ms_p95": ms(percentile(ttfts, 95))}
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON-able numbers; latencies in ms, None where nothing was measured."""
+        long_ttfts = [t for r in self.long_results if r.ok and (t := r.ttft) is not None]
+        by_turn = {f"{name}_ttft_ms_p{q}": ms(percentile(self.ttfts(later), q))
+                   for name, later in (("turn1", False), ("later", True)) for q in (50, 95)}
+        return {
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "requests": len(self.results),
+            "completed": len(self.completed),
+            "rejected": self.num_rejected,
+            "failed": self.num_failed,
+            "failure_reasons": dict(self.failure_reasons),
+            "completion_tokens": self.completion_tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "requests_per_min": round(self.requests_per_min, 2),
+            "ttft_ms_p50": ms(percentile(self.ttfts(), 50)),
+            "ttft_ms_p95": ms(percentile(self.ttfts(), 95)),
+            "e2e_ms_p50": ms(percentile(self.latencies(), 50)),
+            "e2e_ms_p95": ms(percentile(self.latencies(), 95)),
+            "itl_ms_p50": ms(percentile(self.itls(), 50)),
+            "itl_ms_p95": ms(percentile(self.itls(), 95)),
+            "itl_ms_p95_during_long": ms(percentile(self.itl_during_long, 95)),
+            # p95 hides a server that stalls every stream once for seconds: show the worst gap.
+            "itl_ms_max_during_long": ms(max(self.itl_during_long, default=None)),
+            "long_ttft_ms_p50": ms(percentile(long_ttfts, 50)),
+            "long_failed": sum(1 for r in self.long_results if not r.ok),
+            **by_turn,
+            "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
+            "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
+            # The last answer's end, from the moment all requests were let go (burst: how long
+            # the person waits for the whole list).
+            "last_answer_s": round(max((r.t_end for r in self.results), default=0.0)
+                                   - min((r.t_start for r in self.results), default=0.0), 3),
+            "rss_mib": self.rss_points(),  # all None unless --workload soak found the server
+            "rss_samples": [[round(t, 1), mib] for t, mib in self.rss_mib],
+            "warmup_s": self.warmup_s,
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def ms(seconds: float | None) -> float | None:
+    """Seconds as ms to 0.1; None stays None (nothing measured)."""
+    return None if seconds is None else round(seconds * 1000.0, 1)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 3) if num is not None and den else None
+
+
+def _ratios(level: dict[str, LevelResult], a: str, b: str) -> dict[str, float | None]:
+    """tokens/s a/b and TTFT p50 b/a (all turns, turns 2..T): all > 1 when `a` is better."""
+    def ttft(label: str, later: bool | None = None) -> float | None:
+        return percentile(level[label].ttfts(later), 50)
+
+    return {"tokens_per_s": _ratio(level[a].tokens_per_s, level[b].tokens_per_s),
+            "ttft_p50": _ratio(ttft(b), ttft(a)),
+            "later_ttft_p50": _ratio(ttft(b, True), ttft(a, True))}
+
+
+def level_ratios(level: dict[str, LevelResult], labels: list[str]) -> dict[str, dict[str, float | None]]:
+    """The first server against each other one measured at this level."""
+    a = labels[0]
+    return {b: _ratios(level, a, b) for b in labels[1:] if a in level and b in level}
