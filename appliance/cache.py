@@ -173,7 +173,11 @@ class SessionCache:
                 return Match(own, n, True)
         best: Entry | None = None
         best_n = 0
+        parked: Entry | None = None  # this client's anonymous conversation, parked, that the prompt continues
+        parked_n = 0
         for e in (*self.public, *self.entries.values()):
+            if e.seq_id < 0 and own is None and self._continues(e, client, prompt, limit) > parked_n:
+                parked, parked_n = e, self._continues(e, client, prompt, limit)
             if e.seq_id < 0 or e.busy:
                 # Parked: not in the KV cache. Busy: a running turn may have cut its
                 # sequence below e.tokens (running turns are matched by the engine).
@@ -190,7 +194,19 @@ class SessionCache:
                     best, best_n = e, n
         takeover = (best is not None and own is None and best.owner == client and not best.public
                     and not best.named and best_n >= best.n_tokens - TAKEOVER_SLACK)
+        if parked is not None and parked_n > best_n:
+            return Match(parked, parked_n, True)  # the engine restores it, then takes it over
         return Match(best, best_n, takeover)
+
+    @staticmethod
+    def _continues(e: Entry, client: str, prompt: list[int], limit: int) -> int:
+        """Tokens of `prompt` a parked anonymous conversation of `client` holds, when the
+        prompt continues it (as a takeover would need); else 0. Named sessions are found
+        by their id instead, and parked entries are never donors (not in the KV cache)."""
+        if e.parked is None or e.named or e.public or e.owner != client:
+            return 0
+        n = min(common_prefix(e.tokens, prompt), limit)
+        return n if n > 0 and n >= e.n_tokens - TAKEOVER_SLACK else 0
 
     # -- ownership -----------------------------------------------------------------------
     def take(self, entry: Entry, session: str) -> None:

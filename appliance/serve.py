@@ -46,7 +46,8 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     policy = CachePolicy(n_seq=n_seq, ttl_s=cfg.session_ttl_s, share_all=cfg.prefix_sharing == "all",
                          park_bytes=park, restore_min_tokens=cfg.restore_min_tokens,
                          state_dir=cfg.state_dir, state_max_bytes=cfg.state_max_mb * 2**20,
-                         save_timeout_s=cfg.save_timeout_s, memory=cpu.read_memory)
+                         save_timeout_s=cfg.save_timeout_s, memory=cpu.read_memory,
+                         idle_kv_tokens=cfg.kv_tokens // 4 if cfg.idle_kv_tokens < 0 else cfg.idle_kv_tokens)
 
     def load() -> Any:
         from .llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
@@ -138,9 +139,10 @@ def serve(cfg: Config, model_path: Path) -> int:
     # process busy on one, 1.3-5.8 tokens/s for one stream instead of 15.5-17.6 with
     # passive waiting, and a decode step of 3 s instead of 0.15 s while 20 large bodies
     # arrive. On a quiet machine spinning is 10-15% faster (docs/BENCHMARKS.md): a
-    # dedicated box may set OMP_WAIT_POLICY=active in its environment, which wins here.
+    # dedicated box may set OMP_WAIT_POLICY=active (or GOMP_SPINCOUNT) in its environment, which wins here.
     # Set before llama.cpp (and libgomp) load in the engine thread.
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
     metrics = Metrics()
     server: _Server | None = None
 

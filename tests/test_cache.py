@@ -196,6 +196,24 @@ def test_match_anonymous_continuation_is_taken_over_under_the_new_id() -> None:
     assert c.entries == {"anon-2": e} and e.session == "anon-2" and e.busy
 
 
+def test_match_parked_anonymous_continuation_is_taken_over_by_its_client_only() -> None:
+    # Parked to RAM, a client's conversation without a session id is still found by its
+    # next turn (the engine restores it); another client's, or a mere branch, is not.
+    c, _ = make(park_budget_bytes=1000)
+    history = SYS + list(range(1, 40))
+    e = cached(c, "anon-1", history, named=False)
+    c.evict(e, b"state")
+    assert e.seq_id == -1 and e.parked == b"state"
+    assert c.match("anon-2", "A", history + [4, 5], len(SYS)) == Match(e, len(history), True)
+    assert c.match("anon-3", "B", history + [4, 5], len(SYS)) == Match(None, 0, False)
+    branch = SYS + [1] + [99] * 40  # shares a beginning only: more than TAKEOVER_SLACK tokens are lost
+    assert c.match("anon-4", "A", branch, len(SYS)).entry is None
+    # A named session's own id finds it first; a parked named session is never taken over by another id.
+    n = cached(c, "named", SYS + [7, 7, 7], named=True)
+    c.evict(n, b"state2")
+    assert c.match("anon-5", "A", SYS + [7, 7, 7, 8], len(SYS)).entry is None
+
+
 def test_match_anonymous_branch_is_copied_and_the_original_kept() -> None:
     # A regenerated or edited turn shares only a beginning: the original stays cached.
     c, _ = make()

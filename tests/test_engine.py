@@ -418,6 +418,48 @@ def test_anonymous_sessions_are_parked_like_named_ones() -> None:
     run(main())
 
 
+def test_idle_conversations_beyond_idle_kv_tokens_are_parked_and_restored() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = Engine(lambda: model, limits(slots=2),
+                     CachePolicy(n_seq=6, park_bytes=10**6, min_shared=4, idle_kv_tokens=40))
+        eng.start(asyncio.get_running_loop())
+        await asyncio.to_thread(eng.ready.wait, 5)
+        first = {c: [ord(c)] * 30 for c in "abc"}  # three clients, no session ids: 31 cells each
+        for c, prompt in first.items():
+            await collect(eng.submit(prompt, SamplingParams(max_tokens=2), client=c))
+        # Only the newest fits within 40 idle cells; the older two went to RAM, not away.
+        assert eng.snapshot.cache_events["parked"] == 2 and eng.snapshot.cache_events["recomputed"] == 0
+        # Client a's next turn continues its parked conversation: restored, not recomputed.
+        before = computed(eng)
+        turn2 = first["a"] + [ord("r")] + [5, 6, 7]  # its prompt, the answer "r", a new message
+        _, end = await collect(eng.submit(turn2, SamplingParams(max_tokens=2), client="a"))
+        assert isinstance(end, Done) and end.cached_tokens == 31
+        assert computed(eng) - before == len(turn2) - 31
+        assert eng.snapshot.cache_events["restored"] == 1
+        # Client b's parked conversation is not client d's to continue.
+        _, other = await collect(eng.submit(first["b"] + [1, 2], SamplingParams(max_tokens=2), client="d"))
+        assert isinstance(other, Done) and other.cached_tokens == 0
+        eng.stop()
+    run(main())
+
+
+def test_no_parking_budget_leaves_idle_conversations_in_the_kv_cache() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = Engine(lambda: model, limits(slots=2), CachePolicy(n_seq=6, park_bytes=0, min_shared=4, idle_kv_tokens=40))
+        eng.start(asyncio.get_running_loop())
+        await asyncio.to_thread(eng.ready.wait, 5)
+        for c in "abc":
+            await collect(eng.submit([ord(c)] * 30, SamplingParams(max_tokens=2), client=c))
+        # Nothing can hold them in RAM: dropping them would only mean recomputing later.
+        assert eng.snapshot.cache_events["evicted"] == 0
+        _, end = await collect(eng.submit([ord("a")] * 30 + [ord("r"), 9], SamplingParams(max_tokens=2), client="a"))
+        assert isinstance(end, Done) and end.cached_tokens == 31
+        eng.stop()
+    run(main())
+
+
 def test_delete_during_a_first_turn_leaves_nothing_cached() -> None:
     async def main() -> None:
         model = FakeModel(reply="z" * 200, delay=0.003)
