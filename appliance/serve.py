@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +133,25 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+SPIN_COUNT = "600"  # libgomp spin rounds before a waiting thread sleeps (see serve())
+
+
+def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+
+
 def serve(cfg: Config, model_path: Path) -> int:
-    # llama.cpp's OpenMP threads spin while they wait for each other. When anything else
-    # wants a core (this process's own HTTP work, a flood of uploads, another program), a
-    # spinning thread holds the core its partner needs: measured on 2 cores with another
-    # process busy on one, 1.3-5.8 tokens/s for one stream instead of 15.5-17.6 with
-    # passive waiting, and a decode step of 3 s instead of 0.15 s while 20 large bodies
-    # arrive. On a quiet machine spinning is 10-15% faster (docs/BENCHMARKS.md): a
-    # dedicated box may set OMP_WAIT_POLICY=active (or GOMP_SPINCOUNT) in its environment, which wins here.
+    # llama.cpp's OpenMP threads wait for each other hundreds of times per decode step. By
+    # default libgomp spins ~300k rounds first: when anything else wants a core (this
+    # process's own HTTP work, a flood of uploads, another program) a spinning thread holds
+    # the core its partner needs, and a step took 3 s instead of 0.15 s while 20 large
+    # bodies arrived. Sleeping at once (OMP_WAIT_POLICY=passive) cost 40% of one stream's
+    # speed on a quiet machine (wake-ups on every barrier). 600 rounds keeps the quiet
+    # speed and, with another process busy on a core, matches passive (docs/BENCHMARKS.md,
+    # scripts/measure-omp.py). The environment wins (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
     # Set before llama.cpp (and libgomp) load in the engine thread.
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "passive"
+    set_thread_waiting(os.environ)
     metrics = Metrics()
     server: _Server | None = None
 

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """A/B of llama.cpp's thread waiting (docs/BENCHMARKS.md, "spinning or passive waiting"):
-the real appliance (8 slots, drafts off) with OMP_WAIT_POLICY unset (spin) and `passive`,
-alternating, twice each; one and then eight concurrent streams of 96 greedy tokens.
-Prints tokens/s over all streams. Run it on a quiet machine, then again with a busy core
-(e.g. `taskset -c 0 sh -c 'while :; do :; done' &`).
+the real appliance (8 slots, drafts off) under each waiting setting, one and then eight
+concurrent streams of 96 greedy tokens, tokens/s over all streams; each setting on a quiet
+machine and with another process busy on core 0, alternating, twice.
 
-    .venv/bin/python scripts/measure-omp.py
+    .venv/bin/python scripts/measure-omp.py [NAME=VAR=VALUE ...]
+
+Default settings: passive (OMP_WAIT_POLICY=passive), spin200 / spin600 / spin2k
+(GOMP_SPINCOUNT=N: spin N rounds, then sleep) and spin300k (libgomp's default count when
+nothing is set, which is what llama.cpp gets by default).
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,10 +52,26 @@ def run(env: dict[str, str], log_dir: Path) -> dict[int, float]:
     return out
 
 
+SETTINGS = {"passive": {"OMP_WAIT_POLICY": "passive"}, "spin200": {"GOMP_SPINCOUNT": "200"},
+            "spin600": {"GOMP_SPINCOUNT": "600"}, "spin2k": {"GOMP_SPINCOUNT": "2000"},
+            "spin300k": {"GOMP_SPINCOUNT": "300000"}}
+
+
 def main() -> int:
+    settings = SETTINGS
+    if sys.argv[1:]:  # e.g. spin1k=GOMP_SPINCOUNT=1000
+        settings = {name: dict([kv.split("=", 1)]) for name, kv in (a.split("=", 1) for a in sys.argv[1:])}
     with tempfile.TemporaryDirectory() as d:
-        for env in ({}, {"OMP_WAIT_POLICY": "passive"}, {}, {"OMP_WAIT_POLICY": "passive"}):
-            print(env.get("OMP_WAIT_POLICY", "spin"), run(env, Path(d)), flush=True)
+        for condition in ("quiet", "busy", "quiet", "busy"):
+            hog = (subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"])
+                   if condition == "busy" else None)
+            try:
+                for name, env in settings.items():
+                    print(condition, name, run(env, Path(d)), flush=True)
+            finally:
+                if hog is not None:
+                    hog.kill()
+                    hog.wait()
     return 0
 
 
