@@ -7,6 +7,7 @@
 # (NAME.md: the command and its Markdown report; NAME.json, runs.jsonl, chat.png) in OUT (default bench-results/issue12).
 #
 #   scripts/bench-issue12.sh [OUT]        (about 25 minutes on 2 cores; SOAK_S=180 per server)
+#   RUNS="burst chat" scripts/bench-issue12.sh [OUT]     only some of the runs (default: burst chat soak)
 #
 # Each benchmark takes /tmp/appliance-cpu.lock (flock), so it runs alone on a machine that
 # others share; the servers wait idle meanwhile. Needs the plot extra (matplotlib).
@@ -50,8 +51,10 @@ wait_ok 18181 /health
 wait_ok 18080 /health
 wait_ok 18282 /v1/models  # llama_cpp.server has no /health
 
+runs=" ${RUNS:-burst chat soak} "
 bench() {  # NAME, then bench flags; all three servers, clients without session ids
   local name=$1; shift
+  [[ $runs == *" $name "* ]] || return 0
   local args=(--url "$app" --compare "llama-server=$llama_server" --compare "llama-cpp-python=$lcp"
               --no-session-id --markdown --jsonl "$out/runs.jsonl" --tag "$name" --json "$out/$name.json" "$@")
   echo "== $name: appliance bench ${args[*]}" | tee "$out/$name.md"
