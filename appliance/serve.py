@@ -133,23 +133,21 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-SPIN_COUNT = "600"  # libgomp spin rounds before a waiting thread sleeps (see serve())
-
-
 def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
+    """llama.cpp's OpenMP threads wait for each other hundreds of times per decode step.
+    libgomp's default spins ~300k rounds first: when anything else wants a core (this
+    process's own HTTP work, a flood of uploads, another program) a spinning thread holds
+    the core its partner needs, and a step took 3 s instead of 0.15 s while 20 large bodies
+    arrived. So threads sleep at once (passive) unless the environment says otherwise.
+    Passive costs a lone stream 40% on a quiet machine; GOMP_SPINCOUNT=600 keeps that speed
+    and matches passive with another process busy on a core, but during a flood of large
+    request bodies its stream gaps were 75-164 ms against 60 ms passive (docs/BENCHMARKS.md):
+    a dedicated box may set it (or OMP_WAIT_POLICY=active) in a drop-in, which wins here."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+        environ["OMP_WAIT_POLICY"] = "passive"
 
 
 def serve(cfg: Config, model_path: Path) -> int:
-    # llama.cpp's OpenMP threads wait for each other hundreds of times per decode step. By
-    # default libgomp spins ~300k rounds first: when anything else wants a core (this
-    # process's own HTTP work, a flood of uploads, another program) a spinning thread holds
-    # the core its partner needs, and a step took 3 s instead of 0.15 s while 20 large
-    # bodies arrived. Sleeping at once (OMP_WAIT_POLICY=passive) cost 40% of one stream's
-    # speed on a quiet machine (wake-ups on every barrier). 600 rounds keeps the quiet
-    # speed and, with another process busy on a core, matches passive (docs/BENCHMARKS.md,
-    # scripts/measure-omp.py). The environment wins (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
     # Set before llama.cpp (and libgomp) load in the engine thread.
     set_thread_waiting(os.environ)
     metrics = Metrics()
