@@ -176,8 +176,8 @@ class SessionCache:
         parked: Entry | None = None  # this client's anonymous conversation, parked, that the prompt continues
         parked_n = 0
         for e in (*self.public, *self.entries.values()):
-            if e.seq_id < 0 and own is None and self._continues(e, client, prompt, limit) > parked_n:
-                parked, parked_n = e, self._continues(e, client, prompt, limit)
+            if e.seq_id < 0 and own is None and (n := self._continues(e, client, prompt, limit)) > parked_n:
+                parked, parked_n = e, n
             if e.seq_id < 0 or e.busy:
                 # Parked: not in the KV cache. Busy: a running turn may have cut its
                 # sequence below e.tokens (running turns are matched by the engine).
