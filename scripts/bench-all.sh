@@ -12,23 +12,9 @@ peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 bench="$root/.venv/bin/appliance bench"
 mkdir -p "$out"
-pids=()
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap stop_all EXIT
-
-wait_ok() {
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server on port $1 did not come up" >&2
-  return 1
-}
 
 # start PEER_ARGS... -- APPLIANCE_ARGS...
 start() {

@@ -19,23 +19,9 @@ soak_s=${SOAK_S:-180}
 lock=${CPU_LOCK:-/tmp/appliance-cpu.lock}
 mkdir -p "$out"
 rm -f "$out/runs.jsonl"
-pids=()
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap stop_all EXIT
-
-wait_ok() {  # PORT PATH
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$1$2" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server on port $1 did not come up" >&2
-  return 1
-}
 
 app=http://127.0.0.1:18181 llama_server=http://127.0.0.1:18080 lcp=http://127.0.0.1:18282
 "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port 18181 --log-level warning --state-dir "" \

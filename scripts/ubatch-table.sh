@@ -16,14 +16,8 @@ app="$root/.venv/bin/appliance"
 mkdir -p "$out"
 "$app" tune --dry-run --model "$model" --json "$out/tune.json" | tee "$out/tune.txt"
 
-pids=()
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap stop_all EXIT
-up() { for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0; sleep 0.5; done; return 1; }
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 mib() { awk -v k="$2:" '$1 == k {print int($2/1024)}' "/proc/$1/status"; }
 
 for ub in 64 128 256 512; do
@@ -32,7 +26,7 @@ for ub in 64 128 256 512; do
   "$app" serve --host 127.0.0.1 --port 18181 --state-dir "" --log-level warning --model "$model" \
     --ubatch-tokens "$ub" >"$out/appliance-$ub.log" 2>&1 &
   pids+=($!)
-  up 18080; up 18181; sleep 2
+  wait_ok 18080; wait_ok 18181; sleep 2
   peer=${pids[0]} me=${pids[1]}  # the peer script execs llama-server: its pid is the server's
   idle="idle RSS MiB: appliance $(mib "$me" VmRSS), llama-server $(mib "$peer" VmRSS)"
   echo "== ubatch $ub: $idle" | tee "$out/ub$ub.txt"

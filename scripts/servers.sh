@@ -1,0 +1,20 @@
+# Sourced by the benchmark scripts that start servers of their own (bench-all.sh,
+# bench-issue12.sh, ubatch-table.sh): add each server's PID to `pids`; all are stopped on exit.
+# shellcheck shell=bash
+pids=()
+
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap stop_all EXIT
+
+wait_ok() {  # PORT [PATH]: until the server on 127.0.0.1:PORT answers PATH (default /health)
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1${2:-/health}" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "server on port $1 did not come up" >&2
+  return 1
+}
