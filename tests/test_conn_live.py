@@ -31,26 +31,39 @@ def open_idle(port: int, src: str, n: int) -> list[socket.socket]:
     return socks
 
 
+_received: dict[socket.socket, bytes] = {}  # what a still-open socket has sent so far
+_ended: dict[socket.socket, bytes] = {}  # what a closed socket sent in all
+
+
 def closed_by_server(socks: list[socket.socket]) -> list[bytes | None]:
-    """Per socket: what the server sent before closing it, or None while it is still open."""
+    """Per socket: what the server sent before closing it, or None while it is still open.
+
+    Bytes are remembered across calls: a 408 is written one loop turn before the FIN, and a
+    socket closed at an earlier call reads as empty at a later one."""
     poll = select.poll()  # select() stops at descriptor 1024
     for s in socks:
-        poll.register(s, select.POLLIN)
+        if s not in _ended:
+            poll.register(s, select.POLLIN)
     ready = {fd for fd, _ in poll.poll(0)}
     out: list[bytes | None] = []
     for s in socks:
+        if s in _ended:
+            out.append(_ended[s])
+            continue
         if s.fileno() not in ready:
             out.append(None)
             continue
-        data = b""
+        data = _received.pop(s, b"")
         try:
             while chunk := s.recv(65536):
                 data += chunk
         except BlockingIOError:
-            out.append(None)  # data but no end yet
+            _received[s] = data  # data but no end yet
+            out.append(None)
             continue
         except ConnectionResetError:
             pass
+        _ended[s] = data
         out.append(data)
     return out
 
@@ -123,6 +136,8 @@ def test_idle_sockets_neither_exhaust_the_server_nor_stay_open(bundled_model: Pa
     finally:
         for s in socks:
             s.close()
+        _received.clear()
+        _ended.clear()
         code = live.stop()
     log = live.log()
     assert code == 0, log[-3000:]
