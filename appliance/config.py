@@ -125,7 +125,7 @@ class Config:
         "RAM for sessions parked out of the KV cache, MiB; -1 = a quarter of available memory, 0 = off",
         lambda v: None if v >= -1 else "must be >= -1"))
     idle_kv_tokens: int = field(default=-1, metadata=_opt(
-        "idle conversations' KV cells beyond this are parked in RAM, as every decode step attends over "
+        "idle conversations' KV cells beyond this are parked in RAM once idle for 5 s, as every decode step attends over "
         "the cache's whole used range; -1 = a quarter of kv_tokens, 0 = no limit",
         lambda v: None if v >= -1 else "must be >= -1"))
     restore_min_tokens: int = field(default=8, metadata=_opt(

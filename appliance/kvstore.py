@@ -51,6 +51,12 @@ class CachePolicy:
     memory: Callable[[], Memory] | None = None
 
 
+# A conversation idle for less than this is more likely a user reading the answer and
+# typing the next turn than one that is over: parking it now would cost a park and a
+# restore (~20 ms of the engine thread each, a pause for every stream) to save a few
+# seconds of idle cells (~1% of a step per 500 cells). Past it, parking pays.
+IDLE_PARK_AFTER_S = 5.0
+
 # Parked sessions are the one use of memory the engine can give back (the KV cache and the
 # weights are fixed at start-up). They leave a reserve free for the rest of the machine: a
 # tenth of the memory, at least 64 MiB (a 1 GiB board keeps ~100 MiB, which its kernel,
@@ -238,13 +244,21 @@ class KVStore:
         idle = self.cache.idle_lru()
         while idle and self.cache.cached_tokens + self.sched.reserved > self.kv_tokens:
             self._evict(idle.pop(0))
-        # Every decode step attends over the KV cache's whole used range, so idle cells slow
-        # every stream (12k idle cells: a 16-row step 24% slower), while parking and later
-        # restoring a 512-token conversation costs ~20 ms (docs/BENCHMARKS.md).
-        cap = self.policy.idle_kv_tokens
-        while cap and idle and self.cache.cached_tokens > cap and self.cache.park_budget > 0:
-            self._evict(idle.pop(0))
+        self._park_idle(idle)
         return bool(idle)
+
+    def _park_idle(self, idle: list[Entry]) -> None:
+        """Park the least recently used idle sessions beyond idle_kv_tokens, once idle for
+        IDLE_PARK_AFTER_S. Every decode step attends over the KV cache's whole used range,
+        so idle cells slow every stream (12k idle cells: a 16-row step 24% slower), while
+        parking and later restoring a 512-token conversation costs ~20 ms of the engine
+        thread, a pause for every stream (docs/BENCHMARKS.md)."""
+        cap = self.policy.idle_kv_tokens
+        if not cap or self.cache.park_budget <= 0:
+            return
+        now = self.clock()
+        while idle and self.cache.cached_tokens > cap and now - idle[0].last_used >= IDLE_PARK_AFTER_S:
+            self._evict(idle.pop(0))
 
     def expire(self) -> None:
         now = self.clock()
@@ -252,6 +266,7 @@ class KVStore:
             return
         self._next_ttl_check = now + 1.0
         self._fit_memory()
+        self._park_idle(self.cache.idle_lru())
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -198,7 +199,7 @@ def test_load_failure_is_reported_not_raised() -> None:
 
 
 # -- the session cache -------------------------------------------------------------------
-from appliance.kvstore import CachePolicy  # noqa: E402
+from appliance.kvstore import IDLE_PARK_AFTER_S, CachePolicy  # noqa: E402
 from appliance.prompt import Prompt  # noqa: E402
 
 
@@ -421,13 +422,21 @@ def test_anonymous_sessions_are_parked_like_named_ones() -> None:
 def test_idle_conversations_beyond_idle_kv_tokens_are_parked_and_restored() -> None:
     async def main() -> None:
         model = FakeModel(reply="r")
+        shift = [0.0]  # how far the engine's clock runs ahead of the real one
         eng = Engine(lambda: model, limits(slots=2),
-                     CachePolicy(n_seq=6, park_bytes=10**6, min_shared=4, idle_kv_tokens=40))
+                     CachePolicy(n_seq=6, park_bytes=10**6, min_shared=4, idle_kv_tokens=40),
+                     clock=lambda: time.monotonic() + shift[0])
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         first = {c: [ord(c)] * 30 for c in "abc"}  # three clients, no session ids: 31 cells each
         for c, prompt in first.items():
             await collect(eng.submit(prompt, SamplingParams(max_tokens=2), client=c))
+        # Just finished: more likely users typing their next turn than gone, so not parked yet.
+        assert eng.snapshot.cache_events["parked"] == 0
+        shift[0] = IDLE_PARK_AFTER_S + 1  # then idle long enough
+        deadline = time.monotonic() + 5
+        while eng.snapshot.cache_events["parked"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         # Only the newest fits within 40 idle cells; the older two went to RAM, not away.
         assert eng.snapshot.cache_events["parked"] == 2 and eng.snapshot.cache_events["recomputed"] == 0
         # Client a's next turn continues its parked conversation: restored, not recomputed.
