@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 7, part 2: 16 users holding 4-turn conversations without session ids, as most
+# OpenAI clients send them, each from its own address. llama-server (-np 16 --kv-unified,
+# the better peer in the issue's table) and three appliances run side by side in one bench
+# invocation, rounds interleaved: the defaults, --idle-kv-tokens 0 (idle conversations stay
+# in the KV cache) and GOMP_SPINCOUNT=600 (llama.cpp's threads spin briefly before sleeping).
+#
+#   scripts/bench-clients.sh [OUT] [ROUNDS]       (about 25 minutes on 2 cores for 3 rounds)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-/tmp/bench-clients}
+rounds=${2:-3}
+peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
+model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+mkdir -p "$out"
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
+
+# --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
+"$peer_script" "$model" -c 16384 --no-repack --port 18080 -np 16 --kv-unified >"$out/peer.log" 2>&1 &
+pids+=($!)
+app() {  # PORT LOG, then serve flags
+  local port=$1 log=$2; shift 2
+  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" "$@" \
+    >"$out/$log" 2>&1 &
+  pids+=($!)
+}
+app 18181 default.log
+app 18182 idle0.log --idle-kv-tokens 0
+GOMP_SPINCOUNT=600 app 18183 spin600.log
+for port in 18080 18181 18182 18183; do wait_ok "$port"; done
+
+"$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label default \
+  --compare idle0=http://127.0.0.1:18182 --compare spin600=http://127.0.0.1:18183 \
+  --compare llama-server=http://127.0.0.1:18080 \
+  --concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 --no-session-id \
+  --rounds "$rounds" --json "$out/clients.json" | tee "$out/clients.txt"
+for port in 18181 18182 18183; do
+  echo "== appliance on $port: RSS $(( $(ps -o rss= -p "$(pgrep -f "port $port" | head -1)") / 1024 )) MiB"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^appliance_(session|parked|cache)" || true
+done | tee -a "$out/clients.txt"
+echo "== llama-server RSS $(( $(ps -o rss= -p "$(pgrep -f "llama-server -m" | head -1)") / 1024 )) MiB" | tee -a "$out/clients.txt"
