@@ -135,16 +135,15 @@ class _Server(uvicorn.Server):
 
 def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
     """llama.cpp's OpenMP threads wait for each other hundreds of times per decode step.
-    libgomp's default spins ~300k rounds first: when anything else wants a core (this
-    process's own HTTP work, a flood of uploads, another program) a spinning thread holds
-    the core its partner needs, and a step took 3 s instead of 0.15 s while 20 large bodies
-    arrived. So threads sleep at once (passive) unless the environment says otherwise.
-    Passive costs a lone stream 40% on a quiet machine; GOMP_SPINCOUNT=600 keeps that speed
-    and matches passive with another process busy on a core, but during a flood of large
-    request bodies its stream gaps were 75-164 ms against 60 ms passive (docs/BENCHMARKS.md):
-    a dedicated box may set it (or OMP_WAIT_POLICY=active) in a drop-in, which wins here."""
+    Sleeping at once (passive) costs a lone stream 40% and 16 streams ~10% on a quiet
+    machine, as every wait becomes a futex sleep and wake-up; libgomp's default spins ~300k
+    rounds first, which collapses decoding when anything else wants a core (5-12 against
+    15 tokens/s with another process busy). 600 rounds keeps the quiet speed and matches
+    passive with a core taken, and a flood of large uploads stalls streams no longer than
+    passive does (docs/BENCHMARKS.md, "llama.cpp's threads"). OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["OMP_WAIT_POLICY"] = "passive"
+        environ["GOMP_SPINCOUNT"] = "600"
 
 
 def serve(cfg: Config, model_path: Path) -> int:

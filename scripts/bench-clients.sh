@@ -3,7 +3,7 @@
 # OpenAI clients send them, each from its own address. llama-server (-np 16 --kv-unified,
 # the better peer in the table) and three appliances run side by side in one bench
 # invocation, rounds interleaved: the defaults, --idle-kv-tokens 0 (idle conversations stay
-# in the KV cache) and GOMP_SPINCOUNT=600 (llama.cpp's threads spin briefly before sleeping).
+# in the KV cache) and OMP_WAIT_POLICY=passive (llama.cpp's threads sleep at once).
 #
 #   scripts/bench-clients.sh [OUT] [ROUNDS]       (about 25 minutes on 2 cores for 3 rounds)
 set -euo pipefail
@@ -27,11 +27,11 @@ app() {  # PORT LOG, then serve flags
 }
 app 18181 default.log
 app 18182 idle0.log --idle-kv-tokens 0
-GOMP_SPINCOUNT=600 app 18183 spin600.log
+OMP_WAIT_POLICY=passive app 18183 passive.log
 for port in 18080 18181 18182 18183; do wait_ok "$port"; done
 
 "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label default \
-  --compare idle0=http://127.0.0.1:18182 --compare spin600=http://127.0.0.1:18183 \
+  --compare idle0=http://127.0.0.1:18182 --compare passive=http://127.0.0.1:18183 \
   --compare llama-server=http://127.0.0.1:18080 \
   --concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 --no-session-id \
   --rounds "$rounds" --json "$out/clients.json" | tee "$out/clients.txt"

@@ -224,9 +224,16 @@ def test_a_flood_of_huge_bodies_is_refused_before_templating_and_streams_keep_fl
     gaps_before = [b - a for a, b in zip(times, times[1:]) if b < start]
     # Every gap that overlaps the flood, so a stall across it counts too.
     gaps_during = [b - a for a, b in zip(times, times[1:]) if b > start and a < end]
-    assert len(gaps_before) >= 20 and gaps_during, (len(gaps_before), len(gaps_during), end - start)
-    assert statistics.median(gaps_during) <= 2 * statistics.median(gaps_before), (
-        statistics.median(gaps_before), statistics.median(gaps_during), end - start)
+    gaps_after = [b - a for a, b in zip(times, times[1:]) if a > end]
+    assert len(gaps_before) >= 20 and gaps_during and len(gaps_after) >= 5, (
+        len(gaps_before), len(gaps_during), len(gaps_after), end - start)
+    # Receiving 80 MiB pauses the stream once, for 0.3-0.6 s on this machine whatever the
+    # thread waiting; a decode step that collapses under the load (3 s, once) fails here.
+    # Not a median of the gaps during the flood: there are a handful, and how many of them
+    # are the pause depends on how fast the stream was going.
+    assert max(gaps_during) < 1.5, (statistics.median(gaps_before), gaps_during, end - start)
+    assert statistics.median(gaps_after) <= 2 * statistics.median(gaps_before), (
+        statistics.median(gaps_before), statistics.median(gaps_after))
 
 
 # -- cross-site and rebinding --------------------------------------------------------------------------
