@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import model_files, tune
+    from . import cpu, model_files, tune
+
+    cpu.set_thread_waiting(os.environ)  # measure llama.cpp's threads as `serve` runs them
 
     # tune creates the --config file when it does not exist yet.
     given = args.config

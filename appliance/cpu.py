@@ -1,5 +1,5 @@
-"""Which cores to use and pinning the calling thread to them (the only psutil user); how
-much memory is left and how hot the CPU runs."""
+"""Which cores to use, pinning the calling thread to them (the only psutil user) and how
+llama.cpp's threads wait; how much memory is left and how hot the CPU runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,19 @@ log = logging.getLogger(__name__)
 def allowed_cpus() -> list[int]:
     """CPUs this process may run on (respects taskset/cgroup cpusets)."""
     return sorted(psutil.Process().cpu_affinity() or range(psutil.cpu_count() or 1))
+
+
+def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
+    """llama.cpp's OpenMP threads wait for each other hundreds of times per decode step.
+    Sleeping at once (passive) costs a lone stream 40% and 16 streams ~10% on a quiet
+    machine, as every wait becomes a futex sleep and wake-up; libgomp's default spins ~300k
+    rounds first, which collapses decoding when anything else wants a core (5-12 against
+    15 tokens/s with another process busy). 600 rounds keeps the quiet speed and matches
+    passive with a core taken, and a flood of large uploads stalls streams no longer than
+    passive does (docs/BENCHMARKS.md, "llama.cpp's threads"). OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["GOMP_SPINCOUNT"] = "600"
 
 
 def choose_cpus(cfg: Config) -> list[int]:

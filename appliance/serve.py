@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -133,22 +132,9 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
-    """llama.cpp's OpenMP threads wait for each other hundreds of times per decode step.
-    Sleeping at once (passive) costs a lone stream 40% and 16 streams ~10% on a quiet
-    machine, as every wait becomes a futex sleep and wake-up; libgomp's default spins ~300k
-    rounds first, which collapses decoding when anything else wants a core (5-12 against
-    15 tokens/s with another process busy). 600 rounds keeps the quiet speed and matches
-    passive with a core taken, and a flood of large uploads stalls streams no longer than
-    passive does (docs/BENCHMARKS.md, "llama.cpp's threads"). OMP_WAIT_POLICY or
-    GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
-    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["GOMP_SPINCOUNT"] = "600"
-
-
 def serve(cfg: Config, model_path: Path) -> int:
     # Set before llama.cpp (and libgomp) load in the engine thread.
-    set_thread_waiting(os.environ)
+    cpu.set_thread_waiting(os.environ)
     metrics = Metrics()
     server: _Server | None = None
 

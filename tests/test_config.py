@@ -424,7 +424,7 @@ def test_a_small_batch_takes_the_default_ubatch_down_but_not_an_explicit_one() -
 
 
 def test_llama_cpp_threads_spin_briefly_unless_the_environment_says_otherwise() -> None:
-    from appliance.serve import set_thread_waiting
+    from appliance.cpu import set_thread_waiting
 
     env: dict[str, str] = {}
     set_thread_waiting(env)
