@@ -16,18 +16,10 @@ mkdir -p "$out"
 # shellcheck source=scripts/servers.sh
 . "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 
-# --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
-"$peer_script" "$model" -c 16384 --no-repack --port 18080 -np 16 --kv-unified >"$out/peer.log" 2>&1 &
-pids+=($!)
-app() {  # PORT LOG, then serve flags
-  local port=$1 log=$2; shift 2
-  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" "$@" \
-    >"$out/$log" 2>&1 &
-  pids+=($!)
-}
-app 18181 default.log
-app 18182 idle0.log --idle-kv-tokens 0
-OMP_WAIT_POLICY=passive app 18183 passive.log
+start_peer 18080 "$out/peer.log" -np 16 --kv-unified
+start_app 18181 "$out/default.log"
+start_app 18182 "$out/idle0.log" --idle-kv-tokens 0
+OMP_WAIT_POLICY=passive start_app 18183 "$out/passive.log"
 for port in 18080 18181 18182 18183; do wait_ok "$port"; done
 
 "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label default \

@@ -17,20 +17,11 @@ mkdir -p "$out"
 # shellcheck source=scripts/servers.sh
 . "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 
-# --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
-"$peer_script" "$model" -c 16384 --no-repack --port 18080 -np 16 --kv-unified >"$out/peer.log" 2>&1 &
-pids+=($!)
+start_peer 18080 "$out/peer.log" -np 16 --kv-unified
 # shellcheck disable=SC2086 # PEER_SPEC is several words
-"$peer_script" "$model" -c 16384 --no-repack --port 18081 -np 16 --kv-unified $peer_spec >"$out/peer-spec.log" 2>&1 &
-pids+=($!)
-app() {  # PORT, then serve flags
-  local port=$1; shift
-  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" "$@" \
-    >"$out/appliance-$port.log" 2>&1 &
-  pids+=($!)
-}
-app 18181
-app 18182 --spec-budget 0
+start_peer 18081 "$out/peer-spec.log" -np 16 --kv-unified $peer_spec
+start_app 18181 "$out/appliance-spec.log"
+start_app 18182 "$out/appliance-no-spec.log" --spec-budget 0
 for port in 18080 18081 18181 18182; do wait_ok "$port"; done
 
 "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \

@@ -1,5 +1,6 @@
 # Sourced by the benchmark scripts that start servers of their own (bench-all.sh,
-# bench-issue12.sh, ubatch-table.sh): add each server's PID to `pids`; all are stopped on exit.
+# bench-clients.sh, bench-rewrite.sh, bench-issue12.sh, ubatch-table.sh): add each server's
+# PID to `pids`; all are stopped on exit.
 # shellcheck shell=bash
 pids=()
 
@@ -17,4 +18,21 @@ wait_ok() {  # PORT [PATH]: until the server on 127.0.0.1:PORT answers PATH (def
   done
   echo "server on port $1 did not come up" >&2
   return 1
+}
+
+# The next two use the caller's $root, $peer_script and $model.
+# shellcheck disable=SC2154
+start_peer() {  # PORT LOG [llama-server flags]: llama-server on $model in the background
+  local port=$1 log=$2; shift 2
+  # --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
+  "$peer_script" "$model" -c 16384 --no-repack --port "$port" "$@" >"$log" 2>&1 &
+  pids+=($!)
+}
+
+# shellcheck disable=SC2154
+start_app() {  # PORT LOG [appliance serve flags]: the appliance in the background, no saved sessions
+  local port=$1 log=$2; shift 2
+  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" "$@" \
+    >"$log" 2>&1 &
+  pids+=($!)
 }
