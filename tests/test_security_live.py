@@ -198,9 +198,11 @@ def test_a_flood_of_huge_bodies_is_refused_before_templating_and_streams_keep_fl
     times: list[float] = []
 
     def stream() -> None:
-        msgs = [{"role": "user", "content": "Write the numbers from 1 to 200, one per line, nothing else."}]
+        # A story runs to max_tokens (counting "to 200" stopped at 20, ~50 tokens: too few
+        # left after the flood when tokens come fast).
+        msgs = [{"role": "user", "content": "Write a long story about a lighthouse keeper, at least 600 words."}]
         with client(live, KEY_A) as a, a.stream("POST", CHAT, json={
-                "messages": msgs, "stream": True, "max_tokens": 400, "temperature": 0}) as r:
+                "messages": msgs, "stream": True, "max_tokens": 200, "temperature": 0}) as r:
             for ev in sse.iter_events(sse.lines(r.iter_text())):
                 if isinstance(ev, dict) and sse.content(ev):
                     times.append(time.monotonic())
@@ -225,15 +227,16 @@ def test_a_flood_of_huge_bodies_is_refused_before_templating_and_streams_keep_fl
     # Every gap that overlaps the flood, so a stall across it counts too.
     gaps_during = [b - a for a, b in zip(times, times[1:]) if b > start and a < end]
     gaps_after = [b - a for a, b in zip(times, times[1:]) if a > end]
-    assert len(gaps_before) >= 20 and gaps_during and len(gaps_after) >= 5, (
+    assert len(gaps_before) >= 20 and gaps_during and len(gaps_after) >= 20, (
         len(gaps_before), len(gaps_during), len(gaps_after), end - start)
     # Receiving 80 MiB pauses the stream once, for 0.3-0.6 s on this machine whatever the
     # thread waiting; a decode step that collapses under the load (3 s, once) fails here.
     # Not a median of the gaps during the flood: there are a handful, and how many of them
     # are the pause depends on how fast the stream was going.
     assert max(gaps_during) < 1.5, (statistics.median(gaps_before), gaps_during, end - start)
-    assert statistics.median(gaps_after) <= 2 * statistics.median(gaps_before), (
-        statistics.median(gaps_before), statistics.median(gaps_after))
+    # Means, not medians: drafted tokens arrive several at a time, gaps of 0.
+    assert statistics.fmean(gaps_after) <= 2 * statistics.fmean(gaps_before), (
+        statistics.fmean(gaps_before), statistics.fmean(gaps_after))
 
 
 # -- cross-site and rebinding --------------------------------------------------------------------------
