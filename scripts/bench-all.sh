@@ -23,13 +23,8 @@ start() {
     if [ "$a" = "--" ]; then seen=1; continue; fi
     if [ $seen = 0 ]; then peer_args+=("$a"); else app_args+=("$a"); fi
   done
-  # --no-repack: this VM advertises Intel AMX that its kernel does not enable, and
-  # llama.cpp's AMX path then crashes on the first prompt (see docs/BENCHMARKS.md).
-  "$peer_script" "$model" -c 16384 --no-repack --port 18080 "${peer_args[@]}" >"$out/peer.log" 2>&1 &
-  pids+=($!)
-  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port 18181 --log-level warning --state-dir "" \
-    "${app_args[@]}" >"$out/appliance.log" 2>&1 &
-  pids+=($!)
+  start_peer 18080 "$out/peer.log" "${peer_args[@]}"
+  start_app 18181 "$out/appliance.log" "${app_args[@]}"
   wait_ok 18080
   wait_ok 18181
 }

@@ -14,6 +14,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/bench-results/issue12}
+peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 soak_s=${SOAK_S:-180}
 lock=${CPU_LOCK:-/tmp/appliance-cpu.lock}
@@ -24,13 +25,8 @@ rm -f "$out/runs.jsonl"
 
 
 app=http://127.0.0.1:18181 llama_server=http://127.0.0.1:18080 lcp=http://127.0.0.1:18282
-"$root/.venv/bin/appliance" serve --host 127.0.0.1 --port 18181 --log-level warning --state-dir "" \
-  >"$out/appliance.log" 2>&1 &
-pids+=($!)
-# --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
-"$root/../shared/peers/llama-server.sh" "$model" -c 16384 --no-repack --port 18080 -np 16 --kv-unified \
-  >"$out/llama-server.log" 2>&1 &
-pids+=($!)
+start_app 18181 "$out/appliance.log"
+start_peer 18080 "$out/llama-server.log" -np 16 --kv-unified
 "$root/scripts/peer-llama-cpp-python.sh" "$model" --port 18282 >"$out/llama-cpp-python.log" 2>&1 &
 pids+=($!)
 wait_ok 18181 /health
