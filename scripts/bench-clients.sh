@@ -6,10 +6,13 @@
 # in the KV cache) and OMP_WAIT_POLICY=passive (llama.cpp's threads sleep at once).
 #
 #   scripts/bench-clients.sh [OUT] [ROUNDS]       (about 25 minutes on 2 cores for 3 rounds)
+#   SESSION_IDS=1 scripts/bench-clients.sh ...     the same users sending X-Session-Id
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/bench-clients}
 rounds=${2:-3}
+ids=(--no-session-id)
+[ "${SESSION_IDS:-0}" = 1 ] && ids=()
 peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 mkdir -p "$out"
@@ -25,7 +28,7 @@ for port in 18080 18181 18182 18183; do wait_ok "$port"; done
 "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label default \
   --compare idle0=http://127.0.0.1:18182 --compare passive=http://127.0.0.1:18183 \
   --compare llama-server=http://127.0.0.1:18080 \
-  --concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 --no-session-id \
+  --concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 "${ids[@]}" \
   --rounds "$rounds" --json "$out/clients.json" | tee "$out/clients.txt"
 for port in 18181 18182 18183; do
   echo "== appliance on $port: RSS $(( $(ps -o rss= -p "$(pgrep -f "port $port" | head -1)") / 1024 )) MiB"
