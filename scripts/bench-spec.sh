@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 7, part 3, the whole grid: three workloads (chat, rewrite, follow-ups) at 1, 4, 8
+# and 16 clients against four servers running side by side, one bench invocation per
+# workload with the servers interleaved level by level: the appliance with speculation (the
+# default) and without (--spec-budget 0), llama-server without speculation and with its best
+# n-gram type (scripts/spec-pick.sh picked ngram-simple here; PEER_SPEC overrides).
+#
+#   scripts/bench-spec.sh [OUT] [LEVELS]     (about 50 minutes on 2 cores; LEVELS default 1,4,8,16)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-/tmp/bench-spec}
+levels=${2:-1,4,8,16}
+peer_spec=${PEER_SPEC:---spec-type ngram-simple}
+peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
+model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+mkdir -p "$out"
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
+
+start_peer 18080 "$out/peer.log" -np 16 --kv-unified
+# shellcheck disable=SC2086 # PEER_SPEC is several words
+start_peer 18081 "$out/peer-spec.log" -np 16 --kv-unified $peer_spec
+start_app 18181 "$out/appliance-spec.log"
+start_app 18182 "$out/appliance-no-spec.log" --spec-budget 0
+for port in 18080 18081 18181 18182; do wait_ok "$port"; done
+
+bench() {  # NAME [bench flags]
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$out/all.txt"
+  "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \
+    --compare no-spec=http://127.0.0.1:18182 --compare llama-server=http://127.0.0.1:18080 \
+    --compare llama-server-spec=http://127.0.0.1:18081 \
+    --concurrency "$levels" --temperature 0 --no-session-id "$@" --json "$out/$name.json" | tee -a "$out/all.txt"
+}
+bench chat --max-tokens 64
+bench rewrite --workload rewrite --max-tokens 160
+bench followups --workload rewrite --turns 3 --think-s 0.5 --max-tokens 160
