@@ -61,66 +61,44 @@ class NgramIndex:
         return []
 
 
-# What a draft row costs, in one-row steps: on 2 cores a step is compute-bound from its
-# second row (scripts/measure-rows.py: 1/2/4/8/16 rows take 28/49/76/141/264 ms).
-ROW_COST = 0.6
-# A draft length must promise this much more than a plain step (expected tokens per unit of
-# step cost) to be tried: marginal drafts are noise that costs rows.
-MIN_GAIN = 1.05
-DECAY = 0.9  # weight of the past in the counts, per step (~10 steps remembered)
-
-
-def best_len(rate: float, row_cost: float = ROW_COST, max_len: int = 16) -> int:
-    """The draft length with the most expected tokens per unit of step cost, if any beats a
-    plain step by MIN_GAIN; else 0. With each draft token kept with probability `rate`
-    (given the ones before it), k drafts yield 1 + rate + ... + rate**k tokens for a step
-    costing 1 + row_cost * k."""
-    best, best_k, expected, p = MIN_GAIN, 0, 1.0, 1.0
-    for k in range(1, max_len + 1):
-        p *= rate
-        expected += p
-        value = expected / (1.0 + row_cost * k)
-        if value > best:
-            best, best_k = value, k
-    return best_k
-
-
 @dataclass(slots=True)
 class DraftState:
-    """How many tokens one sequence drafts: the length that pays best at its recent
-    acceptance rate (`best_len`). Steps without drafts learn too, for free: the token the
-    lookup would have drafted (`guess`) is checked against the one the model picked. So a
-    sequence starts drafting once its answer starts copying, and ordinary chat, where the
-    lookup guesses wrong, pays for no verify rows at all."""
+    """Adaptive draft length of one sequence. Call `record` once per decode step."""
 
-    row_cost: float = ROW_COST
+    start: int = 4  # a 4-row miss costs a fraction of a step; a copied passage doubles up quickly
     max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
-    kept: float = 0.0  # decayed count of draft tokens (and guesses) the model agreed with...
-    refused: float = 0.0  # ...and of first disagreements
-    guess: int = -1  # the lookup's next token this step, when not drafted (-1: none)
+    min_len: int = 1
+    miss_limit: int = 2  # total misses in a row before drafting pauses
+    backoff: int = 8  # steps without drafting after the first pause, doubling per pause...
+    max_backoff: int = 64  # ...up to this: plain chat then pays ~2 short misses per 64 steps
+    length: int = field(init=False)
+    misses: int = field(init=False, default=0)  # total misses in a row
+    pause: int = field(init=False, default=0)  # steps left without drafting
+    pause_len: int = field(init=False)  # length of the next pause
 
-    def rate(self) -> float:
-        """Per-token acceptance estimate; 1/2 with nothing seen (a Laplace prior)."""
-        return (self.kept + 1.0) / (self.kept + self.refused + 2.0)
+    def __post_init__(self) -> None:
+        self.length, self.pause_len = self.start, self.backoff
 
     def want(self) -> int:
-        """Draft tokens this sequence would like in the next step (0: none pays)."""
-        return best_len(self.rate(), self.row_cost, self.max_len)
+        """Draft tokens this sequence would like in the next step (0 while paused)."""
+        return 0 if self.pause > 0 else self.length
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
-        """The outcome of a verified draft: n_accepted kept, then a refusal unless all were."""
-        self._count(n_accepted, int(n_accepted < n_drafted))
-        self.guess = -1
-
-    def observe(self, token: int) -> None:
-        """A step without drafts picked `token`: was it the lookup's guess?"""
-        if self.guess >= 0:
-            self._count(int(token == self.guess), int(token != self.guess))
-        self.guess = -1
-
-    def _count(self, kept: int, refused: int) -> None:
-        self.kept = self.kept * DECAY + kept
-        self.refused = self.refused * DECAY + refused
+        """The outcome of one step; n_drafted = 0 (nothing tried) counts down a pause."""
+        if n_drafted == 0:
+            self.pause = max(0, self.pause - 1)
+        elif n_accepted == n_drafted:  # all right: try longer
+            self.length = min(self.max_len, self.length * 2)
+            self.misses, self.pause_len = 0, self.backoff
+        elif n_accepted > 0:  # diverged: aim one past what held
+            self.length = max(self.min_len, n_accepted + 1)
+            self.misses, self.pause_len = 0, self.backoff
+        else:
+            self.misses += 1
+            self.length = max(self.min_len, self.length // 2)
+            if self.misses >= self.miss_limit:
+                self.pause, self.misses, self.length = self.pause_len, 0, self.start
+                self.pause_len = min(self.max_backoff, self.pause_len * 2)
 
 
 def step_budget(n_decode: int, budget_tokens: int = 16) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from appliance.spec import DraftState, NgramIndex, Row, accept_greedy, accept_sampled, allocate, best_len, sparse_row, step_budget
+from appliance.spec import DraftState, NgramIndex, Row, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
 
 # -- n-gram lookup ---------------------------------------------------------------------------
 
@@ -77,53 +77,46 @@ def test_long_prompt_and_answer_stay_linear() -> None:
 # -- adaptive draft length, budget -----------------------------------------------------------
 
 
-def test_best_len_drafts_only_where_it_pays() -> None:
-    assert best_len(0.5) == 0  # a coin flip never pays for a row at 0.6 of a step
-    assert best_len(0.6) == 0
-    assert 1 <= best_len(0.85) <= 3
-    assert best_len(0.99) >= 8  # copying: long drafts
-    assert best_len(0.999, max_len=16) == 16
-    assert best_len(0.3, row_cost=0.0) == 16  # free rows: always the most
-    lens = [best_len(r / 100) for r in range(50, 100)]
-    assert lens == sorted(lens)  # never shorter for a higher rate
-
-
-def test_no_drafts_until_the_lookup_guesses_right() -> None:
+def test_draft_length_grows_on_full_acceptance_and_shrinks_on_rejection() -> None:
     st = DraftState()
-    assert st.want() == 0  # nothing seen yet: no verify rows spent on a guess
-    for _ in range(3):
-        st.guess = 7
-        st.observe(7)  # the model picked what the lookup would have drafted
-    assert st.want() >= 1
-    while st.want() < 8:  # full acceptances make drafts longer...
-        n = st.want()
-        st.record(n, n)
-    st.record(8, 2)  # ...and a refusal shorter
-    assert 0 < st.want() < 8
+    assert st.want() == 4
+    st.record(4, 4)
+    assert st.want() == 8
+    st.record(8, 8)
+    st.record(16, 16)
+    assert st.want() == 16  # capped at max_len
+    st.record(16, 5)
+    assert st.want() == 6  # one past what held
+    st.record(6, 0)
+    assert st.want() == 3  # halved on a total miss
 
 
-def test_wrong_guesses_keep_drafting_off() -> None:
+def test_repeated_total_misses_back_off_longer_each_time() -> None:
     st = DraftState()
-    for i in range(50):
-        st.guess = 7
-        st.observe(8 if i % 3 else 7)  # right one time in three
+    for pause in (8, 16, 32, 64, 64):
+        st.record(st.want(), 0)
+        st.record(st.want(), 0)
         assert st.want() == 0
-    before = (st.kept, st.refused)
-    st.observe(7)  # no guess this step (no lookup match): nothing learnt
-    assert (st.kept, st.refused) == before
+        for _ in range(pause - 1):
+            st.record(0, 0)
+            assert st.want() == 0
+        st.record(0, 0)
+        assert st.want() == st.start
+    st.record(st.want(), 1)  # any acceptance resets the pause length
+    st.record(st.want(), 0)
+    st.record(st.want(), 0)
+    waited = 0
+    while st.want() == 0:
+        st.record(0, 0)
+        waited += 1
+    assert waited == 8
 
 
-def test_a_refusal_between_long_accepted_runs_keeps_drafting() -> None:
+def test_a_miss_between_hits_does_not_pause() -> None:
     st = DraftState()
-    for _ in range(4):
-        st.guess = 1
-        st.observe(1)
     for _ in range(10):
-        for _ in range(5):  # a copied passage...
-            n = st.want()
-            assert n > 0
-            st.record(n, n)
-        st.record(st.want(), 0)  # ...then an edit the lookup could not know
+        st.record(st.want(), 0)
+        st.record(st.want(), st.want())
         assert st.want() > 0
 
 
@@ -206,14 +199,9 @@ def test_greedy_with_ngram_drafts_matches_plain_greedy_and_accepts_some() -> Non
     accepted = 0
     while len(out) < n:
         draft = idx.draft(allocate([st.want()], step_budget(1))[0])
-        guess = idx.draft(1)
         targets = [greedy_next(idx.tokens + draft[:i]) for i in range(len(draft) + 1)]
         emitted = accept_greedy(draft, targets)
-        if draft:
-            st.record(len(draft), len(emitted) - 1)
-        else:
-            st.guess = guess[0] if guess else -1
-            st.observe(emitted[0])
+        st.record(len(draft), len(emitted) - 1)
         accepted += len(emitted) - 1
         idx.extend(emitted)
         out += emitted
