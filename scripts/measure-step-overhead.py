@@ -3,6 +3,7 @@ speculation off, one greedy stream of 128 tokens through `Engine`, three times
 (docs/BENCHMARKS.md, "Rewriting at one client, re-run").
 
     .venv/bin/python scripts/measure-step-overhead.py [MODEL]
+    SPEC_BUDGET=16 .venv/bin/python scripts/measure-step-overhead.py    speculation on (the default)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def timed_decode(self: Any, *a: Any, **k: Any) -> None:
 async def main() -> None:
     cpu.set_thread_waiting(os.environ)  # as serve runs llama.cpp's threads
     L.LLM.decode = timed_decode  # type: ignore[method-assign]
-    cfg, _ = load({"spec_budget": "0"}, environ={})
+    cfg, _ = load({"spec_budget": os.environ.get("SPEC_BUDGET", "0")}, environ={})
     eng = build_engine(cfg, MODEL)
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 120)
@@ -51,7 +52,9 @@ async def main() -> None:
         steps = in_decode[1] - mark[1]
         wall = (time.perf_counter() - first) * 1000 / steps
         dec = (in_decode[0] - mark[0]) * 1000 / steps
-        print(f"{steps} steps: {wall:.1f} ms per step, {dec:.1f} in llama_decode, {wall - dec:.1f} beyond it")
+        c = eng.snapshot.counters
+        print(f"{steps} steps: {wall:.1f} ms per step, {dec:.1f} in llama_decode, {wall - dec:.1f} beyond it "
+              f"({c.draft_tokens} draft tokens so far, {c.draft_accepted} kept)")
     eng.stop()
 
 
