@@ -253,23 +253,14 @@ class KVStore:
         so idle cells slow every stream (12k idle cells: a 16-row step 24% slower), while
         parking and later restoring a 512-token conversation costs ~20 ms of the engine
         thread, a pause for every stream (docs/BENCHMARKS.md)."""
-        if not self.policy.idle_kv_tokens or self.cache.park_budget <= 0:
+        cap = self.policy.idle_kv_tokens
+        if not cap or self.cache.park_budget <= 0:
             return
-        cap = self.idle_cap()
         if idle is None:
             idle = self.cache.idle_lru()
         now = self.clock()
         while idle and self.cache.cached_tokens > cap and now - idle[0].last_used >= IDLE_PARK_AFTER_S:
             self._evict(idle.pop(0))
-
-    def idle_cap(self) -> int:
-        """Idle cells kept in the KV cache: idle_kv_tokens with every slot free, shrinking
-        with each busy one to none when all are busy. Idle cells cost every row of a step
-        (llama.cpp's attention scans the mask of the cache's whole used range per row and
-        head), so their cost grows with the rows running, while the cost of parking one
-        idle conversation does not (docs/BENCHMARKS.md, "Idle cells under load")."""
-        slots = self.sched.limits.slots
-        return self.policy.idle_kv_tokens * max(0, slots - len(self.sched.running)) // slots
 
     def expire(self) -> None:
         now = self.clock()
