@@ -209,12 +209,17 @@ class EngineCore:
         budget = step_budget(len(decode), self.spec_budget) if self.spec_budget else 0
         if budget <= 0:
             return [[] for _ in decode]
-        found = []
+        found: list[list[int]] = []
         for t in decode:
             d = t.drafts
             # Never draft past max_tokens or the context: the KV reservation covers neither.
             room = min(t.params.max_tokens - len(t.output), self.limits.ctx_limit - t.n_cached) - 2
-            found.append(d.index.draft(min(d.state.want(), room)) if d is not None and room > 0 else [])
+            if d is None or room <= 0:
+                found.append([])
+                continue
+            draft = d.index.draft(min(max(1, d.state.want()), room))
+            d.state.guess = draft[0] if draft else -1  # checked by _sample if not drafted
+            found.append(draft if d.state.want() else [])
         return [d[:n] for d, n in zip(found, allocate([len(d) for d in found], budget))]
 
     def _decode(self, batch: Batch, step: Step) -> bool:
@@ -261,7 +266,7 @@ class EngineCore:
         sampled = self.model.sample_all([(t.sampler, row) for t, row in plain])
         for (t, row), token in zip(plain, sampled):
             if t.drafts is not None and t.state is State.DECODE:
-                t.drafts.state.record(0, 0)  # a step without drafts counts down a pause
+                t.drafts.state.observe(token)  # the lookup's guess, right or wrong
             self._accept(t, token, now, self._logprob(row, token, t.params.logprobs))
         for t, row, d in batch.picks:
             if d:

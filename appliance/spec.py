@@ -63,42 +63,44 @@ class NgramIndex:
 
 @dataclass(slots=True)
 class DraftState:
-    """Adaptive draft length of one sequence. Call `record` once per decode step."""
+    """Adaptive draft length of one sequence. It drafts only once armed: the lookup must
+    first guess the model's next token right `arm_after` steps in a row, which steps without
+    drafts check for free (`guess`, `observe`). Then the length doubles while drafts hold;
+    a total miss disarms it. So an answer that starts copying drafts within two tokens, and
+    plain chat, where the lookup's guesses rarely hold twice in a row, pays for few rows."""
 
-    start: int = 4  # a 4-row miss costs a fraction of a step; a copied passage doubles up quickly
+    start: int = 4  # a copied passage doubles up quickly from here
     max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
     min_len: int = 1
-    miss_limit: int = 2  # total misses in a row before drafting pauses
-    backoff: int = 8  # steps without drafting after the first pause, doubling per pause...
-    max_backoff: int = 64  # ...up to this: plain chat then pays ~2 short misses per 64 steps
+    arm_after: int = 2  # right guesses in a row before drafting
     length: int = field(init=False)
-    misses: int = field(init=False, default=0)  # total misses in a row
-    pause: int = field(init=False, default=0)  # steps left without drafting
-    pause_len: int = field(init=False)  # length of the next pause
+    streak: int = field(init=False, default=0)  # right guesses in a row
+    armed: bool = field(init=False, default=False)
+    guess: int = -1  # the lookup's next token this step, when not drafted (-1: none)
 
     def __post_init__(self) -> None:
-        self.length, self.pause_len = self.start, self.backoff
+        self.length = self.start
 
     def want(self) -> int:
-        """Draft tokens this sequence would like in the next step (0 while paused)."""
-        return 0 if self.pause > 0 else self.length
+        """Draft tokens this sequence would like in the next step (0 while disarmed)."""
+        return self.length if self.armed else 0
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
-        """The outcome of one step; n_drafted = 0 (nothing tried) counts down a pause."""
-        if n_drafted == 0:
-            self.pause = max(0, self.pause - 1)
-        elif n_accepted == n_drafted:  # all right: try longer
+        """The outcome of a verified draft."""
+        self.guess = -1
+        if n_accepted == n_drafted:  # all right: try longer
             self.length = min(self.max_len, self.length * 2)
-            self.misses, self.pause_len = 0, self.backoff
         elif n_accepted > 0:  # diverged: aim one past what held
             self.length = max(self.min_len, n_accepted + 1)
-            self.misses, self.pause_len = 0, self.backoff
-        else:
-            self.misses += 1
-            self.length = max(self.min_len, self.length // 2)
-            if self.misses >= self.miss_limit:
-                self.pause, self.misses, self.length = self.pause_len, 0, self.start
-                self.pause_len = min(self.max_backoff, self.pause_len * 2)
+        else:  # nothing held: back to watching the guesses
+            self.armed, self.streak, self.length = False, 0, self.start
+
+    def observe(self, token: int) -> None:
+        """A step without drafts picked `token`: was it the lookup's guess?"""
+        if self.guess >= 0:
+            self.streak = self.streak + 1 if token == self.guess else 0
+            self.armed = self.streak >= self.arm_after
+        self.guess = -1
 
 
 def step_budget(n_decode: int, budget_tokens: int = 16) -> int:

@@ -77,8 +77,30 @@ def test_long_prompt_and_answer_stay_linear() -> None:
 # -- adaptive draft length, budget -----------------------------------------------------------
 
 
+def arm(st: DraftState) -> None:
+    for _ in range(st.arm_after):
+        st.guess = 7
+        st.observe(7)
+
+
+def test_no_drafts_until_the_lookup_guesses_right_twice_in_a_row() -> None:
+    st = DraftState()
+    assert st.want() == 0  # nothing seen yet: no verify rows spent on a guess
+    for right in (True, False, True, False, True):  # right only every other time
+        st.guess = 7
+        st.observe(7 if right else 8)
+        assert st.want() == 0
+    st.guess = -1
+    st.observe(7)  # no lookup match this step: nothing learnt
+    assert st.want() == 0 and st.streak == 1
+    st.guess = 7
+    st.observe(7)
+    assert st.want() == st.start
+
+
 def test_draft_length_grows_on_full_acceptance_and_shrinks_on_rejection() -> None:
     st = DraftState()
+    arm(st)
     assert st.want() == 4
     st.record(4, 4)
     assert st.want() == 8
@@ -88,36 +110,21 @@ def test_draft_length_grows_on_full_acceptance_and_shrinks_on_rejection() -> Non
     st.record(16, 5)
     assert st.want() == 6  # one past what held
     st.record(6, 0)
-    assert st.want() == 3  # halved on a total miss
+    assert st.want() == 0  # a total miss: back to watching the guesses
+    arm(st)
+    assert st.want() == st.start
 
 
-def test_repeated_total_misses_back_off_longer_each_time() -> None:
-    st = DraftState()
-    for pause in (8, 16, 32, 64, 64):
-        st.record(st.want(), 0)
-        st.record(st.want(), 0)
-        assert st.want() == 0
-        for _ in range(pause - 1):
-            st.record(0, 0)
-            assert st.want() == 0
-        st.record(0, 0)
-        assert st.want() == st.start
-    st.record(st.want(), 1)  # any acceptance resets the pause length
-    st.record(st.want(), 0)
-    st.record(st.want(), 0)
-    waited = 0
-    while st.want() == 0:
-        st.record(0, 0)
-        waited += 1
-    assert waited == 8
-
-
-def test_a_miss_between_hits_does_not_pause() -> None:
+def test_an_edit_between_copied_runs_costs_two_tokens_of_drafting() -> None:
     st = DraftState()
     for _ in range(10):
-        st.record(st.want(), 0)
-        st.record(st.want(), st.want())
-        assert st.want() > 0
+        arm(st)
+        for _ in range(3):  # a copied passage...
+            n = st.want()
+            assert n > 0
+            st.record(n, n)
+        st.record(st.want(), 0)  # ...then an edit the lookup could not know
+        assert st.want() == 0
 
 
 def test_step_budget_shrinks_to_zero_at_a_full_batch() -> None:
@@ -199,9 +206,14 @@ def test_greedy_with_ngram_drafts_matches_plain_greedy_and_accepts_some() -> Non
     accepted = 0
     while len(out) < n:
         draft = idx.draft(allocate([st.want()], step_budget(1))[0])
+        guess = idx.draft(1)
         targets = [greedy_next(idx.tokens + draft[:i]) for i in range(len(draft) + 1)]
         emitted = accept_greedy(draft, targets)
-        st.record(len(draft), len(emitted) - 1)
+        if draft:
+            st.record(len(draft), len(emitted) - 1)
+        else:
+            st.guess = guess[0] if guess else -1
+            st.observe(emitted[0])
         accepted += len(emitted) - 1
         idx.extend(emitted)
         out += emitted
