@@ -5,11 +5,14 @@
 # default) and without (--spec-budget 0), llama-server without speculation and with its best
 # n-gram type (scripts/spec-pick.sh picked ngram-simple here; PEER_SPEC overrides).
 #
-#   scripts/bench-spec.sh [OUT] [LEVELS]     (about 50 minutes on 2 cores; LEVELS default 1,4,8,16)
+#   scripts/bench-spec.sh [OUT] [LEVELS]     (about an hour on 2 cores; LEVELS default 1,4,8,16)
+#   WORKLOADS="rewrite" ROUNDS=2 BENCH_ARGS="--requests 8" ...   a part of it (bench-rewrite.sh)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/bench-spec}
 levels=${2:-1,4,8,16}
+workloads=${WORKLOADS:-chat rewrite followups}
+read -r -a extra <<<"${BENCH_ARGS:-}"
 peer_spec=${PEER_SPEC:---spec-type ngram-simple}
 peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
@@ -30,8 +33,14 @@ bench() {  # NAME [bench flags]
   "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \
     --compare no-spec=http://127.0.0.1:18182 --compare llama-server=http://127.0.0.1:18080 \
     --compare llama-server-spec=http://127.0.0.1:18081 \
-    --concurrency "$levels" --temperature 0 --no-session-id "$@" --json "$out/$name.json" | tee -a "$out/all.txt"
+    --concurrency "$levels" --temperature 0 --no-session-id --rounds "${ROUNDS:-1}" "${extra[@]}" "$@" \
+    --json "$out/$name.json" | tee -a "$out/all.txt"
 }
-bench chat --max-tokens 64
-bench rewrite --workload rewrite --max-tokens 160
-bench followups --workload rewrite --turns 3 --think-s 0.5 --max-tokens 160
+for w in $workloads; do
+  case $w in
+    chat) bench chat --max-tokens 64 ;;
+    rewrite) bench rewrite --workload rewrite --max-tokens 160 ;;
+    followups) bench followups --workload rewrite --turns 3 --think-s 0.5 --max-tokens 160 ;;
+    *) echo "unknown workload $w (chat, rewrite, followups)" >&2; exit 2 ;;
+  esac
+done
