@@ -29,7 +29,7 @@ for port in 18080 18081 18181 18182; do wait_ok "$port"; done
 
 bench() {  # NAME [bench flags]
   local name=$1; shift
-  echo "== $name: $*" | tee -a "$out/all.txt"
+  echo "== $name: --rounds ${ROUNDS:-1} ${extra[*]} $*" | tee -a "$out/all.txt"
   "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \
     --compare no-spec=http://127.0.0.1:18182 --compare llama-server=http://127.0.0.1:18080 \
     --compare llama-server-spec=http://127.0.0.1:18081 \
