@@ -217,9 +217,10 @@ class EngineCore:
             if d is None or room <= 0:
                 found.append([])
                 continue
-            draft = d.index.draft(min(max(1, d.state.want()), room))
+            want = d.state.want()  # 0 while disarmed: look up one token, as a free guess
+            draft = d.index.draft(min(max(1, want), room))
             d.state.guess = draft[0] if draft else -1  # checked by _sample if not drafted
-            found.append(draft if d.state.want() else [])
+            found.append(draft if want else [])
         return [d[:n] for d, n in zip(found, allocate([len(d) for d in found], budget))]
 
     def _decode(self, batch: Batch, step: Step) -> bool:
