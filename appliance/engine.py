@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -121,6 +122,11 @@ class Engine:
         self._tokenizer: Any = None  # thread-safe vocabulary access, set once loaded
         self._stop = False
         self._ids = count(1)
+        # Turns submitted without a session get one of their own. The HTTP side always names
+        # one; this is for in-process callers. Unique to this run, since sessions are saved at
+        # stop and claimed by id after a restart: a counter alone would hand the next run's
+        # "anon-1" the last run's "anon-1" (another caller's conversation).
+        self._anon = f"anon-{secrets.token_hex(8)}-"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
@@ -209,7 +215,7 @@ class Engine:
         tokens, public = (prompt.tokens, prompt.public_len) if isinstance(prompt, Prompt) else (prompt, 0)
         rid = next(self._ids)
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self.clock(), client=client,
-                    session=session or f"anon-{rid}", public_len=public, named=named and bool(session))
+                    session=session or f"{self._anon}{rid}", public_len=public, named=named and bool(session))
         handle = Handle(self, turn)
         try:
             self.inbox.submit(turn)

@@ -205,3 +205,30 @@ def test_a_symlinked_state_dir_is_refused_with_a_log_line(tmp_path: Path, caplog
     assert list(real.iterdir()) == []
     assert f"not restoring saved sessions: state_dir {state} is a symbolic link" in caplog.text
     assert f"could not save sessions to {state}: state_dir {state} is a symbolic link" in caplog.text
+
+
+def test_a_turn_without_a_session_never_claims_one_saved_by_the_last_run(tmp_path: Path) -> None:
+    # In-process callers may submit without a session: each run names those turns afresh,
+    # so the first such turn after a restart is not handed the last run's first (which may
+    # be another caller's conversation: its KV would be reused as the new turn's own).
+    state = tmp_path / "state"
+
+    async def anonymous(eng: Engine, prompt: list[int], client: str) -> Done:
+        h = eng.submit(prompt, SamplingParams(max_tokens=5), client=client)
+        async for ev in h.events():
+            if not isinstance(ev, Delta):
+                assert isinstance(ev, Done)
+                return ev
+        raise AssertionError("no Done")
+
+    async def main() -> None:
+        eng = await started(state)
+        await anonymous(eng, TURN1, "10.0.0.1")
+        await stop(eng)
+        assert len(list(state.iterdir())) == 1
+
+        eng = await started(state)
+        end = await anonymous(eng, TURN1 + [1, 2, 3], "10.0.0.2")
+        assert end.cached_tokens == 0 and eng.snapshot.cache_events["restored"] == 0
+        await stop(eng)
+    run(main())
