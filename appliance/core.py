@@ -25,7 +25,7 @@ from .kvstore import CachePolicy, KVStore
 from .sampling import SamplingParams
 from .scheduler import Limits, Scheduler, Step
 from .snapshot import Counters, SessionView, Snapshot
-from .spec import NgramIndex, TurnDrafts, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
+from .spec import ROW_TILE, NgramIndex, TurnDrafts, accept_greedy, accept_sampled, allocate, fit_tile, sparse_row, step_budget
 from .textstream import TextStream
 from .turn import Delta, Done, Failed, State, TokenLogprob, Turn
 
@@ -196,7 +196,7 @@ class EngineCore:
     # -- the step's phases ---------------------------------------------------------------
     def _build(self, step: Step) -> Batch:
         batch = Batch()
-        drafts = self._drafts(step.decode)
+        drafts = self._drafts(step.decode, sum(n for _, n in step.prefill))
         for t, d in zip(step.decode, drafts):
             batch.add(t, [t.last_token, *d], t.n_cached, True, d)
         for t, n in step.prefill:
@@ -204,24 +204,35 @@ class EngineCore:
             batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
         return batch
 
-    def _drafts(self, decode: list[Turn]) -> list[list[int]]:
-        """Each generating turn's draft tokens for this step, within the step's budget."""
-        budget = step_budget(len(decode), self.spec_budget) if self.spec_budget else 0
-        if budget <= 0:
+    def _drafts(self, decode: list[Turn], n_prefill: int) -> list[list[int]]:
+        """Each generating turn's draft tokens for this step: within the step's budget, then
+        rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
+        if not self.spec_budget:
             return [[] for _ in decode]
+        budget = step_budget(len(decode), self.spec_budget)
         found: list[list[int]] = []
+        wants: list[int] = []
         for t in decode:
             d = t.drafts
             # Never draft past max_tokens or the context: the KV reservation covers neither.
             room = min(t.params.max_tokens - len(t.output), self.limits.ctx_limit - t.n_cached) - 2
             if d is None or room <= 0:
                 found.append([])
+                wants.append(0)
                 continue
             want = d.state.want()  # 0 while disarmed: look up one token, as a free guess
-            draft = d.index.draft(min(max(1, want), room))
+            # A few more than wanted, for rounding up to a whole tile.
+            draft = d.index.draft(min(want + ROW_TILE - 1 if want else 1, room))
             d.state.guess = draft[0] if draft else -1  # checked by _sample if not drafted
-            found.append(draft if want else [])
-        return [d[:n] for d, n in zip(found, allocate([len(d) for d in found], budget))]
+            found.append(draft)
+            wants.append(min(want, len(draft)))
+        got = allocate(wants, budget)
+        armed = [t.drafts is not None and t.drafts.state.armed for t in decode]
+        # Growing uses free rows only in steps without prefill: a prefill step's rows are
+        # the prompt's, and its length is not the drafts' to round.
+        got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, len(decode) + n_prefill,
+                       grow=not n_prefill)
+        return [f[:g] for f, g in zip(found, got)]
 
     def _decode(self, batch: Batch, step: Step) -> bool:
         """One llama_decode; "KV cache full" evicts idle sessions and retries. On failure
@@ -285,7 +296,10 @@ class EngineCore:
             rows = [sparse_row(logits[i], p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
             out = accept_sampled(draft, rows, t.drafts.rng)
         n_ok = len(out) - 1
-        t.drafts.state.record(k, n_ok)
+        if t.drafts.state.armed:
+            t.drafts.state.record(k, n_ok)
+        else:  # a free row verified the guess of a disarmed turn
+            t.drafts.state.record_guess(n_ok == k)
         self.stats.draft_tokens += k
         self.stats.draft_accepted += n_ok
         t.n_cached += n_ok

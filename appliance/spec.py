@@ -95,6 +95,13 @@ class DraftState:
         else:  # nothing held: back to watching the guesses
             self.armed, self.streak, self.length = False, 0, self.start
 
+    def record_guess(self, right: bool) -> None:
+        """A disarmed turn's lookup guess was verified as a draft row (a free row that
+        rounded the step up to a whole tile): it counts towards arming like `observe`."""
+        self.guess = -1
+        self.streak = self.streak + 1 if right else 0
+        self.armed = self.streak >= self.arm_after
+
     def observe(self, token: int) -> None:
         """A step without drafts picked `token`: was it the lookup's guess?"""
         if self.guess >= 0:
@@ -114,6 +121,46 @@ def step_budget(n_decode: int, budget_tokens: int = 16) -> int:
     stream: 16 rows for one stream, 4 for two, 1 for three, none from four on.
     """
     return budget_tokens >> 2 * (n_decode - 1) if 0 < n_decode < 16 else 0
+
+
+# llama.cpp's CPU matmuls take the batch's rows four at a time (ggml-cpu repack.cpp's gemm;
+# the rows left over run one by one through gemv, each nearly a one-row step's cost).
+# Measured with the bundled model on 2 cores (scripts/measure-rows.py, every row with
+# logits): 1/2/3/4 rows take 25/47/73/76 ms, 5 take 101, 7/8 take 133/128, 11/12 take
+# 172/178, 15/16 take 220/242, 17 take 307. So a row that rounds a step up to a multiple of
+# four is nearly free, and one past a multiple costs about a whole one-row step.
+ROW_TILE = 4
+
+
+def fit_tile(got: list[int], spare: list[int], armed: list[bool], n_rows: int, grow: bool = True,
+             tile: int = ROW_TILE) -> list[int]:
+    """Draft tokens per sequence after rounding the step's rows to a whole tile.
+
+    got: drafts allocated; spare: further looked-up tokens each could verify; n_rows: the
+    step's other rows (one per generating sequence, plus prefill). One row past a tile is
+    dropped (it costs a whole step); with grow, a step one row short is filled with any
+    sequence's lookup token (free), and one two rows short with an armed sequence's (they
+    cost about one step, and an armed lookup mostly holds). Short of drafts to drop or add,
+    the rows are left as they are."""
+    got = list(got)
+    short = -(n_rows + sum(got)) % tile
+    if short == 0:
+        return got
+    if grow and short <= 2:
+        able = [i for i, s in enumerate(spare) if s > 0 and (armed[i] or short == 1)]
+        if sum(spare[i] for i in able) >= short:
+            while short:
+                for i in able:
+                    if short and spare[i] > 0:
+                        got[i] += 1
+                        spare[i] -= 1
+                        short -= 1
+            return got
+    over = (tile - short) % tile  # rows past the last whole tile
+    while over and any(got):
+        got[max(range(len(got)), key=got.__getitem__)] -= 1  # from the longest draft
+        over -= 1
+    return got
 
 
 def allocate(wants: list[int], budget: int) -> list[int]:

@@ -8,7 +8,17 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from appliance.spec import DraftState, NgramIndex, Row, accept_greedy, accept_sampled, allocate, sparse_row, step_budget
+from appliance.spec import (
+    DraftState,
+    NgramIndex,
+    Row,
+    accept_greedy,
+    accept_sampled,
+    allocate,
+    fit_tile,
+    sparse_row,
+    step_budget,
+)
 
 # -- n-gram lookup ---------------------------------------------------------------------------
 
@@ -125,6 +135,45 @@ def test_an_edit_between_copied_runs_costs_two_tokens_of_drafting() -> None:
             st.record(n, n)
         st.record(st.want(), 0)  # ...then an edit the lookup could not know
         assert st.want() == 0
+
+
+def test_a_free_row_verifies_a_disarmed_guess_and_counts_towards_arming() -> None:
+    st = DraftState()
+    st.record_guess(True)
+    assert st.want() == 0 and st.streak == 1
+    st.record_guess(False)
+    assert st.streak == 0
+    st.record_guess(True)
+    st.record_guess(True)
+    assert st.want() == st.start  # armed, length untouched by the guesses
+
+
+def test_fit_tile_rounds_the_steps_rows_to_whole_tiles() -> None:
+    # One stream with a 4-token draft: 5 rows, one past a tile, is cut to 3 drafts.
+    assert fit_tile([4], [3], [True], 1) == [3]
+    # 16 drafts (17 rows) become 15; 8 (9 rows) become 7.
+    assert fit_tile([16], [3], [True], 1) == [15]
+    assert fit_tile([8], [3], [True], 1) == [7]
+    # Already whole: untouched.
+    assert fit_tile([3], [3], [True], 1) == [3]
+    assert fit_tile([0] * 8, [1] * 8, [False] * 8, 8) == [0] * 8
+    # One row short: any stream's looked-up guess fills it, armed or not.
+    assert fit_tile([0, 0, 0], [0, 1, 1], [False] * 3, 3) == [0, 1, 0]
+    # Two rows short: only an armed stream's lookup, which mostly holds, fills them.
+    assert fit_tile([0, 0], [1, 1], [False, False], 2) == [0, 0]
+    assert fit_tile([0, 0], [1, 3], [False, True], 2) == [0, 2]
+    assert fit_tile([2, 1], [3, 3], [True, True], 3) == [3, 2]  # 6 rows: two short, shared round-robin
+    # Not enough to grow: drop what is past the last tile instead, from the longest draft.
+    assert fit_tile([2, 1], [0, 0], [True, True], 3) == [0, 1]  # 6 rows: two past a tile
+    assert fit_tile([5, 0], [0, 0], [True, False], 2) == [2, 0]  # 7 rows: three past a tile
+    # A prefill step does not grow, and never drops rows that are not drafts.
+    assert fit_tile([1], [3], [True], 1 + 64, grow=False) == [0]
+    assert fit_tile([0, 0], [1, 1], [True, True], 5) == [0, 0]
+    for n_rows in range(1, 20):
+        for got in ([0], [3], [6, 1], [15, 0, 2]):
+            out = fit_tile(got, [4] * len(got), [True] * len(got), n_rows)
+            assert all(0 <= o <= g + 4 for o, g in zip(out, got))
+            assert (n_rows + sum(out)) % 4 == 0 or sum(out) == 0
 
 
 def test_step_budget_shrinks_to_zero_at_a_full_batch() -> None:

@@ -118,3 +118,18 @@ def test_speculation_off_for_penalised_requests() -> None:
         assert eng.snapshot.counters.draft_tokens == 0
         eng.stop()
     run(main())
+
+
+def test_draft_steps_fill_whole_tiles_of_rows() -> None:
+    # The CPU matmuls take rows four at a time and a row past a tile costs about a whole
+    # one-row step (spec.ROW_TILE): a lone stream drafts 3, 7 or 15 tokens, never 4, 8, 16.
+    async def main() -> None:
+        model = RuleModel()
+        eng = await engine(model, 16)
+        text, _ = await collect(eng.submit(PROMPT, SamplingParams(max_tokens=60, temperature=0.0), session="s"))
+        assert text == chain("a", 60)
+        drafted = [drafts for decode, prefill, _, drafts in eng.snapshot.step_log if drafts and not prefill]
+        assert drafted and all((1 + d) % 4 == 0 for d in drafted), drafted
+        assert max(drafted) == 15
+        eng.stop()
+    run(main())
