@@ -137,12 +137,12 @@ def fit_tile(got: list[int], spare: list[int], armed: list[bool], n_rows: int, g
     """Draft tokens per sequence after rounding the step's rows to a whole tile.
 
     got: drafts allocated; spare: further looked-up tokens each could verify; n_rows: the
-    step's other rows (one per generating sequence, plus prefill). One row past a tile is
-    dropped (it costs a whole step); with grow, a step one row short is filled with any
-    sequence's lookup token (free), and one two rows short with an armed sequence's (they
-    cost about one step, and an armed lookup mostly holds). Short of drafts to drop or add,
-    the rows are left as they are."""
-    got = list(got)
+    step's other rows (one per generating sequence, plus prefill). With grow, a step one row
+    short of a tile takes any sequence's lookup token (nearly free), and one two rows short
+    an armed sequence's two (about one step's cost, and an armed lookup mostly holds).
+    Otherwise the draft rows past the last whole tile are dropped, from the longest drafts
+    (each costs about a whole step). Rows that are not drafts are never dropped."""
+    got, spare = list(got), list(spare)
     short = -(n_rows + sum(got)) % tile
     if short == 0:
         return got

@@ -3,10 +3,12 @@ context), with logits for every row (as drafts need) or the last only. The specu
 budget in appliance/spec.py comes from these numbers.
 
     .venv/bin/python scripts/measure-rows.py
+    ALL=1 ROWS="$(seq -s ' ' 1 20)" .venv/bin/python scripts/measure-rows.py   every count, all logits
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -24,8 +26,8 @@ def main() -> None:
     m = LLM(MODEL, spec)
     toks = m.tokenizer.tokenize("hello world " * 150)[:300]
     m.decode(toks, list(range(300)), [0] * 300, [False] * 299 + [True])
-    for rows in tuple(int(x) for x in __import__("os").environ.get("ROWS", "1 2 4 8 16").split()):
-        for all_logits in ((True,) if __import__("os").environ.get("ALL") else (True, False)):
+    for rows in (int(x) for x in os.environ.get("ROWS", "1 2 4 8 16").split()):
+        for all_logits in ((True,) if os.environ.get("ALL") else (True, False)):
             times = []
             for _ in range(6):
                 t0 = time.perf_counter()
