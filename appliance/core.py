@@ -296,10 +296,7 @@ class EngineCore:
             rows = [sparse_row(logits[i], p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
             out = accept_sampled(draft, rows, t.drafts.rng)
         n_ok = len(out) - 1
-        if t.drafts.state.armed:
-            t.drafts.state.record(k, n_ok)
-        else:  # a free row verified the guess of a disarmed turn
-            t.drafts.state.record_guess(n_ok == k)
+        t.drafts.state.record(k, n_ok)
         self.stats.draft_tokens += k
         self.stats.draft_accepted += n_ok
         t.n_cached += n_ok

@@ -86,28 +86,27 @@ class DraftState:
         return self.length if self.armed else 0
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
-        """The outcome of a verified draft."""
+        """The outcome of a verified draft. A disarmed turn drafts only a free row that
+        rounds a step up to a whole tile (fit_tile): its one guess counts towards arming."""
         self.guess = -1
-        if n_accepted == n_drafted:  # all right: try longer
+        if not self.armed:
+            self._guessed(n_accepted == n_drafted)
+        elif n_accepted == n_drafted:  # all right: try longer
             self.length = min(self.max_len, self.length * 2)
         elif n_accepted > 0:  # diverged: aim one past what held
             self.length = max(self.min_len, n_accepted + 1)
         else:  # nothing held: back to watching the guesses
             self.armed, self.streak, self.length = False, 0, self.start
 
-    def record_guess(self, right: bool) -> None:
-        """A disarmed turn's lookup guess was verified as a draft row (a free row that
-        rounded the step up to a whole tile): it counts towards arming like `observe`."""
-        self.guess = -1
-        self.streak = self.streak + 1 if right else 0
-        self.armed = self.streak >= self.arm_after
-
     def observe(self, token: int) -> None:
         """A step without drafts picked `token`: was it the lookup's guess?"""
         if self.guess >= 0:
-            self.streak = self.streak + 1 if token == self.guess else 0
-            self.armed = self.streak >= self.arm_after
+            self._guessed(token == self.guess)
         self.guess = -1
+
+    def _guessed(self, right: bool) -> None:
+        self.streak = self.streak + 1 if right else 0
+        self.armed = self.streak >= self.arm_after
 
 
 def step_budget(n_decode: int, budget_tokens: int = 16) -> int:

@@ -139,12 +139,12 @@ def test_an_edit_between_copied_runs_costs_two_tokens_of_drafting() -> None:
 
 def test_a_free_row_verifies_a_disarmed_guess_and_counts_towards_arming() -> None:
     st = DraftState()
-    st.record_guess(True)
+    st.record(1, 1)
     assert st.want() == 0 and st.streak == 1
-    st.record_guess(False)
+    st.record(1, 0)
     assert st.streak == 0
-    st.record_guess(True)
-    st.record_guess(True)
+    st.record(1, 1)
+    st.record(1, 1)
     assert st.want() == st.start  # armed, length untouched by the guesses
 
 
