@@ -662,6 +662,27 @@ def test_listening_pid_finds_this_process_and_rss_reads_it(fast: FakeServer) -> 
         assert bench.listening_pid(s.getsockname()[1]) is None
 
 
+def test_listening_pid_survives_an_fd_closing_mid_scan(fast: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A busy server opens and closes sockets while we scan its fds: one vanishing between the
+    # listing and its readlink must not hide the process (CI once saw None here).
+    import os
+
+    from appliance.bench import rss
+    real = os.readlink
+    port = int(fast.url.rsplit(":", 1)[1])
+    failed: list[str] = []
+
+    def flaky(path: str | os.PathLike[str]) -> str:
+        if str(path).startswith(f"/proc/{os.getpid()}/fd/") and not failed:
+            failed.append(str(path))
+            raise FileNotFoundError(path)
+        return real(path)
+
+    monkeypatch.setattr(rss.os, "readlink", flaky)
+    assert rss.listening_pid(port) == os.getpid()
+    assert failed  # the vanishing fd really was one of ours
+
+
 def test_several_compares_by_label(
     fast: FakeServer, slow: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,10 +30,15 @@ def listening_pid(port: int) -> int | None:
     pids = sorted(int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
     for pid in pids:
         try:
-            if any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir()):
-                return pid
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
         except OSError:
             continue  # gone, or not ours to look at
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    return pid
+            except OSError:
+                continue  # this fd closed since the listing; the process's other fds still count
     return None
 
 
