@@ -347,7 +347,14 @@ class EngineCore:
         if not t.first_token_at:
             t.first_token_at = now
         t.last_emit_at = now
-        self.events.append((t.sink, Delta(text, t.logprobs)))
+        last = self.events[-1] if self.events else None
+        if last is not None and last[0] is t.sink and isinstance(last[1], Delta):
+            # Tokens of one step (accepted drafts) go out as one chunk: one SSE event for
+            # the HTTP side to write, not one per token, on a core llama.cpp wants back.
+            last[1].text += text
+            last[1].logprobs.extend(t.logprobs)
+        else:
+            self.events.append((t.sink, Delta(text, t.logprobs)))
         t.logprobs = []
 
     # -- finishing -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from appliance.engine import Engine, EngineState
 from appliance.kvstore import CachePolicy
 from appliance.sampling import SamplingParams
 from appliance.scheduler import Limits
-from appliance.turn import Done
+from appliance.turn import Delta, Done
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -131,5 +131,25 @@ def test_draft_steps_fill_whole_tiles_of_rows() -> None:
         drafted = [drafts for decode, prefill, _, drafts in eng.snapshot.step_log if drafts and not prefill]
         assert drafted and all((1 + d) % 4 == 0 for d in drafted), drafted
         assert max(drafted) == 15
+        eng.stop()
+    run(main())
+
+
+def test_a_steps_accepted_drafts_reach_the_stream_as_one_delta() -> None:
+    # One SSE event per step, not per token: the event loop wakes once for a verified run.
+    async def main() -> None:
+        model = RuleModel()
+        eng = await engine(model, 16)
+        deltas: list[str] = []
+        async for ev in eng.submit(PROMPT, SamplingParams(max_tokens=60, temperature=0.0), session="s").events():
+            if isinstance(ev, Delta):
+                deltas.append(ev.text)
+        c = eng.snapshot.counters
+        assert "".join(deltas) == chain("a", 60)
+        assert c.draft_accepted > 20
+        # No more deltas than decode steps (the prompt's step emits the first token).
+        decode_steps = sum(1 for decode, *_ in eng.snapshot.step_log if decode)
+        assert len(deltas) <= decode_steps + 1 < 60 - 20, (len(deltas), decode_steps)
+        assert any(len(d) > 1 for d in deltas)
         eng.stop()
     run(main())
