@@ -24,8 +24,11 @@ wait_ok() {  # PORT [PATH]: until the server on 127.0.0.1:PORT answers PATH (def
 # shellcheck disable=SC2154
 start_peer() {  # PORT LOG [llama-server flags]: llama-server on $model in the background
   local port=$1 log=$2; shift 2
-  # --no-repack: this VM advertises Intel AMX that its kernel does not enable (docs/BENCHMARKS.md).
-  "$peer_script" "$model" -c 16384 --no-repack --port "$port" "$@" >"$log" 2>&1 &
+  # Weight repacking as the appliance's repack = "auto" does it: off only where the CPU
+  # advertises Intel AMX, which some VMs' kernels do not enable (docs/BENCHMARKS.md, "AMX").
+  local repack=()
+  grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && repack=(--no-repack)
+  "$peer_script" "$model" -c 16384 "${repack[@]}" --port "$port" "$@" >"$log" 2>&1 &
   pids+=($!)
 }
 
