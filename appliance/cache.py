@@ -289,6 +289,11 @@ class SessionCache:
         else:
             del self.entries[e.session]
 
+    def unpark(self, e: Entry) -> None:
+        """A restore has e's parked state in hand: e stops counting against the parking
+        budget, so fitting the budget while room is made for it cannot drop it."""
+        e.parked = None
+
     def restored(self, e: Entry, seq_id: int) -> None:
         e.parked, e.disk, e.seq_id = None, None, seq_id
 

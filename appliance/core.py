@@ -112,6 +112,12 @@ class EngineCore:
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
 
+    @property
+    def ctx_cap(self) -> int:
+        """Most tokens one turn may hold: its context limit, or the cells the public
+        prefixes leave (kv_tokens may equal ctx_per_slot), whichever is less."""
+        return min(self.limits.ctx_limit, self.limits.kv_tokens - self.sched.pinned)
+
     # -- start-up ------------------------------------------------------------------------
     def warm_up(self) -> None:
         # The first decode allocates compute buffers and starts the thread pool; do it
@@ -132,6 +138,7 @@ class EngineCore:
             self.model.decode(chunk, list(range(start, start + len(chunk))), [sid] * len(chunk),
                               [False] * len(chunk))
         self.kv.add_public(sid, tokens)
+        self.sched.pinned += len(tokens)  # cells no reservation may count on
 
     # -- commands ------------------------------------------------------------------------
     def handle(self, cmd: Command) -> None:
@@ -175,7 +182,6 @@ class EngineCore:
         if not admitted:
             return
         self.inbox.dequeued(len(admitted))
-        self.kv.make_room()  # room first (their reservations now count), so a restore finds free cells
         for turn in admitted:
             if self.metrics:
                 self.metrics.queue_wait.observe(turn.admitted_at - turn.arrival)
@@ -192,6 +198,10 @@ class EngineCore:
                     and turn.params.logprobs is None:
                 turn.drafts = TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(turn.params.seed))
             self.stats.prompt_tokens_received += turn.n_prompt
+        # Room for the new reservations only now: a conversation a turn continues is its
+        # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
+        # A restore that finds no free cells makes its own room (kvstore._set_state).
+        self.kv.make_room()
 
     # -- the step's phases ---------------------------------------------------------------
     def _build(self, step: Step) -> Batch:
@@ -209,13 +219,15 @@ class EngineCore:
         rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
         if not self.spec_budget:
             return [[] for _ in decode]
-        budget = step_budget(len(decode), self.spec_budget)
+        n_rows = len(decode) + n_prefill
+        # Never past batch_tokens (llama.cpp's n_batch): the prefill was planned without drafts.
+        budget = min(step_budget(len(decode), self.spec_budget), self.limits.batch_tokens - n_rows)
         found: list[list[int]] = []
         wants: list[int] = []
         for t in decode:
             d = t.drafts
             # Never draft past max_tokens or the context: the KV reservation covers neither.
-            room = min(t.params.max_tokens - len(t.output), self.limits.ctx_limit - t.n_cached) - 2
+            room = min(t.params.max_tokens - len(t.output), self.ctx_cap - t.n_cached) - 2
             if d is None or room <= 0:
                 found.append([])
                 wants.append(0)
@@ -230,8 +242,8 @@ class EngineCore:
         armed = [t.drafts is not None and t.drafts.state.armed for t in decode]
         # Growing uses free rows only in steps without prefill: a prefill step's rows are
         # the prompt's, and its length is not the drafts' to round.
-        got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, len(decode) + n_prefill,
-                       grow=not n_prefill)
+        got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, n_rows,
+                       grow=not n_prefill, max_rows=self.limits.batch_tokens)
         return [f[:g] for f, g in zip(found, got)]
 
     def _decode(self, batch: Batch, step: Step) -> bool:
@@ -333,7 +345,9 @@ class EngineCore:
         if t.text.stopped:
             self._finish(t, "stop")
         elif (len(t.output) >= t.params.max_tokens
-              or t.n_cached + 1 >= self.limits.ctx_limit
+              # prompt + output, not n_cached: a verified run advances n_cached by all its
+              # accepted drafts before their tokens are taken one by one here.
+              or t.n_prompt + len(t.output) >= self.ctx_cap
               or now - t.arrival > self.request_timeout_s):
             self._finish(t, "length")
         return t.state is not State.FINISHED

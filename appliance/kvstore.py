@@ -16,7 +16,7 @@ from typing import Protocol
 from . import persist
 from .cache import SAVED, Entry, SessionCache, SessionTable, common_prefix
 from .cpu import Memory, trim_heap
-from .errors import KVCacheFull
+from .errors import EngineFailure, KVCacheFull
 from .scheduler import Scheduler
 from .turn import State, Turn
 
@@ -131,9 +131,12 @@ class KVStore:
             donor = None  # a running turn is computing more of this prompt: wait and copy that
         if donor is not None:
             donor.busy = True  # pinned: making room for our id must not evict the donor
-        turn.seq_id = self._alloc_id()
+        try:
+            turn.seq_id = self._alloc_id()
+        finally:
+            if donor is not None:
+                donor.busy = False
         if donor is not None:
-            donor.busy = False
             self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
             self.stats.shared_hits += 1
@@ -175,9 +178,18 @@ class KVStore:
         if data is None or not worth:
             self._forget(e)
             return False
-        sid = self._alloc_id()
-        if not self._set_state(sid, data):
+        # Claim the state first: parking another session to free an id for it must not shed
+        # this one from the parking budget (it is usually the oldest parked) mid-restore.
+        self.cache.unpark(e)
+        try:
+            turn.seq_id = sid = self._alloc_id()  # the turn's from here: freed with it on failure
+            ok = self._set_state(sid, data)
+        except Exception:
+            self._forget(e)  # its state is no longer anywhere
+            raise
+        if not ok:
             log.warning("session %s: could not restore parked state; recomputing", _digest(e.session))
+            turn.seq_id = -1
             self.cache.release_id(sid)
             self._forget(e)
             return False
@@ -185,7 +197,7 @@ class KVStore:
         self.cache.restored(e, sid)
         self.cache.take(e, turn.session)
         self.model.seq_rm(sid, n, -1)
-        turn.seq_id, turn.n_cached, turn.n_reused = sid, n, n
+        turn.n_cached, turn.n_reused = n, n
         self.stats.restored += 1
         return True
 
@@ -225,7 +237,10 @@ class KVStore:
         sid = self.cache.alloc_id()
         while sid is None:
             # More sequence ids than slots, so an idle session always exists here.
-            self._evict(self.cache.idle_lru()[0])
+            idle = self.cache.idle_lru()
+            if not idle:
+                raise EngineFailure("no free sequence id (every id is held by a running request)")
+            self._evict(idle[0])
             sid = self.cache.alloc_id()
         return sid
 
@@ -242,7 +257,7 @@ class KVStore:
         """Keep idle sessions + running reservations within the KV budget (LRU first), and
         idle sessions within idle_kv_tokens while parking can keep them."""
         idle = self.cache.idle_lru()
-        while idle and self.cache.cached_tokens + self.sched.reserved > self.kv_tokens:
+        while idle and self.cache.cached_tokens + self.sched.reserved + self.sched.pinned > self.kv_tokens:
             self._evict(idle.pop(0))
         self._park_idle(idle)
         return bool(idle)

@@ -53,6 +53,7 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.running: list[Turn] = []
         self.reserved = 0  # sum of kv_reserve over running sequences
+        self.pinned = 0  # cells held by public prefixes for good: no reservation may count on them
         self._admissions = 0  # turns admitted so far
         self._last_admitted: dict[str, int] = {}  # client -> its latest admission's number
 
@@ -135,7 +136,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.limits.slots:
             turn = self.waiting[0]
             need = turn.kv_reserve(self.limits.ctx_limit)
-            if self.running and self.reserved + need > self.limits.kv_tokens:
+            if self.running and self.reserved + self.pinned + need > self.limits.kv_tokens:
                 break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
             turn.state = State.PREFILL

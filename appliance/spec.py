@@ -132,7 +132,7 @@ ROW_TILE = 4
 
 
 def fit_tile(got: list[int], spare: list[int], armed: list[bool], n_rows: int, grow: bool = True,
-             tile: int = ROW_TILE) -> list[int]:
+             tile: int = ROW_TILE, max_rows: int | None = None) -> list[int]:
     """Draft tokens per sequence after rounding the step's rows to a whole tile.
 
     got: drafts allocated; spare: further looked-up tokens each could verify; n_rows: the
@@ -140,11 +140,14 @@ def fit_tile(got: list[int], spare: list[int], armed: list[bool], n_rows: int, g
     short of a tile takes any sequence's lookup token (nearly free), and one two rows short
     an armed sequence's two (about one step's cost, and an armed lookup mostly holds).
     Otherwise the draft rows past the last whole tile are dropped, from the longest drafts
-    (each costs about a whole step). Rows that are not drafts are never dropped."""
+    (each costs about a whole step). Rows that are not drafts are never dropped. Growing
+    never takes the step past max_rows (llama.cpp's n_batch)."""
     got, spare = list(got), list(spare)
     short = -(n_rows + sum(got)) % tile
     if short == 0:
         return got
+    if max_rows is not None and n_rows + sum(got) + short > max_rows:
+        grow = False
     if grow and short <= 2:
         able = [i for i, s in enumerate(spare) if s > 0 and (armed[i] or short == 1)]
         if sum(spare[i] for i in able) >= short:

@@ -169,6 +169,9 @@ def test_fit_tile_rounds_the_steps_rows_to_whole_tiles() -> None:
     # A prefill step does not grow, and never drops rows that are not drafts.
     assert fit_tile([1], [3], [True], 1 + 64, grow=False) == [0]
     assert fit_tile([0, 0], [1, 1], [True, True], 5) == [0, 0]
+    # Growing never takes the step past max_rows (llama.cpp's n_batch): drop instead.
+    assert fit_tile([2, 1], [3, 3], [True, True], 3, max_rows=6) == [0, 1]
+    assert fit_tile([2, 1], [3, 3], [True, True], 3, max_rows=8) == [3, 2]
     for n_rows in range(1, 20):
         for got in ([0], [3], [6, 1], [15, 0, 2]):
             out = fit_tile(got, [4] * len(got), [True] * len(got), n_rows)
