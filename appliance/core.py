@@ -40,7 +40,7 @@ class Model(Protocol):
     fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
 
     def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
-    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int]: ...
+    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int | Exception]: ...
     def greedy_rows(self, first: int, n: int) -> list[int]: ...
     def logits_rows(self, first: int, n: int) -> np.ndarray: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
@@ -188,20 +188,26 @@ class EngineCore:
             try:
                 self.kv.attach(turn)
                 turn.sampler = self.model.new_sampler(turn.params)
+                turn.text = TextStream(turn.params.stop)
+                turn.drafts = self._new_drafts(turn)
             except Exception as e:  # noqa: BLE001 - fail this request, keep serving
                 log.exception("could not start request %d", turn.rid)
                 self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
                 continue
-            turn.text = TextStream(turn.params.stop)
-            # Penalties, a grammar or logprobs would have to see each draft: such turns get none.
-            if self.spec_budget and not turn.params.has_penalties and turn.params.grammar is None \
-                    and turn.params.logprobs is None:
-                turn.drafts = TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(turn.params.seed))
             self.stats.prompt_tokens_received += turn.n_prompt
         # Room for the new reservations only now: a conversation a turn continues is its
         # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
         # A restore that finds no free cells makes its own room (kvstore._set_state).
         self.kv.make_room()
+
+    def _new_drafts(self, turn: Turn) -> TurnDrafts | None:
+        p = turn.params
+        # Penalties, a grammar or logprobs would have to see each draft: such turns get none.
+        if not self.spec_budget or p.has_penalties or p.grammar is not None or p.logprobs is not None:
+            return None
+        # Any integer is a seed, as for llama.cpp's chain (which masks it too); numpy wants >= 0.
+        seed = None if p.seed is None else p.seed & 0xFFFFFFFF
+        return TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(seed))
 
     # -- the step's phases ---------------------------------------------------------------
     def _build(self, step: Step) -> Batch:
@@ -289,12 +295,24 @@ class EngineCore:
         plain = [(t, row) for t, row, d in batch.picks if not d]
         sampled = self.model.sample_all([(t.sampler, row) for t, row in plain])
         for (t, row), token in zip(plain, sampled):
+            if isinstance(token, Exception):  # what this turn's own parameters made fail
+                self._sampling_failed(t, token)
+                continue
             if t.drafts is not None and t.state is State.DECODE:
                 t.drafts.state.observe(token)  # the lookup's guess, right or wrong
             self._accept(t, token, now, self._logprob(row, token, t.params.logprobs))
         for t, row, d in batch.picks:
             if d:
-                self._verify(t, row, d, now)
+                try:
+                    self._verify(t, row, d, now)
+                except Exception as e:  # noqa: BLE001 - this turn's numerics, not the engine's
+                    self._sampling_failed(t, e)
+
+    def _sampling_failed(self, t: Turn, e: Exception) -> None:
+        """What one turn's own parameters make fail (a grammar that allows no token here,
+        the numerics of an odd temperature) ends that turn with an error, not the engine."""
+        log.error("request %d: sampling failed: %s", t.rid, e)
+        self._finish(t, "error", e if isinstance(e, ApplianceError) else EngineFailure(f"sampling failed: {e}"))
 
     def _verify(self, t: Turn, row: int, draft: list[int], now: float) -> None:
         """Keep the drafts the model agrees with plus one token of its own; the rejected

@@ -17,7 +17,7 @@ from typing import Any
 
 from .cache import SAVED, session_key
 from .core import EngineCore, Events, Model
-from .errors import ApplianceError, EngineFailure, Unavailable
+from .errors import ApplianceError, BadRequest, EngineFailure, Unavailable
 from .faults import Fault, inject
 from .inbox import Cancel, DeleteSession, Inbox
 from .kvstore import CachePolicy
@@ -194,6 +194,18 @@ class Engine:
         self._check_accepting()
         assert self._tokenize is not None
         return await asyncio.to_thread(self._tokenize, text, special)
+
+    async def check_grammar(self, grammar: str | None) -> None:
+        """A 400 now for a grammar llama.cpp refuses (a repetition past its limit, such as a
+        schema's maxLength 2000), rather than a failed start in the engine thread. Off the
+        event loop: parsing takes milliseconds per 10 KiB of grammar."""
+        if grammar is None:
+            return
+        self._check_accepting()
+        parses = getattr(self._tokenizer, "grammar_parses", None)
+        if parses is not None and not await asyncio.to_thread(parses, grammar):
+            raise BadRequest("llama.cpp's grammar engine refuses the required format (most often a maxLength, "
+                             "maxItems or repetition count above about 1,000)", code="grammar_refused")
 
     def detokenize(self, tokens: list[int]) -> str:
         self._check_accepting()

@@ -38,6 +38,15 @@ class ContextLengthExceeded(BadRequest):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
+class GrammarDeadEnd(BadRequest):
+    """The answer's grammar allows no token here: a schema that can never be completed.
+    Accepting one anyway would throw inside llama.cpp and abort the whole process."""
+
+    def __init__(self) -> None:
+        super().__init__("the required format allows no further token: can the schema ever be completed?",
+                         code="grammar_dead_end")
+
+
 class PayloadTooLarge(ApplianceError):
     status = 413
     type = "invalid_request_error"

@@ -16,7 +16,7 @@ from typing import Any
 import llama_cpp as C
 import numpy as np
 
-from .errors import KVCacheFull
+from .errors import GrammarDeadEnd, KVCacheFull
 from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,8 @@ class Sampler:
         data["id"], data["logit"], data["p"] = np.arange(n, dtype=np.int32), logits, 0.0
         cur = _candidates(data)
         C.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+        if not np.isfinite(data["logit"]).any():
+            raise GrammarDeadEnd()
         C.llama_sampler_apply(self._chain, ctypes.byref(cur))
         return int(data["id"][cur.selected])
 
@@ -290,11 +292,13 @@ class LLM:
         if rc != 0:
             raise LLMError(f"llama_decode returned {rc}")
 
-    def sample_all(self, picks: Seq[tuple[Sampler, int]]) -> list[int]:
+    def sample_all(self, picks: Seq[tuple[Sampler, int]]) -> list[int | Exception]:
         """Sample (sampler, batch row) pairs of the last decode. Plain greedy rows share one
-        numpy argmax over the logits matrix; the rest run their own sampler chains."""
+        numpy argmax over the logits matrix; the rest run their own sampler chains. A pick
+        whose own sampler refuses (its grammar allows no token) gets the exception instead of
+        a token: the others are sampled once each all the same."""
         greedy = [k for k, (smp, _) in enumerate(picks) if smp.plain_greedy]
-        out = [0] * len(picks)
+        out: list[int | Exception] = [0] * len(picks)
         if greedy:
             n_out = len(self._out_index)
             allrows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(n_out, self.tokenizer.n_vocab))
@@ -303,7 +307,10 @@ class LLM:
                 out[k] = tok
         for k, (smp, row) in enumerate(picks):
             if not smp.plain_greedy:
-                out[k] = self.sample(smp, row)
+                try:
+                    out[k] = self.sample(smp, row)
+                except GrammarDeadEnd as e:
+                    out[k] = e
         return out
 
     def _rows(self, first: int, n: int) -> np.ndarray:

@@ -338,6 +338,7 @@ async def chat(app: App, request: Request) -> Response:
             _ready(app.engine)
             return JSONResponse({**chat_part(common.model, "", True), "done_reason": "unload" if common.unload else "load"})
         prompt = await app.engine.prepare(req.messages, common.params.max_tokens, req.tools)
+        await app.engine.check_grammar(common.params.grammar)
     timing = Timing()
     handle = submit(app, caller, prompt, common.params)
     if common.stream:
@@ -381,6 +382,7 @@ async def generate(app: App, request: Request) -> Response:
             part = generate_part(req.common.model, "", True)
             return JSONResponse({**part, "done_reason": "unload" if req.common.unload else "load"})
         tokens, with_context = await generate_prompt(app.engine, req)
+        await app.engine.check_grammar(req.common.params.grammar)
     timing = Timing()
     handle = submit(app, caller, tokens, req.common.params)
     model = req.common.model

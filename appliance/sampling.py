@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Below this a temperature samples as greedy, the limit it tends to: logits divided by a
+# subnormal temperature overflow float32 to inf, and inf - inf in the softmax is NaN.
+MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -23,7 +27,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < MIN_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:

@@ -148,6 +148,7 @@ class App:
                     self.refused(e.code)
                 raise
             prompt = await self.engine.prepare(req.messages, req.params.max_tokens, req.tools)
+            await self.engine.check_grammar(req.params.grammar)
         session = req.session_id or api.new_session_id()
         handles = self._submit_choices(req, prompt, caller, session)
         headers = {"X-Session-Id": session}

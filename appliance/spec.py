@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .sampling import MIN_TEMPERATURE
+
 Row = tuple[np.ndarray, np.ndarray]  # (token ids, probabilities summing to 1), most likely first
 
 # n = 1 matches common tokens ("the", ",") everywhere and proposes noise that costs verify
@@ -213,6 +215,8 @@ def accept_sampled(draft: list[int], rows: list[Row], rng: np.random.Generator) 
 
 
 def _sample(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    if not len(ids):
+        raise ValueError("no candidate token left to sample")
     cum = np.cumsum(probs)  # need not sum to 1: scaled by its total
     i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
     return int(ids[min(i, len(ids) - 1)])
@@ -224,7 +228,7 @@ def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: fl
     penalties): top_k, top_p, min_p on temperature-1 probabilities, then logits / temperature,
     softmax. temperature <= 0 is greedy: the first argmax with probability 1."""
     logits = np.asarray(logits, dtype=np.float64)
-    if temperature <= 0.0:
+    if temperature < MIN_TEMPERATURE:
         return np.array([int(np.argmax(logits))]), np.ones(1)
     ids = np.argsort(-logits, kind="stable")  # most likely first, ties by token id
     if top_k > 0:
@@ -236,7 +240,8 @@ def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: fl
     if min_p > 0.0:
         lg = logits[ids]
         ids = ids[lg >= lg[0] + np.log(min_p)]  # p >= min_p * p_max; keeps the top token
-    return ids, _softmax(logits[ids] / temperature)
+    lg = logits[ids]
+    return ids, _softmax((lg - lg[0]) / temperature)  # shifted first: never inf - inf
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ import pytest
 from fakes import FakeClock, FakeModel, RuleModel
 
 from appliance.core import EngineCore
+from appliance.errors import GrammarDeadEnd
 from appliance.inbox import Inbox
 from appliance.kvstore import CachePolicy
 from appliance.sampling import SamplingParams
@@ -211,3 +212,52 @@ def test_public_prefix_cells_are_never_promised_to_a_reservation(caplog: pytest.
     c.run()
     assert isinstance(rc.end, Done) and rc.end.finish_reason == "length"
     assert len(rc.text) == 300 - len(public) - 50
+
+
+def test_any_integer_seed_samples_with_drafts() -> None:
+    # A negative seed is a seed (llama.cpp's chain masks it); numpy's generator for the
+    # drafts' acceptance refused it outside the admission's error handling, and the engine
+    # loop crashed for everyone.
+    c = make(RuleModel(), spec_budget=16)
+    prompt = letters(ALPHA * 2 + "a")
+    for seed in (-1, -5, 2**70):
+        _, rec = c.submit(prompt, params=SamplingParams(max_tokens=30, temperature=1.0, seed=seed))
+        c.run()
+        assert isinstance(rec.end, Done) and len(rec.text) == 30, rec.end
+    assert c.core.stats.draft_accepted > 0
+
+
+def test_a_subnormal_temperature_samples_as_greedy_with_drafts() -> None:
+    # logits / 1e-310 overflow to inf; inf - inf in the softmax made NaN, the only candidate
+    # was rejected and sampling an empty row crashed the engine loop.
+    c = make(RuleModel(), spec_budget=16)
+    prompt = letters(ALPHA * 2 + "a")
+    _, rec = c.submit(prompt, params=SamplingParams(max_tokens=40, temperature=1e-310, top_k=1))
+    c.run()
+    assert isinstance(rec.end, Done) and rec.text == (ALPHA * 3)[1:41]
+    assert c.core.stats.draft_accepted > 0
+
+
+@dataclass
+class DeadEndModel(FakeModel):
+    """A fake whose grammar-bound samplers find no allowed token: LLM.sample_all returns
+    the refusal in that pick's place, as the real one does."""
+
+    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int | Exception]:
+        return [GrammarDeadEnd() if getattr(smp, "grammar", False) else self.sample(smp, row) for smp, row in picks]
+
+    def new_sampler(self, params: SamplingParams) -> Any:
+        smp = super().new_sampler(params)
+        smp.grammar = params.grammar is not None  # type: ignore[attr-defined]
+        return smp
+
+
+def test_a_grammar_with_no_way_on_fails_its_turn_only() -> None:
+    c = make(DeadEndModel(reply="hello"), slots=2, n_seq=3)
+    _, stuck = c.submit([1, 2, 3], params=SamplingParams(max_tokens=10, grammar='root ::= "a" [z-a]'), client="A")
+    _, other = c.submit([4, 5, 6], max_tokens=10, client="B")
+    c.run()
+    assert isinstance(stuck.end, Failed) and stuck.end.error.status == 400
+    assert "allows no further token" in stuck.end.error.message
+    assert isinstance(other.end, Done) and other.text == "hello"
+    assert not c.leaked_ids() and not c.core.sched.running

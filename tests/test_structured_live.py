@@ -99,6 +99,21 @@ def test_an_unenforceable_schema_is_a_400_naming_it(sdk: openai.OpenAI) -> None:
     assert "minimum" in str(e.value)
 
 
+def test_a_schema_llama_cpp_refuses_is_a_400_and_the_server_goes_on(server: Live, sdk: openai.OpenAI) -> None:
+    # maxLength 2000 becomes a repetition past llama.cpp's grammar limit: refused before it
+    # reaches the engine (it used to fail there: a 500, or an error event mid-stream).
+    schema = {"type": "object", "properties": {"bio": {"type": "string", "maxLength": 2000}}, "required": ["bio"]}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.chat.completions.create(model="any", messages=[{"role": "user", "content": "bio?"}], response_format=fmt)
+    assert "grammar" in str(e.value)
+    r = httpx.post(server.url + "/api/chat", json={"model": "any", "stream": False, "format": schema,
+                                                   "messages": [{"role": "user", "content": "bio?"}]}, timeout=60)
+    assert r.status_code == 400, r.text
+    ok = sdk.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+    assert ok.choices[0].message.content
+
+
 # -- tool calls ------------------------------------------------------------------------------------
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
