@@ -1,7 +1,8 @@
 """Tool calls in the model's answer: Qwen2.5 writes each as
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; these become OpenAI
 `tool_calls`, whole answers and streams alike. A block that is not valid JSON naming a
-function stays text: a client gets the model's words, never a 500.
+function with an object of arguments (strict JSON: no NaN or Infinity) stays text: a client
+gets the model's words, never a 500.
 """
 
 from __future__ import annotations
@@ -26,22 +27,56 @@ class ToolCall:
         return d if index is None else {"index": index, **d}
 
 
+# Nesting of a call's arguments; deeper is text. They are parsed again downstream (Ollama's
+# route, the client), and JSON nested near the recursion limit can parse here, fail there.
+MAX_DEPTH = 64
+
+
 def _call(block: str, names: frozenset[str]) -> ToolCall | None:
-    try:
-        obj = json.loads(block)
-    except ValueError:
+    """The call a block names, or None: it is then the model's text. Anything the model
+    writes lands here, so every way JSON can be odd is text, never an exception."""
+    obj = _json(block)
+    if not isinstance(obj, dict):
         return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
+    name = obj.get("name")
+    if not isinstance(name, str) or name not in names:  # a list or an object is no name
         return None
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models double-encode
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
+        args = _json(args)
+    if not isinstance(args, dict) or _depth(args) > MAX_DEPTH:
         return None
-    return ToolCall("call_" + secrets.token_hex(12), obj["name"], json.dumps(args, ensure_ascii=False))
+    try:
+        # Strict: NaN, Infinity (or 1e400, read as inf) are not JSON, so a client could not
+        # parse them back; such a block stays text.
+        text = json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return None
+    return ToolCall("call_" + secrets.token_hex(12), name, text)
+
+
+def _json(text: str) -> Any:
+    """The JSON value of `text`; None when it is not JSON or is nested past the recursion
+    limit (json.loads raises RecursionError, not ValueError, for that)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in `value` (a scalar is 0), without recursing."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is None:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        todo.extend((x, d + 1) for x in items)
+    return deepest
 
 
 class ToolCallParser:
