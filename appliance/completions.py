@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from .engine import Engine
 from .errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
 from .relay import Timing, collect, intake, relay, submit
 from .sampling import SamplingParams
-from .server import App, error_response
+from .server import App, error_response, guarded, sse_error
 from .turn import Delta, Done, Failed, TokenLogprob
 
 MAX_EXTRA = 64  # input_extra chunks in one /infill request
@@ -221,7 +221,7 @@ async def completions(app: App, request: Request) -> Response:
     handle = submit(app, caller, tokens, req.params)
     cid, created = new_id(), int(time.time())
     if req.stream:
-        return StreamingResponse(_stream(app, handle, timing, req, cid, created, echo),
+        return StreamingResponse(guarded(_stream(app, handle, timing, req, cid, created, echo), [handle]),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     result = await collect(app, request, handle, timing)
     if result is None:
@@ -235,7 +235,7 @@ async def completions(app: App, request: Request) -> Response:
 
 
 async def _stream(app: App, handle: Any, timing: Timing, req: CompletionRequest, cid: str, created: int,
-                  echo: str) -> AsyncIterator[bytes]:
+                  echo: str) -> AsyncGenerator[bytes, None]:
     model = app.model_id
     if echo:
         yield api.sse(completion_chunk(cid, created, model, echo))
@@ -253,7 +253,7 @@ async def _stream(app: App, handle: Any, timing: Timing, req: CompletionRequest,
                 yield api.sse(usage_chunk(cid, created, model, _usage(ev)))
             yield api.sse("[DONE]")
         else:  # the 200 is already sent: the error travels as one event, then the stream ends
-            yield api.sse(ev.error.body())
+            yield sse_error(ev.error)
 
 
 # -- llama-server's names --------------------------------------------------------------------
@@ -399,7 +399,7 @@ async def infill(app: App, request: Request) -> Response:
     handle = submit(app, caller, tokens, req.params)
     ctx = app.limits.ctx_limit
     if req.stream:
-        return StreamingResponse(_infill_stream(app, handle, timing, req, truncated),
+        return StreamingResponse(guarded(_infill_stream(app, handle, timing, req, truncated), [handle]),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     result = await collect(app, request, handle, timing)
     if result is None:
@@ -413,7 +413,8 @@ async def infill(app: App, request: Request) -> Response:
     return JSONResponse(pick_fields(infill_body(app.model_id, text, end, timing, truncated, ctx), req.fields))
 
 
-async def _infill_stream(app: App, handle: Any, timing: Timing, req: InfillRequest, truncated: bool) -> AsyncIterator[bytes]:
+async def _infill_stream(app: App, handle: Any, timing: Timing, req: InfillRequest,
+                         truncated: bool) -> AsyncGenerator[bytes, None]:
     n = 0
     async for ev in relay(app, handle, timing, notes=True):
         if isinstance(ev, int):
@@ -426,7 +427,7 @@ async def _infill_stream(app: App, handle: Any, timing: Timing, req: InfillReque
             body = infill_body(app.model_id, "", ev, timing, truncated, app.limits.ctx_limit)
             yield api.sse(pick_fields(body, req.fields))
         else:
-            yield api.sse(ev.error.body())
+            yield sse_error(ev.error)
 
 
 # -- /tokenize, /detokenize ----------------------------------------------------------------

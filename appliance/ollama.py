@@ -14,7 +14,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from .errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailab
 from .grammar import JSON_OBJECT, schema_grammar
 from .relay import Timing, collect, intake, relay, submit
 from .sampling import SamplingParams
-from .server import App
+from .server import App, guarded
 from .tools import CLOSE, OPEN, ToolCall, ToolCallParser, split_answer
 from .turn import Delta, Done, Failed, TokenLogprob
 
@@ -72,6 +72,11 @@ def ollama_errors(route: Route) -> Route:
 def line(obj: dict[str, Any]) -> bytes:
     """One NDJSON line; line separators inside strings escaped (some clients split on them)."""
     return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(api._SEPARATORS) + "\n").encode()
+
+
+def error_line(err: ApplianceError) -> bytes:
+    """The line that ends a stream which failed after its 200 (NDJSON has no other way)."""
+    return line({"error": err.message})
 
 
 def stamp(t: float | None = None) -> str:
@@ -342,7 +347,8 @@ async def chat(app: App, request: Request) -> Response:
     timing = Timing()
     handle = submit(app, caller, prompt, common.params)
     if common.stream:
-        return StreamingResponse(_chat_stream(app, handle, timing, req), media_type=NDJSON)
+        return StreamingResponse(guarded(_chat_stream(app, handle, timing, req), [handle], error_line),
+                                 media_type=NDJSON)
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
@@ -354,7 +360,7 @@ async def chat(app: App, request: Request) -> Response:
     return JSONResponse({**part, **stats(end, timing)})
 
 
-async def _chat_stream(app: App, handle: Any, timing: Timing, req: Chat) -> AsyncIterator[bytes]:
+async def _chat_stream(app: App, handle: Any, timing: Timing, req: Chat) -> AsyncGenerator[bytes, None]:
     model, params = req.common.model, req.common.params
     reply = StreamedReply(req.tool_names)
     async for ev in relay(app, handle, timing, notes=False):
@@ -370,7 +376,7 @@ async def _chat_stream(app: App, handle: Any, timing: Timing, req: Chat) -> Asyn
                 yield line(_with_logprobs(chat_part(model, text, calls=calls), params, deltas))
             yield line({**chat_part(model, "", True), **stats(ev, timing)})
         elif isinstance(ev, Failed):  # the 200 is sent: the error is the last line
-            yield line({"error": ev.error.message})
+            yield error_line(ev.error)
 
 
 @ollama_errors
@@ -387,8 +393,8 @@ async def generate(app: App, request: Request) -> Response:
     handle = submit(app, caller, tokens, req.common.params)
     model = req.common.model
     if req.common.stream:
-        return StreamingResponse(_generate_stream(app, handle, timing, req.common, tokens if with_context else None),
-                                 media_type=NDJSON)
+        stream = _generate_stream(app, handle, timing, req.common, tokens if with_context else None)
+        return StreamingResponse(guarded(stream, [handle], error_line), media_type=NDJSON)
     result = await collect(app, request, handle, timing)
     if result is None:
         return Response(status_code=499)
@@ -412,7 +418,7 @@ async def _context(engine: Engine, prompt: list[int], answer: str) -> list[int]:
 
 
 async def _generate_stream(app: App, handle: Any, timing: Timing, common: Common,
-                           prompt: list[int] | None) -> AsyncIterator[bytes]:
+                           prompt: list[int] | None) -> AsyncGenerator[bytes, None]:
     model = common.model
     parts: list[str] = []
     async for ev in relay(app, handle, timing, notes=False):
@@ -425,7 +431,7 @@ async def _generate_stream(app: App, handle: Any, timing: Timing, common: Common
                 body["context"] = await _context(app.engine, prompt, "".join(parts))
             yield line(body)
         elif isinstance(ev, Failed):
-            yield line({"error": ev.error.message})
+            yield error_line(ev.error)
 
 
 @ollama_errors

@@ -13,8 +13,8 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -160,7 +160,7 @@ class App:
         choices = [Choice(i, req.tool_names, req.params.logprobs is not None) for i in range(req.n)]
         if req.stream:
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return StreamingResponse(self._stream(handles, choices, req, cid, created, extra),
+            return StreamingResponse(guarded(self._stream(handles, choices, req, cid, created, extra), handles),
                                      media_type="text/event-stream", headers=headers)
         return await self._complete(request, handles, choices, cid, created, extra, headers)
 
@@ -184,7 +184,7 @@ class App:
         return handles
 
     async def _stream(self, handles: list[Handle], choices: list[Choice], req: api.ChatRequest, cid: str,
-                      created: int, extra: dict[str, Any]) -> AsyncIterator[bytes]:
+                      created: int, extra: dict[str, Any]) -> AsyncGenerator[bytes, None]:
         model = self.model_id
         events: asyncio.Queue[tuple[int, Delta | Done | Failed]] = asyncio.Queue()
 
@@ -207,7 +207,7 @@ class App:
                     continue
                 if isinstance(ev, Failed):
                     # The 200 is already sent: the error travels as one event, then we close.
-                    yield api.sse(ev.error.body())
+                    yield sse_error(ev.error)
                     return
                 if isinstance(ev, Delta):
                     started = started or time.monotonic()
@@ -317,6 +317,33 @@ def session_key(caller: Caller, session: str) -> str:
     """What the engine calls a session: a digest of the caller's key and the id, so another
     key's sessions are out of reach, and no raw id is held, logged or saved anywhere."""
     return hashlib.sha256(f"{caller.namespace}\0{session}".encode()).hexdigest()[:32]
+
+
+def sse_error(err: ApplianceError) -> bytes:
+    """The event that ends a stream which failed after its 200: OpenAI's error body."""
+    return api.sse(err.body())
+
+
+async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle],
+                  error_event: Callable[[ApplianceError], bytes] = sse_error) -> AsyncIterator[bytes]:
+    """A response stream that ends in exactly one error event whatever goes wrong while it
+    runs, as it does when the engine fails a request: the 200 is already sent, so the error
+    can only travel in the stream (a cut connection would tell the client nothing). The
+    requests are cancelled, so their slots are free at the next step."""
+    async with aclosing(chunks):  # closed now, not whenever the collector gets to it
+        try:
+            async for chunk in chunks:
+                yield chunk
+            return
+        except ApplianceError as e:
+            log.warning("a response stream ended early: %s", e.message)
+            err = e
+        except Exception:
+            log.exception("a response stream failed")
+            err = EngineFailure("internal error; see the server log")
+        for h in handles:
+            h.cancel()  # no-op after Done
+        yield error_event(err)
 
 
 async def disconnected(request: Request) -> None:
