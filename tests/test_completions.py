@@ -4,6 +4,7 @@ in /v1/models, with every refusal, in-process."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -12,12 +13,17 @@ import httpx
 import pytest
 from fakes import FakeModel, FakeTokenizer
 from starlette.testclient import TestClient
-from test_server import CTX, MODEL_ID, REPLY, error_of, events_of, is_idle, serving, user, wait_health
+from test_server import CTX, MODEL_ID, REPLY, error_of, events_of, is_idle, is_ready, serving, user, wait_health
 
 from appliance import sse
-from appliance.completions import fim_prompt, parse_completion_request, parse_prompt
+from appliance.completions import MAX_TOKENS, fim_prompt, parse_completion_request, parse_prompt
+from appliance.engine import Engine
 from appliance.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
+from appliance.kvstore import CachePolicy
+from appliance.limits import ParseGate
 from appliance.openai_api import ServerLimits
+from appliance.scheduler import Limits
+from appliance.server import App, create_app
 
 PRE, SUF, MID = 0xE000, 0xE001, 0xE002  # the fake's fill-in-the-middle tokens
 CONTROL, CTL = "<|ctl|>", 0xE010  # a control token's text, and its id when parsed
@@ -296,6 +302,56 @@ def test_tokenize_and_detokenize_in_llama_servers_shapes(fim: tuple[TestClient, 
     assert error_of(client.post("/detokenize", json={"tokens": [1, 0x110000]}), 400)["param"] == "tokens"
     assert error_of(client.post("/detokenize", json={"tokens": "abc"}), 400)["param"] == "tokens"
     assert error_of(client.post("/tokenize", json={"content": 5}), 400)["param"] == "content"
+
+
+class PieceTokenizer(FakeTokenizer):
+    """Notes, for every detokenize call, whether it ran on the event loop's thread and how
+    many requests held the parse gate meanwhile."""
+
+    def __init__(self) -> None:
+        self.gate: ParseGate | None = None
+        self.seen: list[tuple[bool, int]] = []
+
+    def detokenize(self, tokens: list[int]) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:  # a worker thread
+            on_loop = False
+        assert self.gate is not None
+        self.seen.append((on_loop, self.gate.busy))
+        return super().detokenize(tokens)
+
+
+def test_pieces_and_text_are_made_off_the_event_loop_under_the_parse_gate() -> None:
+    # 1.6M tokens' pieces took 5 s: on the event loop (every stream stands still) and after the
+    # gate was given back (nothing bounded how many ran at once).
+    tok = PieceTokenizer()
+    limits = Limits(slots=1, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0, max_queue=8,
+                    queue_timeout_s=30.0)
+    app = App(Engine(lambda: FakeModel(reply=REPLY, tokenizer=tok), limits, CachePolicy(n_seq=3)), MODEL_ID,
+              ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX))
+    tok.gate = app.gate
+    with TestClient(create_app(app), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
+        wait_health(client.get, is_ready)
+        tok.seen.clear()
+        r = client.post("/tokenize", json={"content": "hé", "with_pieces": True})
+        assert r.json() == {"tokens": [{"id": 104, "piece": "h"}, {"id": 233, "piece": "é"}]}
+        assert client.post("/detokenize", json={"tokens": [104, 233]}).json() == {"content": "hé"}
+        assert tok.seen == [(False, 1)] * 3
+        assert app.gate.busy == 0
+
+
+def test_a_request_carries_at_most_max_tokens(client: TestClient) -> None:
+    # The fake's tokens are characters; this server's context (512) is below the cap.
+    at, over = "a" * MAX_TOKENS, "a" * (MAX_TOKENS + 1)
+    assert len(client.post("/tokenize", json={"content": at, "with_pieces": True}).json()["tokens"]) == MAX_TOKENS
+    assert client.post("/detokenize", json={"tokens": [97] * MAX_TOKENS}).json() == {"content": at}
+    for r, param in ((client.post("/tokenize", json={"content": over}), "content"),
+                     (client.post("/tokenize", json={"content": over, "with_pieces": True}), "content"),
+                     (client.post("/detokenize", json={"tokens": [97] * (MAX_TOKENS + 1)}), "tokens")):
+        err = error_of(r, 413)
+        assert (err["param"], err["code"]) == (param, "too_many_tokens") and str(MAX_TOKENS) in err["message"]
 
 
 def test_models_report_the_context(client: TestClient) -> None:
