@@ -289,14 +289,19 @@ LLAMA_UNSUPPORTED = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "dr
                      "json_schema": None, "logit_bias": [], "n_cmpl": 1, "lora": []}
 
 
-def _n_predict(data: dict[str, Any], limits: api.ServerLimits) -> dict[str, Any]:
-    """n_predict (or max_tokens): -1 = as many as allowed; 0 = only compute the prompt into
-    the cache (one token is generated and dropped)."""
+def _n_predict(data: dict[str, Any], limits: api.ServerLimits) -> tuple[dict[str, Any], bool]:
+    """The fields with llama-server's answer length mapped onto ours, and whether the request
+    only warms the cache. n_predict, or max_tokens when it is absent (as llama-server reads
+    its alias: given both, max_tokens is ignored): -1 = as many as allowed; 0 = only compute
+    the prompt into the cache (one token is generated and dropped, whatever max_tokens says)."""
     key = "n_predict" if data.get("n_predict") is not None else "max_tokens"
-    n = data.get(key)
+    n = api._integer(data, key)  # a bool or a float is a 400 naming the field, not 0 or -1
+    rest = {k: v for k, v in data.items() if k not in ("n_predict", "max_tokens")}
+    if n is None:
+        return rest, False
     if n == -1:
         n = limits.max_tokens_limit
-    return {**data, key: 1 if n == 0 else n}
+    return {**rest, key: 1 if n == 0 else n}, n == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +341,10 @@ def parse_infill_request(data: dict[str, Any], limits: api.ServerLimits) -> Infi
     fields = data.get("response_fields") or []
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
-    params = sampling_as(_n_predict(data, limits), limits, {"n_predict": "max_tokens"})
+    sampling, warm_only = _n_predict(data, limits)
+    params = sampling_as(sampling, limits, {"n_predict": "max_tokens"})
     return InfillRequest(texts["input_prefix"], texts["input_suffix"], extra, texts["prompt"], params,
-                         api._bool(data, "stream"), data.get("n_predict", data.get("max_tokens")) == 0, fields)
+                         api._bool(data, "stream"), warm_only, fields)
 
 
 async def infill_prompt(engine: Engine, req: InfillRequest) -> tuple[list[int], bool]:

@@ -109,7 +109,10 @@ def parse_options(raw: Any, limits: api.ServerLimits) -> SamplingParams:
         raise BadRequest("'options' must be an object", param="options")
     refuse_changed(raw, UNSUPPORTED_OPTIONS, "options.")
     opts = {k: v for k, v in raw.items() if k in OPTIONS}
-    if opts.get("num_predict") in (-2, -1, 0):  # -1 and 0: no limit; -2: fill the context
+    n = opts.get("num_predict")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):  # false == 0, -1.0 == -1
+        raise BadRequest("'options.num_predict' must be an integer", param="options.num_predict")
+    if n in (-2, -1, 0):  # -1 and 0: no limit; -2: fill the context
         opts["num_predict"] = limits.max_tokens_limit
     return sampling_as(opts, limits, {k: v for k, v in OPTIONS.items() if k != v}, "options.")
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fakes import FakeModel, FakeTokenizer
 from starlette.testclient import TestClient
-from test_server import CTX, MODEL_ID, REPLY, error_of, events_of, is_idle, is_ready, serving, user, wait_health
+from test_server import CTX, MODEL_ID, REPLY, dicts, error_of, events_of, is_idle, is_ready, serving, user, wait_health
 
 from appliance import sse
 from appliance.completions import MAX_TOKENS, fim_prompt, parse_completion_request, parse_prompt
@@ -270,11 +270,34 @@ def test_infill_response_fields_warm_up_and_stream(fim: tuple[TestClient, FakeMo
     assert isinstance(final, dict) and final["stop"] is True and final["content"] == ""
 
 
+def test_n_predict_wins_over_max_tokens_and_0_only_warms_the_cache(fim: tuple[TestClient, FakeModel]) -> None:
+    client, model = fim
+    # As llama-server reads them: max_tokens is n_predict's alias, ignored when n_predict is given.
+    assert infill(client, 8, input_prefix="a", input_suffix="b", n_predict=2, max_tokens=20).json()["content"] == REPLY[:2]
+    assert infill(client, 8, input_prefix="a", input_suffix="b", max_tokens=3).json()["content"] == REPLY[:3]
+    # n_predict 0 computes the prompt and nothing more (the one token the engine must pick is
+    # dropped), whatever max_tokens says: it used to generate 20 and drop them.
+    for stream in (False, True):
+        wait_health(client.get, is_idle)
+        since = len(model.calls)
+        r = infill(client, 8, input_prefix="a", input_suffix="b", n_predict=0, max_tokens=20, stream=stream)
+        final = dicts(events_of(r))[-1] if stream else r.json()
+        assert final["content"] == "" and final["tokens_predicted"] <= 1
+        assert len(model.calls) - since <= 2  # the prompt's step, and at most one more
+
+
 @pytest.mark.parametrize("body,param", [
     ({"input_suffix": "b"}, "input_prefix"),
     ({"input_prefix": "a"}, "input_suffix"),
     ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}, "input_extra"),
     ({"input_prefix": "a", "input_suffix": "b", "n_predict": "lots"}, "n_predict"),
+    # A bool or a float is no count: false is not 0 (warm only), nor -1.0 -1 (as many as allowed).
+    ({"input_prefix": "a", "input_suffix": "b", "n_predict": False}, "n_predict"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_predict": True}, "n_predict"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_predict": -1.0}, "n_predict"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_predict": 2.5}, "n_predict"),
+    ({"input_prefix": "a", "input_suffix": "b", "max_tokens": False}, "max_tokens"),
+    ({"input_prefix": "a", "input_suffix": "b", "max_tokens": 0.0}, "max_tokens"),
     ({"input_prefix": "a", "input_suffix": "b", "mirostat": 2}, "mirostat"),
     ({"input_prefix": "a", "input_suffix": "b", "grammar": "root ::= \"x\""}, "grammar"),
     ({"input_prefix": "a", "input_suffix": "b", "n_probs": 3}, "n_probs"),

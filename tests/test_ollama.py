@@ -74,7 +74,11 @@ def test_options_map_onto_our_sampling() -> None:
     assert parse_options(None, LIMITS).max_tokens == LIMITS.default_max_tokens
     for bad, param in (({"mirostat": 2}, "options.mirostat"), ({"typical_p": 0.5}, "options.typical_p"),
                        ({"temperature": "warm"}, "options.temperature"), ({"num_predict": -3}, "options.num_predict"),
-                       ({"stop": "x" * 300}, "options.stop")):
+                       ({"stop": "x" * 300}, "options.stop"),
+                       # false == 0 and -1.0 == -1 in Python: they were taken as "no limit".
+                       ({"num_predict": False}, "options.num_predict"), ({"num_predict": True}, "options.num_predict"),
+                       ({"num_predict": -1.0}, "options.num_predict"), ({"num_predict": 0.0}, "options.num_predict"),
+                       ({"num_predict": 2.5}, "options.num_predict")):
         with pytest.raises(BadRequest) as e:
             parse_options(bad, LIMITS)
         assert e.value.param == param and f"'{param}'" in e.value.message
