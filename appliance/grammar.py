@@ -4,18 +4,36 @@ llama-cpp-python's converter silently ignores some JSON-schema keywords (minimum
 multipleOf, uniqueItems, not, patternProperties...) and asserts on others, so a schema is
 first checked here against the keywords the converter really enforces: anything else is a
 400 naming the keyword and where it is, never a silent best effort. Conversions are cached
-by schema and run on the HTTP side's worker threads, never on the engine thread.
+by schema and run on the HTTP side's worker threads, never on the engine thread; both the
+converter's work and the grammar it writes (which the engine thread parses) are bounded.
 """
 
 from __future__ import annotations
 
 import json
+import string
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from .errors import BadRequest
 
 MAX_SCHEMA_BYTES = 64 * 1024
+# llama.cpp parses the grammar on the engine thread, once per choice (~0.1 ms per KiB here,
+# nothing else runs meanwhile). Measured: an object of 20 string/number/enum/array properties
+# is 17 KiB of GBNF, 8 strings of maxLength 900 are 57 KiB, 16 of them 114 KiB; the cap is
+# several ordinary schemas, and at n = 8 costs the engine ~100 ms once.
+MAX_GBNF_BYTES = 128 * 1024
+# The converter's own time is bounded before it runs, since its output can only be measured
+# after: one 64 KiB schema can ask it for gigabytes (maxLength 10**9) or for minutes (allOf
+# $refs, which it expands afresh at every use, nested; an object's optional properties,
+# whose rules it builds once per suffix), and it may run on the event loop. Measured here:
+# 4.4 ns per byte of rule text, 6 us per schema visited, 4 us per pair of optional
+# properties; these have some margin, and the bound is ~100 ms at most.
+CONVERT_NS_PER_BYTE = 5
+CONVERT_NS_PER_VISIT = 10_000
+CONVERT_NS_PER_OPTIONAL_PAIR = 5_000
+MAX_CONVERT_NS = 100_000_000
 MAX_DEPTH = 32
 TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
 FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
@@ -45,20 +63,54 @@ def _bad(where: str, what: str, param: str) -> BadRequest:
                       f"{', '.join(sorted(ENFORCED))} (plus annotations such as title and description)", param=param)
 
 
-def check_schema(schema: Any, param: str, where: str = "#", depth: int = 0) -> None:
+def _too_large(param: str, why: str = f"its grammar is larger than {MAX_GBNF_BYTES // 1024} KiB") -> BadRequest:
+    return BadRequest(f"{param}: the schema is too large: {why} (fewer properties, or smaller "
+                      "maxLength/maxItems, would fit)", param=param)
+
+
+@dataclass
+class _Seen:
+    """What one check of a schema found: every subschema (by identity) and every $ref."""
+    schemas: set[int] = field(default_factory=set)
+    refs: list[tuple[str, str]] = field(default_factory=list)  # ($ref, where)
+    allof_refs: list[tuple[str, str]] = field(default_factory=list)  # those that are allOf parts
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """What a local $ref points at, read as the converter reads it; None if nothing."""
+    target = root
+    for sel in ref.split("#")[-1].split("/")[1:]:
+        if not isinstance(target, dict) or sel not in target:
+            return None
+        target = target[sel]
+    return target
+
+
+def check_schema(schema: Any, param: str) -> None:
     """Raise a BadRequest naming the first keyword (and its place) we cannot enforce."""
+    seen = _Seen()
+    _check(schema, param, "#", 0, seen)
+    for ref, where in seen.refs:  # the converter would fail on (or silently misread) anything else
+        if id(_resolve(schema, ref)) not in seen.schemas:
+            raise BadRequest(f"{param}: the $ref {ref[:64]!r} at {where} names no schema in this one", param=param)
+    for ref, where in seen.allof_refs:  # the converter takes only the properties of an allOf part
+        if "properties" not in _resolve(schema, ref):
+            raise BadRequest(f"{param}: the allOf part at {where} refers to {ref[:64]!r}, which has no 'properties' "
+                             "(an allOf part only contributes its properties here)", param=param)
+
+
+def _check(schema: Any, param: str, where: str, depth: int, seen: _Seen) -> None:
     if depth > MAX_DEPTH:
         raise BadRequest(f"{param}: the schema is nested more than {MAX_DEPTH} levels deep", param=param)
-    if isinstance(schema, bool):
-        if schema:
-            return  # `true`: anything
-        raise _bad(where, "the schema `false`", param)
+    if isinstance(schema, bool):  # the converter reads only objects (additionalProperties: true/false aside)
+        raise _bad(where, f"the boolean schema `{json.dumps(schema)}`", param)
     if not isinstance(schema, dict):
         raise BadRequest(f"{param}: the schema at {where} must be an object", param=param)
+    seen.schemas.add(id(schema))
     for key in schema:
         if key not in ENFORCED and key not in ANNOTATIONS:
             raise _bad(where, f"the keyword {key!r}", param)
-    sub = lambda s, w: check_schema(s, param, w, depth + 1)  # noqa: E731
+    sub = lambda s, w: _check(s, param, w, depth + 1, seen)  # noqa: E731
     t = schema.get("type")
     types = t if isinstance(t, list) else [t] if t is not None else []
     if not all(isinstance(x, str) and x in TYPES for x in types) or (isinstance(t, list) and not t):
@@ -70,18 +122,28 @@ def check_schema(schema: Any, param: str, where: str = "#", depth: int = 0) -> N
             raise _bad(where, f"{alone!r} beside {', '.join(sorted(constraining - {alone}))}", param)
     if isinstance(t, list) and constraining - {"type"}:
         raise _bad(where, "a list of types beside other keywords", param)
-    if "$ref" in schema and not (isinstance(schema["$ref"], str) and schema["$ref"].startswith("#/")):
-        raise _bad(where, "a $ref that is not local ('#/...')", param)
+    if "$ref" in schema:
+        if not (isinstance(schema["$ref"], str) and schema["$ref"].startswith("#/")):
+            raise _bad(where, "a $ref that is not local ('#/...')", param)
+        seen.refs.append((schema["$ref"], where))
     for key in _STRING_ONLY:
         if key in schema and t != "string":
             raise _bad(where, f"{key!r} without \"type\": \"string\"", param)
+    for key in ("format", "pattern"):
+        if key in schema and not isinstance(schema[key], str):
+            raise BadRequest(f"{param}: {key!r} at {where} must be a string", param=param)
     if "format" in schema and schema["format"] not in FORMATS:
-        raise _bad(where, f"the format {schema['format']!r}", param)
+        raise _bad(where, f"the format {schema['format'][:64]!r}", param)
+    if "pattern" in schema and (problem := _scan_pattern(schema["pattern"])[0]):
+        raise BadRequest(f"{param}: the pattern at {where} cannot be enforced: {problem}", param=param)
     if ("minItems" in schema or "maxItems" in schema) and "items" not in schema:
         raise _bad(where, "minItems/maxItems without 'items'", param)
     for key in ("minItems", "maxItems", "minLength", "maxLength"):
         if key in schema and (not isinstance(schema[key], int) or isinstance(schema[key], bool) or schema[key] < 0):
             raise BadRequest(f"{param}: {key!r} at {where} must be a non-negative integer", param=param)
+    for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength")):  # else the converter keeps only lo
+        if lo in schema and hi in schema and schema[lo] > schema[hi]:
+            raise BadRequest(f"{param}: {lo!r} at {where} is more than {hi!r}: nothing would match", param=param)
     if "required" in schema and not (isinstance(schema["required"], list)
                                      and all(isinstance(x, str) for x in schema["required"])):
         raise BadRequest(f"{param}: 'required' at {where} must be a list of property names", param=param)
@@ -107,13 +169,172 @@ def check_schema(schema: Any, param: str, where: str = "#", depth: int = 0) -> N
         for i, s in enumerate(schema["allOf"]):
             if not isinstance(s, dict) or not ("properties" in s or "$ref" in s):
                 raise _bad(f"{where}/allOf/{i}", "an allOf part that is not an object schema or a $ref", param)
+            if "$ref" in s:
+                seen.allof_refs.append((s["$ref"], f"{where}/allOf/{i}"))
+
+
+# -- patterns, read as the converter reads them -----------------------------------------------
+# Between ^ and $ a backslash escapes the next character, '{' opens a counted repetition, and
+# '[' a character class that is copied verbatim into the grammar, where llama.cpp reads it:
+# these are the escapes its grammar parser knows there, and the hex digits each one takes.
+_CLASS_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_LAST_CHAR = 0x10FFFF
+
+
+def _class_char(p: str, i: int) -> tuple[int, int] | None:
+    """The character at p[i] in a class as llama.cpp reads it, and where the next one starts;
+    None for an escape it refuses."""
+    if p[i] != "\\":
+        return ord(p[i]), i + 1
+    e = p[i + 1:i + 2]
+    if e in _CLASS_ESCAPES:
+        return ord(_CLASS_ESCAPES[e]), i + 2
+    n = _HEX_ESCAPES.get(e, 0)
+    digits = p[i + 2:i + 2 + n]
+    if n and len(digits) == n and all(c in string.hexdigits for c in digits):
+        return int(digits, 16), i + 2 + n
+    return None
+
+
+def _covers_all(ranges: list[tuple[int, int]]) -> bool:
+    reach = -1
+    for lo, hi in sorted(ranges):
+        if lo > reach + 1:
+            return False
+        reach = max(reach, hi)
+    return reach >= _LAST_CHAR
+
+
+def _class(p: str, i: int) -> tuple[int, str | None]:
+    """Read the class whose '[' is p[i]: where it ends, and why no character could ever match
+    it (a grammar that can never go on: llama.cpp would have to take a refused token)."""
+    j = i + 1 + p.startswith("^", i + 1)
+    ranges: list[tuple[int, int]] = []
+    while j < len(p) and p[j] != "]":
+        start, c = j, _class_char(p, j)
+        if c is None:
+            return len(p), f"the grammar cannot read the escape {p[j:j + 2]!r} in a character class"
+        lo, j = c
+        hi = lo
+        if p.startswith("-", j) and p[j + 1:j + 2] not in ("", "]"):  # a range, as llama.cpp reads one
+            c = _class_char(p, j + 1)
+            if c is None:
+                return len(p), f"the grammar cannot read the escape {p[j + 1:j + 3]!r} in a character class"
+            hi, j = c
+            if hi < lo:
+                return len(p), f"the range {p[start:j]!r} is inverted"
+        ranges.append((lo, hi))
+    if j >= len(p):
+        return len(p), None  # no closing ']': the converter says so
+    if not ranges:
+        return len(p), f"the character class {p[i:j + 1]!r} is empty"
+    if p.startswith("^", i + 1) and _covers_all(ranges):
+        return len(p), f"no character is outside the class {p[i:j + 1]!r}"
+    return j + 1, None
+
+
+def _quantifier(p: str, i: int) -> tuple[int, int, str | None]:
+    """Read the {m}, {m,} or {m,n} at p[i] as the converter does: where it ends, how many
+    repetitions it builds, and why nothing could match it."""
+    end = p.find("}", i)
+    if end < 0:
+        return len(p), 0, None  # the converter's own error
+    nums = [s.strip() for s in p[i + 1:end].split(",")]
+    try:
+        if len(nums) > 2:
+            raise ValueError
+        lo = int(nums[0]) if nums[0] or len(nums) == 1 else 0
+        hi = lo if len(nums) == 1 else int(nums[1]) if nums[1] else None
+    except ValueError:
+        return end + 1, 0, None  # the converter refuses it, saying why
+    if lo < 0 or (hi is not None and hi < lo):
+        return end + 1, 0, f"the quantifier {p[i:end + 1][:32]!r} allows no count"
+    return end + 1, lo if hi is None else hi, None
+
+
+@lru_cache(maxsize=256)
+def _scan_pattern(pattern: str) -> tuple[str | None, int]:
+    """(why the pattern cannot be enforced or None, how many repetitions its quantifiers build)."""
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        return None, 0  # the converter refuses it, saying why
+    p, i, repeats = pattern[1:-1], 0, 0
+    while i < len(p):
+        if p[i] == "\\":
+            if i + 1 == len(p):
+                return "its final '$' is escaped (it must end the pattern)", 0
+            i += 2
+        elif p[i] == "[":
+            i, problem = _class(p, i)
+            if problem:
+                return problem, 0
+        elif p[i] == "{":
+            i, n, problem = _quantifier(p, i)
+            if problem:
+                return problem, 0
+            repeats += n
+        elif p[i] in "]}":  # the converter would loop forever on it (nothing handles it, nothing skips it)
+            return f"an unescaped {p[i]!r} that closes nothing (write '\\{p[i]}')", 0
+        else:
+            i += 1
+    return None, repeats
+
+
+class _Budget:
+    """The converter's time on a checked schema, estimated before it runs (MAX_CONVERT_NS).
+    $refs are followed where they are used, as it does, except into one already open (a
+    recursive schema, where it writes the rule's name); `name` bounds the length of the rule
+    names it gives a schema, which its repetitions repeat."""
+
+    def __init__(self, root: dict[str, Any], param: str) -> None:
+        self.root, self.param, self.left = root, param, MAX_CONVERT_NS
+
+    def spend(self, ns: int) -> None:
+        self.left -= ns
+        if self.left < 0:
+            raise _too_large(self.param, "turning it into a grammar would take too long here (many optional "
+                                         "properties, $refs used in many places or large repetitions)")
+
+    def visit(self, s: dict[str, Any], name: int, open_refs: frozenset[str]) -> None:
+        repeats = max(s.get("minLength", 0), s.get("maxLength", 0)) + max(s.get("minItems", 0), s.get("maxItems", 0))
+        repeats += _scan_pattern(s["pattern"])[1] if "pattern" in s else 0
+        props = s.get("properties", {})
+        optional = len(set(props) - set(s.get("required", ()))) + (s.get("additionalProperties", False) is not False)
+        self.spend(CONVERT_NS_PER_VISIT + repeats * (name + 24) * CONVERT_NS_PER_BYTE
+                   + optional * (optional + 1) // 2 * CONVERT_NS_PER_OPTIONAL_PAIR)
+        ref = s.get("$ref")
+        if ref is not None:
+            if ref not in open_refs:
+                self.visit(_resolve(self.root, ref), len(ref), open_refs | {ref})
+            return
+        name += 24  # what the converter adds to a name per level ("-additional-value" at most)
+        subs = [x for k in ("anyOf", "prefixItems") for x in s.get(k, ())]
+        subs += [s[k] for k in ("items", "additionalProperties") if isinstance(s.get(k), dict)]
+        for sub in subs:
+            self.visit(sub, name, open_refs)
+        for key, sub in props.items():
+            self.visit(sub, name + len(key), open_refs)
+        for part in s.get("allOf", ()):  # each part's properties, afresh at every use
+            ref = part.get("$ref")
+            if ref in open_refs:
+                continue  # the converter recurses without end: its RecursionError is a 400
+            opened = open_refs | {ref} if ref else open_refs
+            for key, sub in (_resolve(self.root, ref) if ref else part)["properties"].items():
+                self.visit(sub, name + len(key), opened)
+
+
+class _GrammarTooLarge(Exception):
+    pass
 
 
 @lru_cache(maxsize=256)
 def _convert(schema_json: str, prop_order: tuple[str, ...]) -> str:
     from .llm import json_schema_gbnf  # the llama_cpp user; pure Python, any thread
 
-    return json_schema_gbnf(schema_json, list(prop_order))
+    gbnf = json_schema_gbnf(schema_json, list(prop_order))
+    if len(gbnf.encode()) > MAX_GBNF_BYTES:
+        raise _GrammarTooLarge  # raised, so never cached
+    return gbnf
 
 
 def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema",
@@ -131,9 +352,16 @@ def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema
         raise BadRequest(f"{param}: the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
     check_schema(schema, param)
     try:
+        _Budget(schema, param).visit(schema, 0, frozenset())
+    except RecursionError:
+        raise BadRequest(f"{param}: the schema's $refs nest too deeply", param=param) from None
+    try:
         return _convert(text, prop_order)
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
-        raise BadRequest(f"{param}: the schema cannot be turned into a grammar: {str(e)[:200]}", param=param) from None
+    except _GrammarTooLarge:
+        raise _too_large(param) from None
+    except Exception as e:  # noqa: BLE001 - whatever else the converter trips on is the schema's, never a 500
+        raise BadRequest(f"{param}: the schema cannot be turned into a grammar: {type(e).__name__} {str(e)[:200]}",
+                         param=param) from None
 
 
 def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:

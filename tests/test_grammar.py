@@ -1,0 +1,237 @@
+"""Tests for appliance.grammar: which schemas reach the converter, and what it may cost.
+
+No model: the converter is llama-cpp-python's pure-Python one. A schema refused "before
+conversion" is checked with the converter replaced by a test failure (pytest's outcomes are
+BaseExceptions, so no `except Exception` swallows them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from appliance import grammar
+from appliance.errors import BadRequest
+from appliance.grammar import MAX_GBNF_BYTES, schema_grammar, tool_call_grammar
+
+PARAM = "response_format.json_schema.schema"
+
+
+def S(**kw: Any) -> dict[str, Any]:
+    return {"type": "string", **kw}
+
+
+def refused(schema: Any, *named: str, param: str = PARAM) -> BadRequest:
+    with pytest.raises(BadRequest) as e:
+        schema_grammar(schema, param)
+    assert e.value.status == 400 and e.value.param == param
+    for text in named:
+        assert text in e.value.message, e.value.message
+    return e.value
+
+
+@pytest.fixture
+def no_converter(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_: Any) -> str:
+        pytest.fail("the schema reached the converter")
+    monkeypatch.setattr(grammar, "_convert", boom)
+
+
+# -- schemas the converter cannot read: 400s naming the place, never a 500 ----------------------
+@pytest.mark.parametrize("schema, where", [
+    (True, "#"),
+    (False, "#"),
+    ({"type": "object", "properties": {"a": True}}, "#/properties/a"),
+    ({"type": "array", "items": True, "minItems": 2}, "#/items"),
+    ({"anyOf": [True]}, "#/anyOf/0"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/t"}}, "$defs": {"t": True}}, "#/$defs/t"),
+])
+def test_boolean_subschemas_are_400s(schema: Any, where: str, no_converter: None) -> None:
+    refused(schema, "boolean schema", where)
+
+
+def test_additional_properties_may_still_be_true_or_false() -> None:
+    for flag in (True, False):
+        assert schema_grammar({"type": "object", "properties": {"a": S()}, "additionalProperties": flag})
+
+
+@pytest.mark.parametrize("schema, named", [
+    (S(pattern=5), "'pattern'"),
+    (S(pattern=["^a$"]), "'pattern'"),
+    (S(format=[]), "'format'"),
+    (S(format={}), "'format'"),
+    (S(format=None), "'format'"),
+])
+def test_pattern_and_format_must_be_strings(schema: dict[str, Any], named: str, no_converter: None) -> None:
+    refused(schema, named, "must be a string")
+
+
+@pytest.mark.parametrize("schema, ref", [
+    ({"$ref": "#/$defs/a/type", "$defs": {"a": S()}}, "#/$defs/a/type"),  # a string
+    ({"type": "object", "properties": {"x": {"$ref": "#/properties"}}}, "#/properties"),  # a map of schemas
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/b"}}, "$defs": {"a": S()}}, "#/$defs/b"),  # nothing
+    ({"type": "object", "properties": {"x": {"$ref": "#/required"}}, "required": ["x"]}, "#/required"),  # a list
+])
+def test_a_ref_must_name_a_schema(schema: dict[str, Any], ref: str, no_converter: None) -> None:
+    refused(schema, repr(ref), "names no schema")
+
+
+def test_refs_to_schemas_convert() -> None:
+    defs = {"node": {"type": "object", "properties": {"name": S(), "kids": {"type": "array",
+                                                                            "items": {"$ref": "#/$defs/node"}}}}}
+    g = schema_grammar({"type": "object", "properties": {"root": {"$ref": "#/$defs/node"}}, "$defs": defs})
+    assert "kids" in g
+    assert schema_grammar({"type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": S(maxLength=3)}})
+
+
+def test_an_allof_ref_must_bring_properties(no_converter: None) -> None:
+    schema = {"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$defs": {"a": S()}}
+    refused(schema, "#/properties/x/allOf/0", "no 'properties'")
+
+
+def test_any_other_converter_failure_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    refused(S(pattern="^{3}$"), "cannot be turned into a grammar")  # IndexError inside the converter
+
+    def broken(*_: Any) -> str:
+        raise AttributeError("'int' object has no attribute 'get'")
+    monkeypatch.setattr("appliance.llm.json_schema_gbnf", broken)
+    grammar._convert.cache_clear()
+    refused(S(maxLength=7), "cannot be turned into a grammar", "AttributeError")
+    grammar._convert.cache_clear()
+
+
+# -- patterns whose grammar could never go on (llama.cpp would abort on the refused token) ------
+@pytest.mark.parametrize("pattern, named", [
+    ("^[z-a]$", "'z-a' is inverted"),
+    ("^[a-cz-a]$", "'z-a' is inverted"),
+    ("^x[\\x7a-\\x61]+$", "inverted"),
+    ("^[a-\\]]$", "inverted"),  # ']' (93) is below 'a'
+    ("^[]$", "'[]' is empty"),
+    ("^[^]$", "'[^]' is empty"),
+    ("^ab[]*c$", "is empty"),
+    ("^[^\\x00-\\U0010FFFF]$", "no character is outside"),
+    ("^[^\\x00-\\uffff\\U00010000-\\U0010FFFF]$", "no character is outside"),
+])
+def test_patterns_that_match_nothing_are_400s(pattern: str, named: str, no_converter: None) -> None:
+    refused(S(pattern=pattern), "the pattern at #", named)
+
+
+@pytest.mark.parametrize("pattern", [
+    "^[a-z]$", "^[a-z0-9_-]+$", "^[-a]$", "^[a-]$", "^[\\]a]$", "^[\\-a]$", "^[\\x41-\\x5a]{2}$",
+    "^[^a-z]$", "^[^\\x00-\\uffff]$", "^\\[z-a\\]$", "^[\\\\\"]$", "^a{2,5}$", "^a{,5}$", "^a{3}$", "^a{2,}$",
+])
+def test_ordinary_patterns_still_convert(pattern: str) -> None:
+    assert schema_grammar(S(pattern=pattern))
+
+
+@pytest.mark.parametrize("pattern, named", [
+    ("^a]$", "']'"),
+    ("^a}$", "'}'"),
+    ("^[a]]$", "']'"),
+    ("^(a|b)]x$", "']'"),
+])
+def test_a_stray_closing_bracket_is_a_400_not_a_converter_that_never_returns(pattern: str, named: str,
+                                                                             no_converter: None) -> None:
+    refused(S(pattern=pattern), named, "closes nothing")
+
+
+def test_an_escape_the_grammar_cannot_read_inside_a_class_is_a_400(no_converter: None) -> None:
+    refused(S(pattern="^[\\d]+$"), "'\\\\d'", "character class")
+    refused(S(pattern="^[\\x4]$"), "'\\\\x'")  # \x takes two hex digits
+
+
+def test_an_escaped_final_dollar_is_a_400(no_converter: None) -> None:
+    refused(S(pattern="^a\\$"), "escaped")
+
+
+# -- contradictory bounds: nothing could match, never a silent "keep the minimum" ---------------
+@pytest.mark.parametrize("schema, named", [
+    (S(minLength=5, maxLength=2), "'minLength'"),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}, "'minItems'"),
+    (S(pattern="^a{5,2}$"), "'{5,2}'"),
+    (S(pattern="^a{-1}$"), "'{-1}'"),
+])
+def test_contradictory_bounds_are_400s(schema: dict[str, Any], named: str, no_converter: None) -> None:
+    refused(schema, named)
+
+
+def test_minimum_and_maximum_are_refused_as_unenforced() -> None:
+    refused({"type": "integer", "minimum": 5, "maximum": 1}, "'minimum'")
+
+
+def test_equal_bounds_are_fine() -> None:
+    assert schema_grammar(S(minLength=2, maxLength=2))
+    assert schema_grammar({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 1})
+
+
+# -- the grammar's size and the converter's time are bounded -----------------------------------
+def ordinary(n: int = 20) -> dict[str, Any]:
+    """An object of string, number, enum and array properties, as forms and extractions ask."""
+    kinds = [S(maxLength=200), {"type": "number"}, {"enum": ["alpha", "beta", "gamma", "delta"]},
+             {"type": "array", "items": S(maxLength=100), "maxItems": 20}]
+    props = {f"field_{i}": kinds[i % 4] for i in range(n)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def test_an_ordinary_schema_is_well_under_the_cap() -> None:
+    g = schema_grammar(ordinary())
+    assert len(g.encode()) * 4 < MAX_GBNF_BYTES  # 17 KiB
+    assert schema_grammar({"type": "object", "properties": {f"p{i}": S(maxLength=900) for i in range(16)}})
+
+
+def test_the_reports_58_kb_schema_is_refused_quickly_and_before_conversion(no_converter: None) -> None:
+    props = {f"p{i}": S(maxLength=900) for i in range(1200)}  # 8.7 MB of GBNF, 1.7 s per choice to parse
+    t = time.perf_counter()
+    refused({"type": "object", "properties": props, "required": list(props)}, "too large")
+    assert time.perf_counter() - t < 1.0
+
+
+def test_a_grammar_over_the_cap_is_refused_and_not_cached() -> None:
+    props = {f"p{i}": S(maxLength=1000) for i in range(20)}  # ~158 KiB of GBNF
+    grammar._convert.cache_clear()
+    refused({"type": "object", "properties": props, "required": list(props)}, "too large",
+            f"{MAX_GBNF_BYTES // 1024} KiB")
+    assert grammar._convert.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize("schema", [
+    S(maxLength=10**9),  # gigabytes of nested optionals
+    S(pattern="^a{0,1000000000}$"),
+    {"type": "array", "items": {"type": "integer"}, "minItems": 10**12},
+    {"type": "object", "properties": {f"f{i}": {"type": "integer"} for i in range(900)}},  # quadratic: ~2 s
+])
+def test_work_the_converter_cannot_finish_in_time_is_refused_before_it_starts(schema: dict[str, Any],
+                                                                               no_converter: None) -> None:
+    refused(schema, "too large")
+
+
+def test_allof_refs_expanded_at_every_use_are_bounded(no_converter: None) -> None:
+    # The converter re-expands an allOf $ref's properties at every use: 10**5 visits, ~1 s,
+    # from a 2 KB schema (10**6 and 10 s one level deeper).
+    defs: dict[str, Any] = {"L0": {"type": "object", "properties": {"x": S(maxLength=5)}}}
+    for d in range(1, 6):
+        defs[f"L{d}"] = {"type": "object", "properties": {"p": {"allOf": [{"$ref": f"#/$defs/L{d - 1}"}] * 10}}}
+    t = time.perf_counter()
+    refused({"type": "object", "properties": {"r": {"$ref": "#/$defs/L5"}}, "$defs": defs}, "too large")
+    assert time.perf_counter() - t < 0.5
+
+
+def test_tool_call_grammar_names_tools_when_too_large() -> None:
+    fn = {"name": "f", "parameters": {"type": "object", "properties": {"a": S(maxLength=10**7)}}}
+    with pytest.raises(BadRequest) as e:
+        tool_call_grammar([fn], False)
+    assert e.value.param == "tools" and "too large" in e.value.message
+
+
+@settings(derandomize=True, max_examples=400, deadline=None, database=None)
+@given(st.text(alphabet="az-^\\]x[u4f1d{},()|*+?.\"", max_size=12))
+def test_any_pattern_is_a_grammar_or_a_400(body: str) -> None:
+    """Never a 500, and never a converter that does not return (a stray ']' once looped forever)."""
+    try:
+        schema_grammar(S(pattern=f"^{body}$"))
+    except BadRequest:
+        pass
