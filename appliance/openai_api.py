@@ -28,6 +28,14 @@ MAX_STOP = 4
 MAX_STOP_CHARS = 256  # a stop string is a marker, not a document; keeps the holdback scan cheap
 MAX_BODY_BYTES = 4 * 2**20  # far beyond any context this model holds (~16 KiB of text per 4k tokens)
 MAX_PARTS = 64  # content parts in one message
+# A call's arguments arrive as a JSON string, outside the body's own nesting bound, and are
+# written back into the prompt by json.dumps and the template's tojson, from deeper stacks:
+# far below Python's ~1000 frames, so that no later step meets a RecursionError.
+MAX_ARGUMENTS_DEPTH = 100
+# llama.cpp takes top_k as a C int (ctypes would wrap a larger one, 2**32 + 1 becoming 1),
+# while the speculative path reads it whole: the C int range keeps the two the same. Any
+# value past the vocabulary (~152k) already means every token, so nothing is lost.
+MAX_TOP_K = 2**31 - 1
 # Long enough that ids cannot be guessed, and only characters safe in a header and a log.
 _SESSION_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 SESSION_RULE = "the session id must be 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
@@ -84,11 +92,13 @@ def _number(data: dict[str, Any], key: str, lo: float, hi: float, default: float
     v = data.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    # An int is compared as it is: JSON integers are unbounded, and a float of 1e400 overflows.
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
         raise BadRequest(f"'{key}' must be a number", param=key)
     if v < lo or v > hi or (lo_open and v == lo):
         bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
-        raise BadRequest(f"'{key}' must be {bound} and <= {hi:g}, got {v}", param=key)
+        shown = str(v) if isinstance(v, float) or abs(v) < 10**32 else "an integer of more than 32 digits"
+        raise BadRequest(f"'{key}' must be {bound} and <= {hi:g}, got {shown}", param=key)
     return float(v)
 
 
@@ -122,8 +132,27 @@ def _text(value: str, param: str) -> str:
 def json_text(value: Any, param: str) -> Any:
     """A schema, tool definition or call's arguments reach a grammar or the prompt as JSON
     text: a lone surrogate anywhere in it is a 400, as in message text (found by hypothesis)."""
-    _text(json.dumps(value, ensure_ascii=False), param)
+    json_chars(value, param)
     return value
+
+
+def json_chars(value: Any, param: str) -> int:
+    """json_text's check, and how many characters of prompt the value becomes."""
+    return len(_text(json.dumps(value, ensure_ascii=False), param))
+
+
+def _too_many_chars(max_chars: int, param: str) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the messages and tools hold more than {max_chars} characters of text",
+                           param=param, code="too_many_characters")
+
+
+def _calls_chars(calls: list[dict[str, Any]]) -> int:
+    return sum(json_chars(c["function"], "messages") for c in calls)
+
+
+def message_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of parsed messages that reach the template: content and tool calls."""
+    return sum(len(m["content"]) + _calls_chars(m.get("tool_calls", [])) for m in messages)
 
 
 def _content(msg: dict[str, Any], i: int) -> str:
@@ -170,11 +199,13 @@ def parse_messages(raw: Any, max_messages: int = 2048, max_chars: int = 1_000_00
         content = _content(msg, i)
         chars += len(content)
         if chars > max_chars:
-            raise PayloadTooLarge(f"the messages hold more than {max_chars} characters of text",
-                                  param="messages", code="too_many_characters")
+            raise _too_many_chars(max_chars, "messages")
         m: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
         if role == "assistant" and msg.get("tool_calls"):
             m["tool_calls"] = _tool_calls(msg["tool_calls"], i)
+            chars += _calls_chars(m["tool_calls"])  # templated and tokenized as content is
+            if chars > max_chars:
+                raise _too_many_chars(max_chars, "messages")
         out.append(m)
     return out
 
@@ -194,16 +225,32 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
             args = json.loads(f.get("arguments") or "{}")
         except ValueError:
             raise BadRequest(f"'{param}[{j}].function.arguments' is not valid JSON", param=param) from None
+        except RecursionError:  # a string inside the body: the body's own nesting bound never saw it
+            raise BadRequest(f"'{param}[{j}].function.arguments' is nested too deeply", param=param) from None
         if not isinstance(args, dict):
             raise BadRequest(f"'{param}[{j}].function.arguments' must be a JSON object", param=param)
+        if _nesting(args) > MAX_ARGUMENTS_DEPTH:
+            raise BadRequest(f"'{param}[{j}].function.arguments' is nested more than {MAX_ARGUMENTS_DEPTH} levels deep",
+                             param=param)
         calls.append({"type": "function", "function": {"name": _text(f["name"], param),
                                                         "arguments": json_text(args, param)}})
     return calls
 
 
-def parse_tools(data: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, frozenset[str], str | None]:
+def _nesting(value: Any) -> int:
+    """How many levels of objects and arrays deep a JSON value goes (without recursing)."""
+    depth, level = 0, [value]
+    while containers := [v for v in level if isinstance(v, (dict, list))]:
+        depth += 1
+        level = [x for v in containers for x in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def parse_tools(data: dict[str, Any], max_chars: int | None = None,
+                used: int = 0) -> tuple[list[dict[str, Any]] | None, frozenset[str], str | None]:
     """tools + tool_choice -> (tools for the template, names to parse calls of, a grammar
-    forcing calls or None). tool_choice "none" renders no tools at all."""
+    forcing calls or None). tool_choice "none" renders no tools at all. The definitions count
+    toward max_chars with the `used` characters of messages: the template renders them too."""
     raw, choice = data.get("tools"), data.get("tool_choice")
     if raw is None:
         if choice is not None and choice != "none":
@@ -212,6 +259,7 @@ def parse_tools(data: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, froz
     if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
         raise BadRequest(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
     functions = []
+    chars = used
     for j, tool in enumerate(raw):
         f = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _TOOL_NAME.fullmatch(f["name"]):
@@ -221,7 +269,12 @@ def parse_tools(data: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, froz
             raise BadRequest(f"'tools[{j}].function.parameters' must be a JSON schema object", param="tools")
         if f.get("description") is not None and not isinstance(f["description"], str):
             raise BadRequest(f"'tools[{j}].function.description' must be a string", param="tools")
-        functions.append(json_text(f, f"tools[{j}]"))
+        chars += json_chars(f, f"tools[{j}]")
+        if max_chars is not None and chars > max_chars:  # before any grammar is built from them
+            raise _too_many_chars(max_chars, "tools")
+        functions.append(f)
+    if not functions and choice not in (None, "none", "auto"):  # nothing to call: never a silent "no tools"
+        raise BadRequest("'tool_choice' needs at least one tool in 'tools'", param="tool_choice")
     if not functions or choice == "none":
         return None, frozenset(), None
     names = frozenset(f["name"] for f in functions)
@@ -283,7 +336,7 @@ def parse_chat_request(data: dict[str, Any], limits: ServerLimits, session_heade
     model = parse_model(data)
 
     n, logprobs = parse_choices(data)
-    tools, tool_names, forced = parse_tools(data)
+    tools, tool_names, forced = parse_tools(data, limits.max_chars, message_chars(messages))
     grammar = forced or parse_response_format(data)
     params = dataclasses.replace(parse_sampling(data, limits), grammar=grammar, logprobs=logprobs)
     stream, include_usage = parse_stream(data)
@@ -338,8 +391,8 @@ def parse_sampling(data: dict[str, Any], limits: ServerLimits) -> SamplingParams
     llama.cpp's top_k, min_p, repeat_penalty and repeat_last_n, -1 = the whole context)."""
     seed = _integer(data, "seed")
     top_k = _integer(data, "top_k")
-    if top_k is not None and top_k < 0:
-        raise BadRequest("'top_k' must be >= 0", param="top_k")
+    if top_k is not None and not 0 <= top_k <= MAX_TOP_K:
+        raise BadRequest(f"'top_k' must be between 0 and {MAX_TOP_K}", param="top_k")
     last_n = _integer(data, "repeat_last_n")
     if last_n == -1:
         last_n = limits.ctx_limit

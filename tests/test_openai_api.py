@@ -270,6 +270,22 @@ def test_top_k_zero_allowed() -> None:
     assert parse_chat_request(req(top_k=0), LIMITS).params.top_k == 0
 
 
+@pytest.mark.parametrize("key", ["temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                                 "frequency_penalty"])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_huge_json_integer_is_a_400_not_an_overflow(key: str, sign: int) -> None:
+    data = parse_json(b'{"messages": [{"role": "user", "content": "hi"}], "%s": %s1%s}'
+                      % (key.encode(), b"-" if sign < 0 else b"", b"0" * 400))
+    err = bad(data, key)
+    assert "more than 32 digits" in err.message and len(err.message) < 200
+
+
+def test_top_k_is_bounded_by_the_c_int_llama_cpp_takes() -> None:
+    assert parse_chat_request(req(top_k=api.MAX_TOP_K), LIMITS).params.top_k == 2**31 - 1
+    for value in (2**31, 2**32 + 1, 10**400):  # ctypes would have wrapped 2**32 + 1 to 1 (greedy)
+        bad(req(top_k=value), "top_k")
+
+
 # -- stop, n, logprobs ---------------------------------------------------------------------
 def test_stop_string() -> None:
     assert parse_chat_request(req(stop="END"), LIMITS).params.stop == ("END",)
@@ -355,6 +371,62 @@ def test_tools_and_tool_choice() -> None:
     bad(req(tool_choice="required"), "tool_choice")
     bad(req(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools")
     bad(req(tools=WEATHER), "tools")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "bogus"])
+def test_a_forced_tool_choice_with_no_tools_is_a_400(choice: Any) -> None:
+    err = bad(req(tools=[], tool_choice=choice), "tool_choice")
+    assert "at least one tool" in err.message
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "none"])
+def test_no_tools_with_an_unforced_choice_is_fine(choice: Any) -> None:
+    r = parse_chat_request(req(tools=[], tool_choice=choice), LIMITS)
+    assert r.tools is None and r.params.grammar is None
+
+
+def test_deeply_nested_call_arguments_are_a_400() -> None:
+    deep = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
+    call = {"type": "function", "function": {"name": "f", "arguments": deep}}
+    err = bad({"messages": [USER[0], {"role": "assistant", "tool_calls": [call]}]}, "messages[1].tool_calls")
+    assert "nested too deeply" in err.message
+
+
+def test_call_arguments_nest_far_less_than_the_recursion_limit() -> None:
+    """Parsed from a shallow stack, written back by json.dumps and tojson from deeper ones."""
+    def body(depth: int) -> dict[str, Any]:
+        args = '{"a": ' * depth + "1" + "}" * depth
+        call = {"type": "function", "function": {"name": "f", "arguments": args}}
+        return {"messages": [USER[0], {"role": "assistant", "tool_calls": [call]}]}
+    assert parse_chat_request(body(api.MAX_ARGUMENTS_DEPTH), LIMITS)
+    err = bad(body(api.MAX_ARGUMENTS_DEPTH + 1), "messages[1].tool_calls")
+    assert f"more than {api.MAX_ARGUMENTS_DEPTH} levels" in err.message
+    bad(body(900), "messages[1].tool_calls")  # json.loads manages it; a deeper json.dumps may not
+
+
+def test_tool_definitions_and_calls_count_toward_max_chars(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=1000)
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 900}}
+    assert parse_chat_request({"messages": [{"role": "user", "content": "x" * 50}], "tools": [tool]}, limits)
+    monkeypatch.setattr(api, "tool_call_grammar", lambda *_: pytest.fail("a grammar was built first"))
+    with pytest.raises(api.PayloadTooLarge) as e:  # 900 + 150: refused before any grammar or template
+        parse_chat_request({"messages": [{"role": "user", "content": "x" * 150}], "tools": [tool],
+                            "tool_choice": "required"}, limits)
+    assert e.value.param == "tools" and e.value.code == "too_many_characters" and "1000" in e.value.message
+    call = {"type": "function", "function": {"name": "f", "arguments": json.dumps({"a": "y" * 990})}}
+    with pytest.raises(api.PayloadTooLarge) as e:
+        parse_chat_request({"messages": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                         {"role": "user", "content": "hi"}]}, limits)
+    assert e.value.param == "messages" and e.value.code == "too_many_characters"
+
+
+def test_a_huge_tools_list_is_refused_by_its_size() -> None:
+    desc = "Returns the weather for a city, in a short sentence. " * 570  # ~30 KB per tool, 3.7 MiB in all
+    tools = [{"type": "function", "function": {"name": f"f{i}", "description": desc}} for i in range(128)]
+    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096)  # 1,000,000 chars
+    with pytest.raises(api.PayloadTooLarge) as e:
+        parse_chat_request(req(tools=tools), limits)
+    assert e.value.param == "tools"
 
 
 def test_tool_messages_and_assistant_tool_calls() -> None:
