@@ -27,9 +27,11 @@ Tokenize = Callable[[str, bool], list[int]]
 # only text of very long repeated runs could lose a turn that would have fit.
 MAX_CHARS_PER_TOKEN = 12
 
-# Stands in for message i while the template renders, so that message text is never part of
-# the text whose control tokens are parsed. Private-use characters: no template emits them.
-_MARK = re.compile("\ue000" r"(\d+)" "\ue001")
+# Message i is rendered as the mark `<c>i<c>` and put back afterwards, so that message text
+# is never part of the text whose control tokens are parsed. <c> is a private-use character
+# that neither the template nor any client text it renders besides content (tool definitions,
+# tool calls) holds, chosen anew for each render: no client text can pass for a mark.
+_PRIVATE_USE = range(0xE000, 0xF900)
 
 # Used only when a GGUF carries no template: every Qwen2.5 model speaks ChatML.
 CHATML = (
@@ -40,6 +42,11 @@ CHATML = (
 
 def _raise(message: str) -> None:
     raise TemplateError(message)
+
+
+def _too_deep(tools: list[dict[str, Any]] | None) -> BadRequest:
+    return BadRequest("the chat template recursed too deeply: are the tool definitions or calls nested too deeply?",
+                      param="tools" if tools else "messages")
 
 
 def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
@@ -56,23 +63,41 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(source or CHATML)
         self._specials = {"bos_token": bos_token, "eos_token": eos_token}
+        self._own_chars = frozenset(source or CHATML) | frozenset(bos_token + eos_token)
 
     def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                      tools: list[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, written by the template) pieces: message contents are
-        rendered as placeholders and put back as pieces of their own. (Tool definitions and
-        calls are rendered as the template writes them: the API layer refuses any that
-        contain control-token text.)"""
-        masked = [{**m, "content": f"\ue000{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
+        rendered as marks and put back as pieces of their own. (Tool definitions and calls are
+        rendered as the template writes them: the API layer refuses any that contain
+        control-token text.)"""
+        c = self._mark_char(messages, tools)
+        masked = [{**m, "content": f"{c}{i}{c}"} if m.get("content") else m for i, m in enumerate(messages)]
         text = self.render(masked, add_generation_prompt, tools)
         parts: list[tuple[str, bool]] = []
         pos = 0
-        for mark in _MARK.finditer(text):
+        # Only marks hold c, so they alternate opening and closing: each match is one mark.
+        for mark in re.finditer(f"{c}([0-9]+){c}", text):
             parts.append((text[pos:mark.start()], True))
             parts.append((str(messages[int(mark.group(1))]["content"]), False))
             pos = mark.end()
         parts.append((text[pos:], True))
         return [(t, special) for t, special in parts if t]
+
+    def _mark_char(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """A private-use character in neither the template's source nor any client text it
+        renders besides content (a string's characters all appear in its JSON: ensure_ascii=False
+        escapes none of these)."""
+        rest = [{k: v for k, v in m.items() if k != "content"} for m in messages]
+        try:
+            used = self._own_chars | frozenset(json.dumps([tools, rest], ensure_ascii=False, default=str))
+        except RecursionError:
+            raise _too_deep(tools) from None
+        c = next((chr(p) for p in _PRIVATE_USE if chr(p) not in used), None)
+        if c is None:
+            raise BadRequest("tool definitions and calls may not hold every private-use character (U+E000-U+F8FF)",
+                             param="tools" if tools else "messages")
+        return c
 
     def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize,
                tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -90,6 +115,8 @@ class ChatTemplate:
                 messages=messages, add_generation_prompt=add_generation_prompt, **self._specials, **extra)
         except TemplateError as e:
             raise BadRequest(f"the model's chat template rejected these messages: {e}", param="messages") from None
+        except RecursionError:  # tool JSON (tojson) nested near the parser's own limit, or a template's loop
+            raise _too_deep(tools) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +206,15 @@ def build_prompt(
             k += 1
         return system + rest[k:]
 
+    # Tools are rendered into every candidate prompt: ones that cannot fit by characters alone
+    # are refused before anything is rendered or tokenized.
+    tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
+    if tools_chars > limit * MAX_CHARS_PER_TOKEN:
+        raise ContextLengthExceeded(
+            f"the tool definitions alone ({tools_chars} characters) are longer than the {limit} prompt tokens "
+            "this server allows per conversation", param="tools")
     # The fewest turns to drop by characters alone (the last message is always tokenized).
-    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system) - len(json.dumps(tools or []))
+    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system) - tools_chars
     k0, tail = len(rest) - 1, _chars(rest[-1:])
     while k0 > 0 and tail + _chars(rest[k0 - 1:k0]) <= budget:
         k0 -= 1
