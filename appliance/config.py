@@ -147,7 +147,7 @@ class Config:
         "web origins, besides the page's own, that may call the API from a browser (enables CORS for them)"))
     max_messages: int = field(default=2048, metadata=_opt("messages one request may carry", _positive))
     max_request_chars: int = field(default=1_000_000, metadata=_opt(
-        "characters of message text one request may carry", _positive))
+        "characters of message text, tool calls and tool definitions one request may carry", _positive))
     parse_concurrency: int = field(default=4, metadata=_opt(
         "requests read, parsed and tokenized at once (all clients)", _positive))
     parse_per_client: int = field(default=2, metadata=_opt(
