@@ -356,7 +356,8 @@ def test_rename_export_and_import_round_trip(live: Live, page_of: Any, tmp_path:
     p.click("#chat-menu button[data-act=rename]")
     p.fill("#ask-input", "Renamed chat")
     p.click("#ask-ok")
-    assert p.locator("#chat-title").inner_text() == "Renamed chat"
+    # The dialog's promise resolves after the click returns: wait for the page to apply it.
+    p.wait_for_function("() => document.querySelector('#chat-title').innerText === 'Renamed chat'", timeout=5000)
 
     p.click("#chat-menu summary")
     with p.expect_download() as dl:
