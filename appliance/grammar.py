@@ -11,6 +11,7 @@ converter's work and the grammar it writes (which the engine thread parses) are 
 from __future__ import annotations
 
 import json
+import re
 import string
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -323,6 +324,123 @@ class _Budget:
                 self.visit(sub, name + len(key), opened)
 
 
+# -- schemas rewritten into what the converter reads right --------------------------------------
+# Three of the converter's readings are silent and wrong, so a checked schema is rewritten
+# before it gets there. (1) It names a $ref's rule by the ref's last segment and reuses any
+# rule already of that name: `#/$defs/x` beside a property `x`, or `#/definitions/x`, or a
+# def called `string`, would take that other rule. Every ref is renamed to a fresh def.
+# (2) It reads `{}` (any value) as an object, fails on `items: {}`, and reads
+# `additionalProperties: true` beside properties as object values. (3) It makes every allOf
+# property required, whatever the parts say, and ignores an allOf beside `properties`:
+# allOf is merged here, required where some part requires it.
+ANY_VALUE: dict[str, Any] = {"type": ["object", "array", "string", "number", "boolean", "null"]}
+_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
+
+
+class _Rewrite:
+    """A checked schema as the converter reads right. Its work is bounded like the
+    converter's (it emits at most as many schemas as the budget allows visits): allOf parts
+    are merged by reachability, each schema's own properties rewritten once."""
+
+    def __init__(self, root: dict[str, Any], param: str) -> None:
+        self.root, self.param = root, param
+        self.left = MAX_CONVERT_NS // CONVERT_NS_PER_VISIT
+        self.names: dict[str, str] = {}  # $ref -> its fresh def
+        self.own: dict[int, dict[str, Any]] = {}  # id(schema) -> its own properties, rewritten
+        self.taken = {"root", "dot", "item", "char", "space", "value", "object", "array", "string", "number",
+                      "integer", "boolean", "null"}
+        self._collect(root)
+
+    def _collect(self, node: Any) -> None:  # every property's rule name, wherever it is
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "properties" and isinstance(value, dict):
+                    self.taken.update(_RULE_CHARS.sub("-", name) for name in value)
+                self._collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                self._collect(value)
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _too_large(self.param, "its allOf parts merge into too many properties")
+
+    def ref(self, ref: str) -> str:
+        if ref not in self.names:  # ends in a letter: never a name the converter numbered
+            i = len(self.names)
+            while f"def{i}x" in self.taken:
+                i += 1
+            self.taken.add(f"def{i}x")
+            self.names[ref] = f"def{i}x"
+        return "#/$defs/" + self.names[ref]
+
+    def schema(self, s: dict[str, Any]) -> dict[str, Any]:
+        self.spend()
+        if not set(s) - ANNOTATIONS - {"$defs", "definitions"}:
+            return dict(ANY_VALUE)
+        out: dict[str, Any] = {}
+        for key, value in s.items():
+            if key in ("$defs", "definitions", "allOf") or key in ANNOTATIONS:
+                continue
+            if key == "$ref":
+                value = self.ref(value)
+            elif key == "properties":
+                value = self.properties(s)
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                value = self.schema(value)
+            elif key == "additionalProperties" and value is True:
+                value = dict(ANY_VALUE)
+            elif key in ("prefixItems", "anyOf"):
+                value = [self.schema(sub) for sub in value]
+            out[key] = value
+        return self._merge(s, out) if "allOf" in s else out
+
+    def properties(self, s: dict[str, Any]) -> dict[str, Any]:
+        if id(s) not in self.own:
+            self.own[id(s)] = {name: self.schema(sub) for name, sub in s.get("properties", {}).items()}
+        return self.own[id(s)]
+
+    def _merge(self, s: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+        """`s` and every schema its allOf parts reach, theirs included, as one object."""
+        props, required = dict(out.get("properties", {})), list(out.get("required", []))
+        closed, seen, parts = "additionalProperties" not in out, {id(s)}, list(s["allOf"])
+        while parts:
+            part = parts.pop(0)
+            target = _resolve(self.root, part["$ref"]) if "$ref" in part else part
+            if id(target) in seen:
+                continue  # reached twice, or a schema that is allOf itself: already merged
+            seen.add(id(target))
+            for name, sub in self.properties(target).items():
+                self.spend()
+                if props.setdefault(name, sub) != sub:
+                    raise BadRequest(f"{self.param}: the property {name[:64]!r} is defined differently by two allOf "
+                                     "parts (only their union can be enforced here)", param=self.param)
+            required += [name for name in target.get("required", []) if name not in required]
+            closed = closed or target.get("additionalProperties", True) is False
+            parts += target.get("allOf", [])
+        out.update(type="object", properties=props, required=required)
+        if closed:
+            out.pop("additionalProperties", None)
+        return out
+
+    def whole(self) -> dict[str, Any]:
+        top, seen = self.root, set()  # the converter never registers the refs beside a root $ref: inline it
+        while set(top) - ANNOTATIONS - {"$defs", "definitions"} == {"$ref"}:
+            if top["$ref"] in seen:
+                raise BadRequest(f"{self.param}: the $ref {top['$ref'][:64]!r} refers to itself", param=self.param)
+            seen.add(top["$ref"])
+            top = _resolve(self.root, top["$ref"])
+        out = self.schema(top)
+        defs: dict[str, Any] = {}
+        done: set[str] = set()
+        while len(done) < len(self.names):  # a def's own refs add defs
+            for ref in [r for r in self.names if r not in done]:
+                defs[self.names[ref]] = self.schema(_resolve(self.root, ref))
+                done.add(ref)
+        return {**out, "$defs": defs} if defs else out
+
+
 class _GrammarTooLarge(Exception):
     pass
 
@@ -353,10 +471,13 @@ def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema
     check_schema(schema, param)
     try:
         _Budget(schema, param).visit(schema, 0, frozenset())
+        whole = _Rewrite(schema, param).whole()
+        _Budget(whole, param).visit(whole, 0, frozenset())  # merged allOf parts may hold many optional properties
+        rewritten = json.dumps(whole, ensure_ascii=False)
     except RecursionError:
         raise BadRequest(f"{param}: the schema's $refs nest too deeply", param=param) from None
     try:
-        return _convert(text, prop_order)
+        return _convert(rewritten, prop_order)
     except _GrammarTooLarge:
         raise _too_large(param) from None
     except Exception as e:  # noqa: BLE001 - whatever else the converter trips on is the schema's, never a 500

@@ -7,6 +7,7 @@ BaseExceptions, so no `except Exception` swallows them).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from appliance import grammar
 from appliance.errors import BadRequest
 from appliance.grammar import MAX_GBNF_BYTES, schema_grammar, tool_call_grammar
+from tests import gbnf
 
 PARAM = "response_format.json_schema.schema"
 
@@ -235,3 +237,116 @@ def test_any_pattern_is_a_grammar_or_a_400(body: str) -> None:
         schema_grammar(S(pattern=f"^{body}$"))
     except BadRequest:
         pass
+
+
+# -- what the grammar accepts: the converter's silent misreadings, rewritten away ---------------
+def takes(schema: dict[str, Any], *docs: Any) -> bool:
+    g = schema_grammar(schema)
+    return all(gbnf.accepts(g, json.dumps(d)) for d in docs)
+
+
+def test_the_recognizer_reads_llama_cpps_json_grammar() -> None:
+    assert gbnf.accepts(grammar.JSON_OBJECT, '{"a": [1, "x", {"b": null}]}')
+    assert not gbnf.accepts(grammar.JSON_OBJECT, "[1]")
+    assert not gbnf.accepts(grammar.JSON_OBJECT, '{"a": 1')
+
+
+@pytest.mark.parametrize("schema", [
+    # a property whose rule is named like the def
+    {"type": "object", "properties": {"x": S(maxLength=3), "y": {"$ref": "#/$defs/x"}}, "required": ["x", "y"],
+     "$defs": {"x": {"type": "integer"}}},
+    # the same last segment under $defs and definitions
+    {"type": "object", "properties": {"x": {"$ref": "#/definitions/x"}, "y": {"$ref": "#/$defs/x"}},
+     "required": ["x", "y"], "$defs": {"x": {"type": "integer"}}, "definitions": {"x": S(maxLength=3)}},
+    # a def named like a primitive rule that is already in the grammar
+    {"type": "object", "properties": {"x": S(maxLength=3), "y": {"$ref": "#/$defs/string"}},
+     "required": ["x", "y"], "$defs": {"string": {"type": "integer"}}},
+])
+def test_a_ref_gets_its_own_schema_whatever_else_shares_its_name(schema: dict[str, Any]) -> None:
+    assert takes(schema, {"x": "ab", "y": 5})
+    assert not takes(schema, {"x": "ab", "y": "ab"})
+
+
+def test_a_recursive_ref_still_converts() -> None:
+    tree = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}}
+    assert takes(tree, {"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": []}]})
+    assert not takes(tree, {"v": 1, "kids": [{"kids": []}]})
+
+
+@pytest.mark.parametrize("empty", [{}, {"description": "anything"}])
+def test_an_empty_schema_takes_any_value(empty: dict[str, Any]) -> None:
+    obj = {"type": "object", "properties": {"a": empty}, "required": ["a"]}
+    assert takes(obj, {"a": "text"}, {"a": 1.5}, {"a": [1, "x"]}, {"a": None}, {"a": {"k": True}})
+    assert takes({"type": "array", "items": empty}, [], [1, "x", None, {"k": []}])
+    assert takes({"type": "object", "properties": {"a": S()}, "additionalProperties": empty}, {"a": "x", "b": 3})
+
+
+def test_additional_properties_true_beside_properties_takes_any_value() -> None:
+    schema = {"type": "object", "properties": {"a": S()}, "required": ["a"], "additionalProperties": True}
+    assert takes(schema, {"a": "x"}, {"a": "x", "n": 2, "s": "t", "l": [1]})
+    assert not takes(schema, {"n": 2})
+
+
+def test_allof_requires_what_some_part_requires_and_no_more() -> None:
+    schema = {"allOf": [{"type": "object", "properties": {"a": S()}, "required": ["a"]},
+                        {"$ref": "#/$defs/b"}], "$defs": {"b": {"type": "object", "properties": {"b": {"type": "integer"}}}}}
+    assert takes(schema, {"a": "x"}, {"a": "x", "b": 1})
+    assert not takes(schema, {"b": 1})
+    assert not takes(schema, {"a": "x", "b": "y"})
+
+
+def test_allof_beside_properties_adds_to_them() -> None:
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+              "allOf": [{"properties": {"name": S()}, "required": ["name"]}]}
+    assert takes(schema, {"id": 1, "name": "n"})
+    assert not takes(schema, {"id": 1})
+
+
+def test_allof_parts_that_disagree_on_a_property_are_400s() -> None:
+    refused({"allOf": [{"properties": {"a": S()}}, {"properties": {"a": {"type": "integer"}}}]},
+            "'a'", "defined differently")
+    assert takes({"allOf": [{"properties": {"a": S()}}, {"properties": {"a": S()}, "required": ["a"]}]}, {"a": "x"})
+
+
+def test_refs_and_allofs_that_contain_themselves_are_400s() -> None:
+    refused({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, "refers to itself")
+
+
+
+def test_an_allof_that_contains_itself_is_its_own_properties() -> None:
+    schema = {"$ref": "#/$defs/a", "$defs": {
+        "a": {"properties": {"x": S()}, "required": ["x"], "allOf": [{"$ref": "#/$defs/b"}]},
+        "b": {"properties": {"y": {"type": "integer"}}, "required": ["y"], "allOf": [{"$ref": "#/$defs/a"}]}}}
+    assert takes(schema, {"x": "s", "y": 1})
+    assert not takes(schema, {"x": "s"})
+
+
+def test_allof_parts_reached_many_ways_are_merged_once() -> None:
+    n = 40  # each part names the next twice: 2**40 ways to reach the last
+    defs = {f"d{i}": {"properties": {f"p{i}": S()}, "required": [f"p{i}"],
+                      "allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(n)}
+    defs[f"d{n}"] = {"properties": {"last": {"type": "integer"}}}
+    g = schema_grammar({"$ref": "#/$defs/d0", "$defs": defs})
+    doc = {f"p{i}": "x" for i in range(n)}
+    assert gbnf.accepts(g, json.dumps(doc)) and gbnf.accepts(g, json.dumps({**doc, "last": 3}))
+    assert not gbnf.accepts(g, json.dumps({k: v for k, v in doc.items() if k != "p39"}))
+
+
+def test_allof_chains_that_merge_into_too_many_properties_are_refused(no_converter: None) -> None:
+    n = 300  # every def reaches all the later ones: n**2 / 2 merged properties
+    defs = {f"c{i}": {"properties": {f"p{i}": S()}, "allOf": [{"$ref": f"#/$defs/c{i + 1}"}]} for i in range(n)}
+    defs[f"c{n}"] = {"properties": {"end": S()}}
+    schema = {"type": "object", "properties": {f"x{i}": {"$ref": f"#/$defs/c{i}"} for i in range(n)},
+              "required": [f"x{i}" for i in range(n)], "$defs": defs}
+    grammar._Budget(schema, PARAM).visit(schema, 0, frozenset())  # what the converter alone would do is in bounds
+    refused(schema, "too large", "too many properties")
+
+
+def test_optional_properties_that_allof_merges_into_one_object_are_bounded(no_converter: None) -> None:
+    n = 250  # each part has one optional property; merged, the converter would build 250 * 251 / 2 rules
+    defs = {f"c{i}": {"properties": {f"p{i}": S()}, "allOf": [{"$ref": f"#/$defs/c{i + 1}"}]} for i in range(n)}
+    defs[f"c{n}"] = {"properties": {"end": S()}}
+    schema = {"allOf": [{"$ref": "#/$defs/c0"}], "$defs": defs}
+    grammar._Budget(schema, PARAM).visit(schema, 0, frozenset())  # unmerged, it looks small
+    refused(schema, "too large", "take too long")
