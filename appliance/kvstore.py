@@ -202,7 +202,10 @@ class KVStore:
         return True
 
     def _set_state(self, sid: int, data: bytes) -> bool:
-        """Load saved state into sequence sid, evicting idle sessions until it fits."""
+        """Load saved state into sequence sid, evicting idle sessions while the cells are
+        short. A restore needs free cells, not contiguous ones (llama.cpp places it like a
+        batch), and the turn's own reserve counts it: refused with the books in bounds, it
+        was refused for another reason, and evicting everyone else would not help."""
         while True:
             try:
                 if self.model.set_seq_state(sid, data):
@@ -211,9 +214,9 @@ class KVStore:
                 pass  # no free cells: same as a refused restore, handled below
             self.model.seq_rm(sid)
             idle = self.cache.idle_lru()
-            if not idle:
+            if not idle or self.cache.cached_tokens + self.sched.reserved + self.sched.pinned <= self.kv_tokens:
                 return False
-            self._evict(idle[0])  # no free cells: make room and try again
+            self._evict(idle[0])
 
     def _forget(self, e: Entry) -> None:
         _unlink(e.disk)

@@ -406,6 +406,23 @@ def test_failed_restore_recomputes_and_never_copies_from_an_evicted_donor() -> N
     run(main())
 
 
+def test_a_restore_refused_with_room_to_spare_evicts_no_one_else() -> None:
+    async def main() -> None:
+        model = FakeModel(reply="r")
+        eng = await cached_engine(model, slots=1, n_seq=3, park=10**6)
+        for s in "abcd":  # three ids: 'a' is parked when 'd' comes
+            await collect(eng.submit([ord(s)] * 30, SamplingParams(max_tokens=2), session=s))
+        assert eng.session_info("a")["state"] == "parked"
+        model.fail_restore = True  # a state the model will not take, with the cache nearly empty
+        text, end = await collect(eng.submit([ord("a")] * 30 + [ord("r"), 9], SamplingParams(max_tokens=2),
+                                             session="a"))
+        assert isinstance(end, Done) and text == "r" and eng.snapshot.cache_events["recomputed"] == 1
+        # 'b' gave up its id for the restore; 'c' and 'd' had nothing to do with it and keep their KV.
+        assert [eng.session_info(s)["state"] for s in "cd"] == ["cached", "cached"]
+        eng.stop()
+    run(main())
+
+
 def test_anonymous_sessions_are_parked_like_named_ones() -> None:
     async def main() -> None:
         model = FakeModel(reply="r")
