@@ -127,6 +127,13 @@ def _check(schema: Any, param: str, where: str, depth: int, seen: _Seen) -> None
         if not (isinstance(schema["$ref"], str) and schema["$ref"].startswith("#/")):
             raise _bad(where, "a $ref that is not local ('#/...')", param)
         seen.refs.append((schema["$ref"], where))
+    for key in ("const", "enum"):  # the converter writes the values and ignores every sibling but the type
+        if key in schema and constraining - {key, "type"}:
+            raise _bad(where, f"{key!r} beside {', '.join(sorted(constraining - {key, 'type'}))}", param)
+    for key, others in (("pattern", ("minLength", "maxLength", "format")), ("format", ("minLength", "maxLength")),
+                        ("prefixItems", ("minItems", "maxItems"))):  # the first one wins, the rest are ignored
+        if key in schema and (beside := [k for k in others if k in schema]):
+            raise _bad(where, f"{key!r} beside {', '.join(beside)}", param)
     for key in _STRING_ONLY:
         if key in schema and t != "string":
             raise _bad(where, f"{key!r} without \"type\": \"string\"", param)
@@ -172,6 +179,23 @@ def _check(schema: Any, param: str, where: str, depth: int, seen: _Seen) -> None
                 raise _bad(f"{where}/allOf/{i}", "an allOf part that is not an object schema or a $ref", param)
             if "$ref" in s:
                 seen.allof_refs.append((s["$ref"], f"{where}/allOf/{i}"))
+
+
+def _check_required(required: list[str], properties: dict[str, Any], where: str, param: str) -> None:
+    """The converter drops a required name that is not a listed property: nothing would require it."""
+    missing = [name for name in required if name not in properties]
+    if missing:
+        raise BadRequest(f"{param}: 'required' in {where} names {missing[0][:64]!r}, which is not in its 'properties' "
+                         "(only listed properties can be required here)", param=param)
+
+
+def _of_type(value: Any, t: str) -> bool:
+    if t == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if t == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    kinds: dict[str, Any] = {"string": str, "boolean": bool, "null": type(None), "object": dict, "array": list}
+    return isinstance(value, kinds[t])
 
 
 # -- patterns, read as the converter reads them -----------------------------------------------
@@ -383,6 +407,8 @@ class _Rewrite:
         for key, value in s.items():
             if key in ("$defs", "definitions", "allOf") or key in ANNOTATIONS:
                 continue
+            if key == "items" and "prefixItems" in s:
+                continue  # the converter would take items and drop the tuple; the tuple alone is stricter, and sound
             if key == "$ref":
                 value = self.ref(value)
             elif key == "properties":
@@ -394,7 +420,21 @@ class _Rewrite:
             elif key in ("prefixItems", "anyOf"):
                 value = [self.schema(sub) for sub in value]
             out[key] = value
-        return self._merge(s, out) if "allOf" in s else out
+        if "required" in s and "allOf" not in s:  # an allOf part's may name another part's properties
+            _check_required(s["required"], s.get("properties", {}), "an object", self.param)
+        if isinstance(s.get("type"), str) and ("enum" in s or "const" in s):  # the converter ignores the type
+            values = [v for v in s.get("enum", [s.get("const")]) if _of_type(v, s["type"])]
+            if not values:
+                raise BadRequest(f"{self.param}: no value of 'enum'/'const' is of type {s['type']!r}: nothing would "
+                                 "match", param=self.param)
+            out.pop("const", None)
+            out["enum"] = values
+        out = self._merge(s, out) if "allOf" in s else out
+        if "properties" in out and out.get("additionalProperties", False) is not False:
+            # The converter's grammar for optional properties beside extra ones accepts what is not JSON
+            # (no comma between them) and lets an extra key repeat a listed one: listed properties only.
+            out.pop("additionalProperties")
+        return out
 
     def properties(self, s: dict[str, Any]) -> dict[str, Any]:
         if id(s) not in self.own:
@@ -404,7 +444,8 @@ class _Rewrite:
     def _merge(self, s: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
         """`s` and every schema its allOf parts reach, theirs included, as one object."""
         props, required = dict(out.get("properties", {})), list(out.get("required", []))
-        closed, seen, parts = "additionalProperties" not in out, {id(s)}, list(s["allOf"])
+        seen, parts = {id(s)}, list(s["allOf"])
+        limits = [(s, s.get("properties", {}))]  # the schemas whose additionalProperties may refuse others' properties
         while parts:
             part = parts.pop(0)
             target = _resolve(self.root, part["$ref"]) if "$ref" in part else part
@@ -417,11 +458,16 @@ class _Rewrite:
                     raise BadRequest(f"{self.param}: the property {name[:64]!r} is defined differently by two allOf "
                                      "parts (only their union can be enforced here)", param=self.param)
             required += [name for name in target.get("required", []) if name not in required]
-            closed = closed or target.get("additionalProperties", True) is False
+            limits.append((target, target.get("properties", {})))
             parts += target.get("allOf", [])
+        for schema, listed in limits:
+            extra = [name for name in props if name not in listed]
+            if extra and schema.get("additionalProperties", True) is not True:
+                raise BadRequest(f"{self.param}: an allOf adds the property {extra[0][:64]!r} to an object whose "
+                                 "'additionalProperties' does not allow it, so nothing with it would match "
+                                 "(list it there, or drop additionalProperties)", param=self.param)
+        _check_required(required, props, "an allOf", self.param)
         out.update(type="object", properties=props, required=required)
-        if closed:
-            out.pop("additionalProperties", None)
         return out
 
     def whole(self) -> dict[str, Any]:
@@ -441,6 +487,11 @@ class _Rewrite:
         return {**out, "$defs": defs} if defs else out
 
 
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F]'
+_SAFE_RULES = {"char": rf'char ::= {_JSON_CHAR} | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])',
+               "dot": f"dot ::= {_JSON_CHAR}"}
+
+
 class _GrammarTooLarge(Exception):
     pass
 
@@ -450,6 +501,11 @@ def _convert(schema_json: str, prop_order: tuple[str, ...]) -> str:
     from .llm import json_schema_gbnf  # the llama_cpp user; pure Python, any thread
 
     gbnf = json_schema_gbnf(schema_json, list(prop_order))
+    # Its string characters and pattern dot take raw control characters (and the dot a raw
+    # quote or backslash), which no JSON parser reads: JSON strings escape them.
+    lines = [_SAFE_RULES.get(line.split(" ::= ")[0], line) if line.startswith(("char ::= ", "dot ::= ")) else line
+             for line in gbnf.splitlines()]
+    gbnf = "\n".join(lines) + "\n"
     if len(gbnf.encode()) > MAX_GBNF_BYTES:
         raise _GrammarTooLarge  # raised, so never cached
     return gbnf

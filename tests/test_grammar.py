@@ -279,13 +279,24 @@ def test_an_empty_schema_takes_any_value(empty: dict[str, Any]) -> None:
     obj = {"type": "object", "properties": {"a": empty}, "required": ["a"]}
     assert takes(obj, {"a": "text"}, {"a": 1.5}, {"a": [1, "x"]}, {"a": None}, {"a": {"k": True}})
     assert takes({"type": "array", "items": empty}, [], [1, "x", None, {"k": []}])
-    assert takes({"type": "object", "properties": {"a": S()}, "additionalProperties": empty}, {"a": "x", "b": 3})
+    assert takes({"type": "object", "additionalProperties": empty}, {}, {"b": 3, "c": "x", "d": [None]})
 
 
-def test_additional_properties_true_beside_properties_takes_any_value() -> None:
-    schema = {"type": "object", "properties": {"a": S()}, "required": ["a"], "additionalProperties": True}
-    assert takes(schema, {"a": "x"}, {"a": "x", "n": 2, "s": "t", "l": [1]})
-    assert not takes(schema, {"n": 2})
+@pytest.mark.parametrize("extra", [True, {}, {"type": "integer"}])
+def test_beside_listed_properties_extra_ones_are_left_out(extra: Any) -> None:
+    # The converter's grammar for them accepts `{"a": "x""b": 1}` and a listed key again as an extra.
+    for required in ([], ["a"]):
+        schema = {"type": "object", "properties": {"a": S(), "c": S()}, "required": required,
+                  "additionalProperties": extra}
+        g = schema_grammar(schema)
+        assert takes(schema, {"a": "x"}, {"a": "x", "c": "y"})
+        assert not gbnf.accepts(g, '{"a": "x""b": 1}') and not takes(schema, {"a": 5}, {"a": "x", "b": 1})
+
+
+def test_a_map_takes_what_additional_properties_allows() -> None:
+    schema = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert takes(schema, {}, {"b": 1, "c": 2})
+    assert not takes(schema, {"b": "x"})
 
 
 def test_allof_requires_what_some_part_requires_and_no_more() -> None:
@@ -350,3 +361,55 @@ def test_optional_properties_that_allof_merges_into_one_object_are_bounded(no_co
     schema = {"allOf": [{"$ref": "#/$defs/c0"}], "$defs": defs}
     grammar._Budget(schema, PARAM).visit(schema, 0, frozenset())  # unmerged, it looks small
     refused(schema, "too large", "take too long")
+
+
+def test_strings_never_hold_raw_control_characters() -> None:
+    obj = {"type": "object", "properties": {"a": S(), "b": S(pattern="^.x$")}, "required": ["a", "b"]}
+    assert takes(obj, {"a": "line\nbreak \"quoted\" \\", "b": "ax"})  # escaped, as JSON writes them
+    g = schema_grammar(obj)
+    assert not gbnf.accepts(g, '{"a": "raw\nline", "b": "ax"}')
+    for dot in ('"', "\\", "\t"):  # a pattern's dot takes no character a JSON string must escape
+        assert not gbnf.accepts(g, '{"a": "x", "b": "' + dot + 'x"}')
+
+
+def test_a_tuple_stays_a_tuple_beside_items() -> None:
+    for items in ({}, S()):
+        schema = {"type": "array", "prefixItems": [{"type": "integer"}], "items": items}
+        assert takes(schema, [1]) and not takes(schema, ["a"])
+
+
+def test_allof_cannot_add_what_an_additional_properties_refuses() -> None:
+    refused({"type": "object", "properties": {"b": S()}, "allOf": [{"properties": {"a": {"type": "integer"}}}],
+             "additionalProperties": False}, "'a'", "does not allow")
+    refused({"allOf": [{"properties": {"a": S()}, "additionalProperties": {"type": "integer"}},
+                       {"properties": {"b": S()}}]}, "'b'", "does not allow")
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "integer", "enum": [1], "maximum": 3}, "'maximum'"),  # refused as unenforced, first
+    ({"enum": ["a", "b"], "pattern": "^a$", "type": "string"}, "'enum' beside pattern"),
+    ({"const": "abc", "type": "string", "maxLength": 1}, "'const' beside maxLength"),
+    (S(pattern="^a+$", maxLength=2), "'pattern' beside maxLength"),
+    (S(format="date", maxLength=3), "'format' beside maxLength"),
+    ({"type": "array", "prefixItems": [S()], "minItems": 2, "items": S()}, "'prefixItems' beside minItems"),
+])
+def test_keywords_the_converter_would_let_one_another_override_are_400s(schema: dict[str, Any], named: str,
+                                                                      no_converter: None) -> None:
+    refused(schema, named)
+
+
+def test_enum_and_const_keep_only_values_of_the_type() -> None:
+    assert takes({"type": "integer", "enum": [1, "a", 2.0, True]}, 1, 2.0)
+    assert not takes({"type": "integer", "enum": [1, "a", True]}, "a")
+    assert not takes({"type": "integer", "enum": [1, "a", True]}, True)
+    refused({"type": "string", "const": 5}, "nothing would match")
+
+
+def test_required_names_must_be_listed_properties(no_converter: None) -> None:  # refused before conversion
+    refused({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "'b'", "not in its 'properties'")
+    refused({"type": "object", "required": ["b"], "additionalProperties": True}, "'b'")
+
+
+def test_required_names_across_allof_parts_may_come_from_another_part() -> None:
+    schema = {"allOf": [{"properties": {"a": S()}}, {"properties": {"b": S()}, "required": ["a", "b"]}]}
+    assert takes(schema, {"a": "x", "b": "y"}) and not takes(schema, {"b": "y"})
