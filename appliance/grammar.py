@@ -305,6 +305,100 @@ def _scan_pattern(pattern: str) -> tuple[str | None, int]:
     return None, repeats
 
 
+# A pattern applies to the string a JSON parser reads back, but the grammar matches the
+# document's text, where a quote, a backslash and every control character are escaped: a
+# pattern's character may only be one that JSON writes as itself. Classes lose the others,
+# escapes outside classes become classes (the converter would copy `\d` or `\.` into a
+# literal, which llama.cpp refuses), and what could only match an escaped character is a 400.
+_NOT_JSON = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]
+_CLASS_OF = {"d": "[0-9]", "w": "[a-zA-Z0-9_]", "s": "[ ]",
+             "D": r'[^0-9"\\\x00-\x1F\x7F]', "W": r'[^a-zA-Z0-9_"\\\x00-\x1F\x7F]', "S": r'[^ "\\\x00-\x1F\x7F]'}
+
+
+def _hex(c: int) -> str:
+    return f"\\x{c:02X}" if c < 0x100 else f"\\u{c:04X}" if c < 0x10000 else f"\\U{c:08X}"
+
+
+def _safe(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for lo, hi in sorted(ranges):
+        for bad_lo, bad_hi in _NOT_JSON:
+            if lo <= bad_hi and hi >= bad_lo:  # split around the forbidden run
+                if lo < bad_lo:
+                    out.append((lo, bad_lo - 1))
+                lo = bad_hi + 1
+            if lo > hi:
+                break
+        if lo <= hi:
+            out.append((lo, hi))
+    return out
+
+
+def _json_pattern(pattern: str, param: str) -> str:
+    """A checked pattern (see _scan_pattern) with every character JSON-safe. One the
+    converter will refuse anyway (an unclosed class, say) is left for it to refuse."""
+    try:
+        return _json_safe(pattern, param)
+    except (AssertionError, IndexError, ValueError):
+        return pattern
+
+
+def _json_safe(pattern: str, param: str) -> str:
+    def refuse(what: str) -> BadRequest:
+        return BadRequest(f"{param}: the pattern {pattern[:64]!r} can match {what}, which a JSON string holds only "
+                          "escaped: it cannot be enforced here", param=param)
+
+    p, i, out = pattern[1:-1], 0, ["^"]
+    while i < len(p):
+        c = p[i]
+        if c == "\\":
+            e = p[i + 1]
+            n = _HEX_ESCAPES.get(e, 0)
+            if e in _CLASS_OF:
+                out.append(_CLASS_OF[e])
+            elif n and all(h in string.hexdigits for h in p[i + 2:i + 2 + n]) and len(p[i + 2:i + 2 + n]) == n:
+                code = int(p[i + 2:i + 2 + n], 16)
+                if not _safe([(code, code)]):
+                    raise refuse(f"the character {_hex(code)}")
+                out.append(f"[{_hex(code)}]")
+                i += n
+            elif e.isalnum():  # \n \t \b \B \1 ...: control characters, boundaries, backreferences
+                raise BadRequest(f"{param}: the escape {p[i:i + 2]!r} in the pattern cannot be enforced here "
+                                 r"(\d, \w, \s, \D, \W, \S, \xHH, \uHHHH and escaped punctuation can)", param=param)
+            elif not _safe([(ord(e), ord(e))]):
+                raise refuse(f"{e!r}")
+            else:
+                out.append(f"[{_hex(ord(e))}]")
+            i += 2
+        elif c == "[":
+            end, _ = _class(p, i)
+            negated = p.startswith("^", i + 1)
+            j, ranges = i + 1 + negated, []
+            while j < end - 1:
+                read = _class_char(p, j)
+                assert read is not None  # _class read it already
+                lo, j = read
+                hi = lo
+                if p.startswith("-", j) and p[j + 1:j + 2] not in ("", "]"):
+                    read = _class_char(p, j + 1)
+                    assert read is not None
+                    hi, j = read
+                ranges.append((lo, hi))
+            if negated:
+                ranges += _NOT_JSON
+            elif not (ranges := _safe(ranges)):
+                raise refuse(f"only the class {p[i:end][:32]!r}")
+            out.append("[" + "^" * negated + "".join(_hex(lo) + (f"-{_hex(hi)}" if hi > lo else "")
+                                                      for lo, hi in ranges) + "]")
+            i = end
+        elif c == '"' or ord(c) < 0x20 or c == "\x7f":
+            raise refuse(repr(c))
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out) + "$"
+
+
 class _Budget:
     """The converter's time on a checked schema, estimated before it runs (MAX_CONVERT_NS).
     $refs are followed where they are used, as it does, except into one already open (a
@@ -419,6 +513,8 @@ class _Rewrite:
                 value = dict(ANY_VALUE)
             elif key in ("prefixItems", "anyOf"):
                 value = [self.schema(sub) for sub in value]
+            elif key == "pattern":
+                value = _json_pattern(value, self.param)
             out[key] = value
         if "required" in s and "allOf" not in s:  # an allOf part's may name another part's properties
             _check_required(s["required"], s.get("properties", {}), "an object", self.param)

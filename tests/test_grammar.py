@@ -124,7 +124,7 @@ def test_patterns_that_match_nothing_are_400s(pattern: str, named: str, no_conve
 
 @pytest.mark.parametrize("pattern", [
     "^[a-z]$", "^[a-z0-9_-]+$", "^[-a]$", "^[a-]$", "^[\\]a]$", "^[\\-a]$", "^[\\x41-\\x5a]{2}$",
-    "^[^a-z]$", "^[^\\x00-\\uffff]$", "^\\[z-a\\]$", "^[\\\\\"]$", "^a{2,5}$", "^a{,5}$", "^a{3}$", "^a{2,}$",
+    "^[^a-z]$", "^[^\\x00-\\uffff]$", "^\\[z-a\\]$", "^a{2,5}$", "^a{,5}$", "^a{3}$", "^a{2,}$",
 ])
 def test_ordinary_patterns_still_convert(pattern: str) -> None:
     assert schema_grammar(S(pattern=pattern))
@@ -413,3 +413,26 @@ def test_required_names_must_be_listed_properties(no_converter: None) -> None:  
 def test_required_names_across_allof_parts_may_come_from_another_part() -> None:
     schema = {"allOf": [{"properties": {"a": S()}}, {"properties": {"b": S()}, "required": ["a", "b"]}]}
     assert takes(schema, {"a": "x", "b": "y"}) and not takes(schema, {"b": "y"})
+
+
+def test_pattern_escapes_become_classes() -> None:
+    phone = S(pattern=r"^\d{3}-\d{4}$")
+    assert takes(phone, "555-1234") and not takes(phone, "55a-1234")
+    assert takes(S(pattern=r"^\w+\.txt$"), "notes_1.txt") and not takes(S(pattern=r"^\w+\.txt$"), "notesXtxt")
+    assert takes(S(pattern=r"^\D\x41$"), "xA") and not takes(S(pattern=r"^\D\x41$"), "1A")
+
+
+@pytest.mark.parametrize("pattern", [r"^[^,]+$", r"^[ -~]+$", r"^\S+$", r"^.+$"])
+def test_pattern_classes_take_no_character_json_must_escape(pattern: str) -> None:
+    g = schema_grammar(S(pattern=pattern))
+    assert gbnf.accepts(g, json.dumps("ab~c"))
+    for raw in ('"', "\\", "\n"):  # the raw character inside the document's string
+        assert not gbnf.accepts(g, '"a' + raw + 'b"')
+
+
+@pytest.mark.parametrize("pattern, named", [
+    (r'^[\\"]$', "escaped"), (r'^a"b$', "escaped"), (r"^a\\b$", "escaped"), (r"^\x22$", "escaped"),
+    (r"^a\nb$", "cannot be enforced"), (r"^\bx$", "cannot be enforced"), (r"^(a)\1$", "cannot be enforced"),
+])
+def test_patterns_that_need_escaped_characters_are_400s(pattern: str, named: str) -> None:
+    refused(S(pattern=pattern), named)
