@@ -34,6 +34,7 @@ MAX_GBNF_BYTES = 128 * 1024
 CONVERT_NS_PER_BYTE = 5
 CONVERT_NS_PER_VISIT = 10_000
 CONVERT_NS_PER_OPTIONAL_PAIR = 5_000
+CONVERT_NS_PER_VALUE = 6_000  # per enum value or const, written as a literal at every use (measured 3-5 us)
 MAX_CONVERT_NS = 100_000_000
 MAX_DEPTH = 32
 TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
@@ -174,11 +175,43 @@ def _check(schema: Any, param: str, where: str, depth: int, seen: _Seen) -> None
             for i, s in enumerate(schema[key]):
                 sub(s, f"{where}/{key}/{i}")
     if "allOf" in schema:
+        if t not in (None, "object"):
+            raise _bad(where, f"allOf beside \"type\": {json.dumps(t)}", param)
         for i, s in enumerate(schema["allOf"]):
             if not isinstance(s, dict) or not ("properties" in s or "$ref" in s):
                 raise _bad(f"{where}/allOf/{i}", "an allOf part that is not an object schema or a $ref", param)
+            _check_part(s, f"{where}/allOf/{i}", param)
             if "$ref" in s:
                 seen.allof_refs.append((s["$ref"], f"{where}/allOf/{i}"))
+    for key in ("const", "enum"):
+        if key in schema and (problem := _odd_value(schema[key])):
+            raise BadRequest(f"{param}: {key!r} at {where} holds {problem}, which cannot be enforced here", param=param)
+
+
+_PART_KEYS = {"type", "properties", "required", "additionalProperties", "allOf", "$ref"}
+
+
+def _check_part(part: dict[str, Any], where: str, param: str) -> None:
+    """An allOf part contributes its properties, required names and allOf: nothing else."""
+    other = set(part) - ANNOTATIONS - {"$defs", "definitions"} - _PART_KEYS
+    if other or part.get("type", "object") != "object":
+        raise _bad(where, f"an allOf part with {', '.join(sorted(other)) or 'a type other than object'}", param)
+
+
+def _odd_value(value: Any, depth: int = 0) -> str | None:
+    """What in an enum or const value the converter would misread: NaN and infinities (not
+    JSON), an object with a "$ref" (it resolves it as a reference)."""
+    if depth > MAX_DEPTH:
+        return f"values nested more than {MAX_DEPTH} levels deep"
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return "NaN or an infinity"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, sub in items:
+        if key == "$ref":
+            return 'an object with a "$ref" key'
+        if problem := _odd_value(sub, depth + 1):
+            return problem
+    return None
 
 
 def _check_required(required: list[str], properties: dict[str, Any], where: str, param: str) -> None:
@@ -401,12 +434,13 @@ def _json_safe(pattern: str, param: str) -> str:
 
 class _Budget:
     """The converter's time on a checked schema, estimated before it runs (MAX_CONVERT_NS).
-    $refs are followed where they are used, as it does, except into one already open (a
-    recursive schema, where it writes the rule's name); `name` bounds the length of the rule
-    names it gives a schema, which its repetitions repeat."""
+    Each $ref is followed once: _Rewrite gives every one a name of its own, and the converter
+    writes a named rule once. allOf parts are counted at every use, as _Rewrite merges them.
+    `name` bounds the length of the rule names it gives a schema, which its repetitions repeat."""
 
     def __init__(self, root: dict[str, Any], param: str) -> None:
         self.root, self.param, self.left = root, param, MAX_CONVERT_NS
+        self.done: set[str] = set()  # $refs visited: with a name of its own each (_Rewrite), one rule each
 
     def spend(self, ns: int) -> None:
         self.left -= ns
@@ -419,11 +453,14 @@ class _Budget:
         repeats += _scan_pattern(s["pattern"])[1] if "pattern" in s else 0
         props = s.get("properties", {})
         optional = len(set(props) - set(s.get("required", ()))) + (s.get("additionalProperties", False) is not False)
+        values = len(s["enum"]) if isinstance(s.get("enum"), list) else 0
         self.spend(CONVERT_NS_PER_VISIT + repeats * (name + 24) * CONVERT_NS_PER_BYTE
-                   + optional * (optional + 1) // 2 * CONVERT_NS_PER_OPTIONAL_PAIR)
+                   + optional * (optional + 1) // 2 * CONVERT_NS_PER_OPTIONAL_PAIR
+                   + (values + ("const" in s)) * CONVERT_NS_PER_VALUE)
         ref = s.get("$ref")
         if ref is not None:
-            if ref not in open_refs:
+            if ref not in self.done:  # (an open one, a recursive schema, is done too: the converter writes its name)
+                self.done.add(ref)
                 self.visit(_resolve(self.root, ref), len(ref), open_refs | {ref})
             return
         name += 24  # what the converter adds to a name per level ("-additional-value" at most)
@@ -548,6 +585,7 @@ class _Rewrite:
             if id(target) in seen:
                 continue  # reached twice, or a schema that is allOf itself: already merged
             seen.add(id(target))
+            _check_part(target, part.get("$ref", "an allOf part"), self.param)
             for name, sub in self.properties(target).items():
                 self.spend()
                 if props.setdefault(name, sub) != sub:

@@ -8,6 +8,7 @@ BaseExceptions, so no `except Exception` swallows them).
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -436,3 +437,40 @@ def test_pattern_classes_take_no_character_json_must_escape(pattern: str) -> Non
 ])
 def test_patterns_that_need_escaped_characters_are_400s(pattern: str, named: str) -> None:
     refused(S(pattern=pattern), named)
+
+
+def test_enum_values_repeated_at_every_use_are_bounded(no_converter: None) -> None:
+    # 48 KB: a 3,000-value enum that allOf copies into 600 properties (seconds of converter work).
+    defs = {"P": {"properties": {"x": {"enum": list(range(3000))}}, "required": ["x"]}}
+    props = {f"p{i}": {"allOf": [{"$ref": "#/$defs/P"}]} for i in range(600)}
+    refused({"type": "object", "properties": props, "required": list(props), "$defs": defs}, "too large")
+
+
+def test_a_ref_used_in_many_places_is_counted_once() -> None:
+    # Six levels of defs, each used by eight properties of the next: 8**6 uses, six rules.
+    defs: dict[str, Any] = {"d0": {"type": "object", "properties": {"v": S()}, "required": ["v"]}}
+    for d in range(1, 7):
+        props = {f"k{k}": {"$ref": f"#/$defs/d{d - 1}"} for k in range(8)}
+        defs[f"d{d}"] = {"type": "object", "properties": props, "required": list(props)}
+    g = schema_grammar({"$ref": "#/$defs/d6", "$defs": defs})
+    assert sorted(line.split(" ::= ")[0] for line in g.splitlines() if re.match(r"def\d+x ::= ", line)) == [
+        f"def{i}x" for i in range(6)]  # d5 .. d0, one rule each, named in the order they are met
+    d1 = {f"k{k}": {"v": "x"} for k in range(8)}
+    assert gbnf.accepts(g, json.dumps(d1), start="def4x")
+    assert not gbnf.accepts(g, json.dumps({**d1, "k7": {}}), start="def4x")
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "string", "allOf": [{"properties": {"a": S()}}]}, 'allOf beside "type": "string"'),
+    ({"allOf": [{"properties": {"a": S()}, "items": S()}]}, "an allOf part with items"),
+    ({"allOf": [{"$ref": "#/$defs/p"}], "$defs": {"p": {"properties": {"a": S()}, "prefixItems": [S()]}}},
+     "an allOf part with prefixItems"),
+    ({"allOf": [{"properties": {"a": S()}, "enum": [{"a": "x"}]}]}, "'enum' beside properties"),
+    ({"const": float("nan")}, "NaN"),
+    ({"enum": [1, float("inf")]}, "NaN or an infinity"),
+    ({"const": {"$ref": "#/$defs/x"}}, '"$ref" key'),
+    ({"enum": [[{"k": {"$ref": "y"}}]]}, '"$ref" key'),
+])
+def test_what_the_converter_would_drop_or_misread_in_values_and_parts_is_a_400(schema: dict[str, Any],
+                                                                             named: str) -> None:
+    refused(schema, named)
