@@ -650,9 +650,11 @@ def schema_grammar(schema: Any, param: str = "response_format.json_schema.schema
     """A checked schema's grammar (cached by the schema's JSON). Properties keep the
     schema's order: a model writes `name` before `tags` more naturally than the converter's
     alphabetical default would have it."""
-    text = json.dumps(schema, ensure_ascii=False)
     try:
+        text = json.dumps(schema, ensure_ascii=False)
         size = len(text.encode())
+    except RecursionError:
+        raise BadRequest(f"{param}: the schema is nested too deeply", param=param) from None
     except UnicodeEncodeError:
         raise BadRequest(f"{param}: the schema is not valid Unicode text (it holds a lone surrogate)",
                          param=param) from None
@@ -679,15 +681,32 @@ def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
     """Force the answer to be one (or, with parallel calls, several) of Qwen's
     `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, the arguments
     following each function's parameter schema."""
-    calls = []
-    for f in functions:
-        params = f.get("parameters") or {"type": "object"}
-        calls.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
+    calls, defs = [], {}
+    for i, f in enumerate(functions):
+        # Each function's parameters become a def of the whole, their local $refs (pydantic's
+        # nested models: "#/$defs/Item") re-rooted there.
+        try:
+            defs[f"f{i}"] = _rerooted(f.get("parameters") or {"type": "object"}, f"#/$defs/f{i}")
+        except RecursionError:
+            raise BadRequest(f"tools: the parameters of {f['name'][:64]!r} are nested too deeply", param="tools") from None
+        calls.append({"type": "object", "properties": {"name": {"const": f["name"]},
+                                                       "arguments": {"$ref": f"#/$defs/f{i}"}},
                       "required": ["name", "arguments"]})
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "$defs": defs}
     call_rules = schema_grammar(schema, "tools", ("name", "arguments"))
     # The converter names its start rule `root`: call it `call` and wrap it in the tags.
     lines = [("call" + line[4:]) if line.startswith("root ::=") else line for line in call_rules.splitlines()]
     block = r'"<tool_call>\n" call "\n</tool_call>"'
     root = f"root ::= {block} (\"\\n\" {block})*" if parallel else f"root ::= {block}"
     return "\n".join([root, *lines])
+
+
+def _rerooted(node: Any, root: str) -> Any:
+    """A schema moved under `root`: its "#/..." $refs point where they did. (A "$ref" key in a
+    value is refused by the check either way.)"""
+    if isinstance(node, list):
+        return [_rerooted(v, root) for v in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: (root + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#/") else _rerooted(v, root))
+            for k, v in node.items()}

@@ -474,3 +474,23 @@ def test_a_ref_used_in_many_places_is_counted_once() -> None:
 def test_what_the_converter_would_drop_or_misread_in_values_and_parts_is_a_400(schema: dict[str, Any],
                                                                              named: str) -> None:
     refused(schema, named)
+
+
+def test_tool_parameters_keep_their_own_defs() -> None:
+    # What pydantic (and the openai SDK's pydantic_function_tool) writes for a nested model.
+    params = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
+              "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    g = tool_call_grammar([{"name": "add", "parameters": params}, {"name": "noop", "parameters": {}}], parallel=False)
+    call = '<tool_call>\n{"name": "add", "arguments": %s}\n</tool_call>'
+    assert gbnf.accepts(g, call % json.dumps({"item": {"n": 1}}))
+    assert not gbnf.accepts(g, call % json.dumps({"item": {"n": "x"}}))
+    assert gbnf.accepts(g, '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>')
+
+
+def test_schemas_nested_past_what_python_can_walk_are_400s() -> None:
+    deep: Any = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    refused({"const": deep}, "nested too deeply")
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        tool_call_grammar([{"name": "f", "parameters": {"type": "object", "default": deep}}], parallel=False)
