@@ -214,6 +214,23 @@ def _odd_value(value: Any, depth: int = 0) -> str | None:
     return None
 
 
+def _both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """Two rewritten schemas for one property, as one; None where that takes more than this:
+    the same schema, any value and something, or a bare type and values (a derived schema
+    narrowing its base's `kind` to a const)."""
+    if a == b or b == ANY_VALUE:
+        return a
+    if a == ANY_VALUE:
+        return b
+    for values, bare in ((a, b), (b, a)):
+        listed = values.get("enum", [values["const"]] if "const" in values else None)
+        if listed is not None and set(values) <= {"enum", "const", "type"} and set(bare) == {"type"} \
+                and isinstance(bare["type"], str):
+            kept = [v for v in listed if _of_type(v, bare["type"])]
+            return {"enum": kept} if kept else None
+    return None
+
+
 def _check_required(required: list[str], properties: dict[str, Any], where: str, param: str) -> None:
     """The converter drops a required name that is not a listed property: nothing would require it."""
     missing = [name for name in required if name not in properties]
@@ -588,9 +605,12 @@ class _Rewrite:
             _check_part(target, part.get("$ref", "an allOf part"), self.param)
             for name, sub in self.properties(target).items():
                 self.spend()
-                if props.setdefault(name, sub) != sub:
+                both = _both(props[name], sub) if name in props else sub
+                if both is None:
                     raise BadRequest(f"{self.param}: the property {name[:64]!r} is defined differently by two allOf "
-                                     "parts (only their union can be enforced here)", param=self.param)
+                                     "parts (only the same schema, any value, or a type and values of it can be "
+                                     "combined here)", param=self.param)
+                props[name] = both
             required += [name for name in target.get("required", []) if name not in required]
             limits.append((target, target.get("properties", {})))
             parts += target.get("allOf", [])

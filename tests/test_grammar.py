@@ -494,3 +494,14 @@ def test_schemas_nested_past_what_python_can_walk_are_400s() -> None:
     refused({"const": deep}, "nested too deeply")
     with pytest.raises(BadRequest, match="nested too deeply"):
         tool_call_grammar([{"name": "f", "parameters": {"type": "object", "default": deep}}], parallel=False)
+
+
+def test_a_derived_schema_may_narrow_its_bases_property_to_values() -> None:
+    base = {"type": "object", "properties": {"kind": S(), "name": S(), "any": {}}, "required": ["kind", "name"]}
+    dog = {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"kind": {"const": "dog"}, "any": {"type": "integer"}}}],
+           "$defs": {"base": base}}
+    assert takes(dog, {"kind": "dog", "name": "Rex"}, {"kind": "dog", "name": "Rex", "any": 3})
+    assert not takes(dog, {"kind": "cat", "name": "Tom"})
+    assert not takes(dog, {"kind": "dog", "name": "Rex", "any": "x"})
+    refused({"allOf": [{"properties": {"k": {"type": "integer"}}}, {"properties": {"k": {"const": "dog"}}}]},
+            "'k'", "defined differently")
