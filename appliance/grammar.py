@@ -11,6 +11,7 @@ converter's work and the grammar it writes (which the engine thread parses) are 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -95,10 +96,12 @@ def check_schema(schema: Any, param: str) -> None:
     for ref, where in seen.refs:  # the converter would fail on (or silently misread) anything else
         if id(_resolve(schema, ref)) not in seen.schemas:
             raise BadRequest(f"{param}: the $ref {ref[:64]!r} at {where} names no schema in this one", param=param)
-    for ref, where in seen.allof_refs:  # the converter takes only the properties of an allOf part
-        if "properties" not in _resolve(schema, ref):
+    for ref, where in seen.allof_refs:  # an allOf part only contributes its properties (and required, allOf)
+        target = _resolve(schema, ref)
+        if "properties" not in target:
             raise BadRequest(f"{param}: the allOf part at {where} refers to {ref[:64]!r}, which has no 'properties' "
                              "(an allOf part only contributes its properties here)", param=param)
+        _check_part(target, ref, param)
 
 
 def _check(schema: Any, param: str, where: str, depth: int, seen: _Seen) -> None:
@@ -203,7 +206,7 @@ def _odd_value(value: Any, depth: int = 0) -> str | None:
     JSON), an object with a "$ref" (it resolves it as a reference)."""
     if depth > MAX_DEPTH:
         return f"values nested more than {MAX_DEPTH} levels deep"
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and not math.isfinite(value):
         return "NaN or an infinity"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, sub in items:
@@ -289,7 +292,7 @@ class _Budget:
         for part in s.get("allOf", ()):  # each part's properties, afresh at every use
             ref = part.get("$ref")
             if ref in open_refs:
-                continue  # the converter recurses without end: its RecursionError is a 400
+                continue  # a schema that is allOf itself: merged once
             opened = open_refs | {ref} if ref else open_refs
             for key, sub in (_resolve(self.root, ref) if ref else part)["properties"].items():
                 self.visit(sub, name + len(key), opened)
@@ -401,7 +404,6 @@ class _Rewrite:
             if id(target) in seen:
                 continue  # reached twice, or a schema that is allOf itself: already merged
             seen.add(id(target))
-            _check_part(target, part.get("$ref", "an allOf part"), self.param)
             for name, sub in self.properties(target).items():
                 self.spend()
                 both = _both(props[name], sub) if name in props else sub
@@ -446,7 +448,7 @@ _SAFE_RULES = {"char": rf'char ::= {_JSON_CHAR} | "\\" (["\\/bfnrt] | "u" [0-9a-
 
 
 class _GrammarTooLarge(Exception):
-    pass
+    """The converter's grammar is over MAX_GBNF_BYTES (raised, so lru_cache keeps nothing)."""
 
 
 @lru_cache(maxsize=256)

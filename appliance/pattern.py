@@ -101,6 +101,10 @@ def scan_pattern(pattern: str) -> tuple[str | None, int]:
         return None, 0  # the converter refuses it, saying why
     p, i, repeats = pattern[1:-1], 0, 0
     while i < len(p):
+        if p[i] == "?" and i > 0 and p[i - 1] == "(":
+            return "groups of the form (?...) (non-capturing, lookaround) are not supported", 0
+        if p[i] in "*+?{" and (i == 0 or p[i - 1] in "|("):  # the converter writes `|+`, no grammar at all
+            return f"the quantifier {p[i]!r} at {i + 1} follows nothing it could repeat", 0
         if p[i] == "\\":
             if i + 1 == len(p):
                 return "its final '$' is escaped (it must end the pattern)", 0

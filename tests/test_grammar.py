@@ -97,7 +97,8 @@ def test_an_allof_ref_must_bring_properties(no_converter: None) -> None:
 
 
 def test_any_other_converter_failure_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
-    refused(S(pattern="^{3}$"), "cannot be turned into a grammar")  # IndexError inside the converter
+    refused(S(pattern="^a)$"), "cannot be turned into a grammar")  # AssertionError inside the converter
+    refused(S(pattern="^{3}$"), "follows nothing")  # once an IndexError inside it, now refused before
 
     def broken(*_: Any) -> str:
         raise AttributeError("'int' object has no attribute 'get'")
@@ -233,11 +234,15 @@ def test_tool_call_grammar_names_tools_when_too_large() -> None:
 @settings(derandomize=True, max_examples=400, deadline=None, database=None)
 @given(st.text(alphabet="az-^\\]x[u4f1d{},()|*+?.\"", max_size=12))
 def test_any_pattern_is_a_grammar_or_a_400(body: str) -> None:
-    """Never a 500, and never a converter that does not return (a stray ']' once looped forever)."""
+    """Never a 500, and never a converter that does not return (a stray ']' once looped forever);
+    a grammar it gives is one the recognizer reads, and it takes no raw quote or line break."""
     try:
-        schema_grammar(S(pattern=f"^{body}$"))
-    except BadRequest:
-        pass
+        g = schema_grammar(S(pattern=f"^{body}$"))
+    except BadRequest as e:
+        assert e.status == 400 and e.param == PARAM
+        return
+    assert "root" in gbnf.parse(g)
+    assert not gbnf.accepts(g, '"""') and not gbnf.accepts(g, '"\n"')
 
 
 # -- what the grammar accepts: the converter's silent misreadings, rewritten away ---------------
@@ -434,8 +439,9 @@ def test_pattern_classes_take_no_character_json_must_escape(pattern: str) -> Non
 @pytest.mark.parametrize("pattern, named", [
     (r'^[\\"]$', "escaped"), (r'^a"b$', "escaped"), (r"^a\\b$", "escaped"), (r"^\x22$", "escaped"),
     (r"^a\nb$", "cannot be enforced"), (r"^\bx$", "cannot be enforced"), (r"^(a)\1$", "cannot be enforced"),
+    (r"^|+$", "follows nothing"), (r"^(?:ab)$", "(?...)"),
 ])
-def test_patterns_that_need_escaped_characters_are_400s(pattern: str, named: str) -> None:
+def test_patterns_needing_escaped_characters_or_unsupported_syntax_are_400s(pattern: str, named: str) -> None:
     refused(S(pattern=pattern), named)
 
 
