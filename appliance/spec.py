@@ -67,14 +67,20 @@ class NgramIndex:
 class DraftState:
     """Adaptive draft length of one sequence. It drafts only once armed: the lookup must
     first guess the model's next token right `arm_after` steps in a row, which steps without
-    drafts check for free (`guess`, `observe`). Then the length doubles while drafts hold;
-    a total miss disarms it. So an answer that starts copying drafts within two tokens, and
-    plain chat, where the lookup's guesses rarely hold twice in a row, pays for few rows."""
+    drafts check for free (`guess`, `observe`). Then it drafts `start` tokens, aims one past
+    what held after a partial miss and doubles back while drafts hold; a total miss disarms
+    it. So an answer that starts copying drafts within three tokens, and plain chat, where
+    the lookup's guesses rarely hold three times in a row, pays for few rows."""
 
-    start: int = 4  # a copied passage doubles up quickly from here
+    # Armed, draft the longest length at once: past the first tile of four rows a step's
+    # cost hardly grows with its rows (1/4/8/16 rows 23/67/101/117 ms on a Zen 4 VM), and an
+    # armed lookup mostly holds. Replayed against the bench's rewrite answers
+    # (scripts/spec-bound.py's costs from three VMs), 16 after three right guesses beat
+    # 4 after two by 1-5% in the decode phase, chat unchanged (docs/BENCHMARKS.md).
+    start: int = 16
     max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
     min_len: int = 1
-    arm_after: int = 2  # right guesses in a row before drafting
+    arm_after: int = 3  # right guesses in a row before drafting
     length: int = field(init=False)
     streak: int = field(init=False, default=0)  # right guesses in a row
     armed: bool = field(init=False, default=False)

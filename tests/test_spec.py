@@ -93,8 +93,9 @@ def arm(st: DraftState) -> None:
         st.observe(7)
 
 
-def test_no_drafts_until_the_lookup_guesses_right_twice_in_a_row() -> None:
+def test_no_drafts_until_the_lookup_guesses_right_arm_after_times_in_a_row() -> None:
     st = DraftState()
+    assert st.arm_after >= 2  # one lucky guess never arms
     assert st.want() == 0  # nothing seen yet: no verify rows spent on a guess
     for right in (True, False, True, False, True):  # right only every other time
         st.guess = 7
@@ -103,13 +104,17 @@ def test_no_drafts_until_the_lookup_guesses_right_twice_in_a_row() -> None:
     st.guess = -1
     st.observe(7)  # no lookup match this step: nothing learnt
     assert st.want() == 0 and st.streak == 1
+    for _ in range(st.arm_after - 2):
+        st.guess = 7
+        st.observe(7)
+        assert st.want() == 0
     st.guess = 7
     st.observe(7)
     assert st.want() == st.start
 
 
 def test_draft_length_grows_on_full_acceptance_and_shrinks_on_rejection() -> None:
-    st = DraftState()
+    st = DraftState(start=4)  # the default starts at max_len; from 4 the doubling shows
     arm(st)
     assert st.want() == 4
     st.record(4, 4)
@@ -143,8 +148,8 @@ def test_a_free_row_verifies_a_disarmed_guess_and_counts_towards_arming() -> Non
     assert st.want() == 0 and st.streak == 1
     st.record(1, 0)
     assert st.streak == 0
-    st.record(1, 1)
-    st.record(1, 1)
+    for _ in range(st.arm_after):
+        st.record(1, 1)
     assert st.want() == st.start  # armed, length untouched by the guesses
 
 
