@@ -34,6 +34,7 @@ from appliance.spec import ROW_TILE, DraftState, NgramIndex, allocate, fit_tile,
 MODEL = Path(__file__).resolve().parent.parent / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 MAX_TOKENS = 160  # as the bench's rewrite workload asks
 MAX_ROWS = 20
+PREVIOUS_RULE = {"start": 4, "arm_after": 2}  # DraftState's defaults before bea0e3e
 
 
 def answers(m: LLM, texts: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -82,9 +83,10 @@ def kept(draft: list[int], future: list[int]) -> int:
     return n
 
 
-def appliance_rule(prompt: list[int], ans: list[int], cost: dict[int, float]) -> float:
-    """A lone stream as core._drafts/_verify run it (greedy acceptance)."""
-    index, state, i, ms = NgramIndex(prompt), DraftState(), 0, 0.0
+def appliance_rule(prompt: list[int], ans: list[int], cost: dict[int, float], **rule: int) -> float:
+    """A lone stream as core._drafts/_verify run it (greedy acceptance); `rule` overrides
+    DraftState's defaults (start, max_len, arm_after) to compare another rule."""
+    index, state, i, ms = NgramIndex(prompt), DraftState(**rule), 0, 0.0
     while i < len(ans):
         want = state.want()
         room = len(ans) - i + 2  # max_tokens bounds the draft as in the engine
@@ -144,10 +146,12 @@ def main() -> None:
         pairs = answers(m, texts)
         plain = sum(cost[1] * len(a) for _, a in pairs)
         rule = sum(appliance_rule(p, a, cost) for p, a in pairs)
+        before = sum(appliance_rule(p, a, cost, **PREVIOUS_RULE) for p, a in pairs)
         length = sum(oracle(p, a, cost, ideal=False) for p, a in pairs)
         ideal = sum(oracle(p, a, cost, ideal=True) for p, a in pairs)
         print(f"{name}: {len(pairs)} answers, {sum(len(a) for _, a in pairs)} tokens; decode phase over plain "
-              f"decoding: appliance {plain / rule:.2f}x, oracle length {plain / length:.2f}x, "
+              f"decoding: appliance {plain / rule:.2f}x (the rule before bea0e3e {plain / before:.2f}x), "
+              f"oracle length {plain / length:.2f}x, "
               f"oracle length with an ideal source {plain / ideal:.2f}x")
     m.close()
 
