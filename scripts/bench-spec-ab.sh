@@ -6,6 +6,7 @@
 #
 #   scripts/bench-spec-ab.sh OUT COMMIT [ROUNDS]    (about 15 minutes on 2 cores for 3 rounds)
 #   WORKLOADS="followups" ...                       rewrite, chat, followups (default: rewrite chat)
+#   TEMPERATURE=0.7 ...                             sampled (default 0: greedy)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: bench-spec-ab.sh OUT COMMIT [ROUNDS]}
@@ -32,7 +33,7 @@ bench() {  # NAME [bench flags]
   "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \
     --compare "$commit=http://127.0.0.1:18183" --compare no-spec=http://127.0.0.1:18182 \
     --compare llama-server=http://127.0.0.1:18080 --compare llama-server-spec=http://127.0.0.1:18081 \
-    --concurrency 1 --temperature 0 --no-session-id --rounds "$rounds" --requests 8 "$@" \
+    --concurrency 1 --temperature "${TEMPERATURE:-0}" --no-session-id --rounds "$rounds" --requests 8 "$@" \
     --json "$out/$name.json" | tee -a "$out/all.txt"
 }
 for w in ${WORKLOADS:-rewrite chat}; do

@@ -387,12 +387,17 @@ def reference_row(logits: list[float], temperature: float, top_k: int, top_p: fl
 
 def test_sparse_row_matches_the_reference_chain() -> None:
     rng = np.random.default_rng(42)
-    for _ in range(60):
+    for trial in range(120):
         logits = rng.normal(scale=3.0, size=50)
         logits[rng.integers(0, 50)] = logits.max()  # a tie at the top now and then
+        if trial % 2:  # whole numbers: ties everywhere, at top_k's boundary and min_p's floor too
+            logits = np.round(logits)
         for temperature, top_k, top_p, min_p in [(0.0, 40, 1.0, 0.05), (0.7, 40, 1.0, 0.05),
                                                   (1.0, 0, 1.0, 0.0), (0.3, 10, 0.9, 0.0),
-                                                  (1.5, 0, 0.8, 0.1), (0.8, 5, 0.5, 0.2)]:
+                                                  (1.5, 0, 0.8, 0.1), (0.8, 5, 0.5, 0.2),
+                                                  (0.7, 10, 0.9, 0.05), (1.0, 3, 0.99, 0.0),
+                                                  (0.9, 0, 0.95, 0.05), (1.2, 50, 0.7, 0.01),
+                                                  (1.0, 80, 0.6, 0.0), (0.5, 1, 0.5, 0.5)]:
             ids, probs = sparse_row(logits, temperature, top_k, top_p, min_p)
             ref_ids, ref_probs = reference_row(list(logits), temperature, top_k, top_p, min_p)
             assert ids.tolist() == ref_ids
