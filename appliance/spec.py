@@ -250,7 +250,7 @@ def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: fl
     # no more than k tokens anyway; top_p needs it for the top_k set's mass.
     kth = -np.inf
     if k < n and (ids is None or len(ids) > k or top_p < 1.0):
-        kth = float(np.partition(x, n - k)[n - k])
+        kth = _kth_largest(x, k, top)
     if ids is None or kth > floor:
         ids = np.flatnonzero(x >= max(kth, floor))
     ids = ids[np.lexsort((ids, -x[ids]))][:k]  # most likely first, ties by token id
@@ -264,6 +264,16 @@ def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: fl
         ids = ids[:int(np.searchsorted(cum, top_p, side="left")) + 1]
     lg = x[ids]
     return ids, _softmax((lg - lg[0]) / temperature)  # shifted first: never inf - inf
+
+
+def _kth_largest(x: np.ndarray, k: int, top: float) -> float:
+    """The k-th largest of x. The logits near the top are few, and if k of them lie within
+    `width` of the top, the k-th largest is theirs: partition those, not the vocabulary."""
+    for width in (8.0, 16.0):
+        near = x[x >= top - width]
+        if len(near) >= k:
+            return float(np.partition(near, len(near) - k)[len(near) - k])
+    return float(np.partition(x, len(x) - k)[len(x) - k])
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -388,7 +388,8 @@ def reference_row(logits: list[float], temperature: float, top_k: int, top_p: fl
 def test_sparse_row_matches_the_reference_chain() -> None:
     rng = np.random.default_rng(42)
     for trial in range(120):
-        logits = rng.normal(scale=3.0, size=50)
+        # narrow and wide spreads: top_k's threshold found near the top, or over the whole row
+        logits = rng.normal(scale=(1.0, 3.0, 10.0)[trial % 3], size=50)
         logits[rng.integers(0, 50)] = logits.max()  # a tie at the top now and then
         if trial % 2:  # whole numbers: ties everywhere, at top_k's boundary and min_p's floor too
             logits = np.round(logits)
