@@ -7,6 +7,8 @@
 #
 #   scripts/bench-spec.sh [OUT] [LEVELS]     (about an hour on 2 cores; LEVELS default 1,4,8,16)
 #   WORKLOADS="rewrite" ROUNDS=2 BENCH_ARGS="--requests 8" ...   a part of it (bench-rewrite.sh)
+#   AB_COMMIT=ce4b4f9 ...   a fifth server: the appliance at that commit (bench-spec-ab.sh)
+#   TEMPERATURE=0.7 ...     sampled (default 0: greedy)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/bench-spec}
@@ -25,15 +27,23 @@ start_peer 18080 "$out/peer.log" -np 16 --kv-unified
 start_peer 18081 "$out/peer-spec.log" -np 16 --kv-unified $peer_spec
 start_app 18181 "$out/appliance-spec.log"
 start_app 18182 "$out/appliance-no-spec.log" --spec-budget 0
-for port in 18080 18081 18181 18182; do wait_ok "$port"; done
+ports=(18080 18081 18181 18182)
+ab=()
+if [ -n "${AB_COMMIT:-}" ]; then  # a git worktree at that commit, imported first via PYTHONPATH
+  [ -d "$out/tree" ] || git -C "$root" worktree add --detach "$out/tree" "$AB_COMMIT" >/dev/null
+  PYTHONPATH=$out/tree start_app 18183 "$out/appliance-$AB_COMMIT.log"
+  ports+=(18183)
+  ab=(--compare "$AB_COMMIT=http://127.0.0.1:18183")
+fi
+for port in "${ports[@]}"; do wait_ok "$port"; done
 
 bench() {  # NAME [bench flags]
   local name=$1; shift
   echo "== $name: --rounds ${ROUNDS:-1} ${extra[*]} $*" | tee -a "$out/all.txt"
   "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label spec \
     --compare no-spec=http://127.0.0.1:18182 --compare llama-server=http://127.0.0.1:18080 \
-    --compare llama-server-spec=http://127.0.0.1:18081 \
-    --concurrency "$levels" --temperature 0 --no-session-id --rounds "${ROUNDS:-1}" "${extra[@]}" "$@" \
+    --compare llama-server-spec=http://127.0.0.1:18081 "${ab[@]}" \
+    --concurrency "$levels" --temperature "${TEMPERATURE:-0}" --no-session-id --rounds "${ROUNDS:-1}" "${extra[@]}" "$@" \
     --json "$out/$name.json" | tee -a "$out/all.txt"
 }
 for w in $workloads; do
