@@ -91,6 +91,9 @@ class Config:
         "KV cache precision: f16, or q8_0 for half the memory", _one_of("f16", "q8_0")))
     threads: int = field(default=0, metadata=_opt("llama.cpp threads; 0 = one per pinned core", _non_negative))
     cpus: str = field(default="", metadata=_opt("cores to pin to, e.g. '0-3' or '0,2'; empty = all allowed", _cpus))
+    share_cores: str = field(default="on", metadata=_opt(
+        "decode on one thread fewer per core other processes keep busy (llama.cpp's threads then "
+        "spin while they wait); off = always `threads`, sleeping after a short spin", _one_of("on", "off")))
     repack: str = field(default="auto", metadata=_opt(
         "llama.cpp weight repacking (extra buffer types); auto = off where AMX is advertised", _one_of("auto", "on", "off")))
     batch_tokens: int = field(default=512, metadata=_opt("tokens per decode step (decode + prefill chunks)", _positive))

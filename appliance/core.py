@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .cache import SessionCache
+from .cores import CoreShare
 from .errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
 from .inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from .kvstore import CachePolicy, KVStore
@@ -45,6 +46,7 @@ class Model(Protocol):
     def logits_rows(self, first: int, n: int) -> np.ndarray: ...
     def new_sampler(self, params: SamplingParams) -> Any: ...
     def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]: ...
+    def set_threads(self, n: int) -> None: ...
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_pos_max(self, seq_id: int) -> int: ...
@@ -97,7 +99,7 @@ class Batch:
 class EngineCore:
     def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
                  clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0,
-                 spec_budget: int = 0) -> None:
+                 spec_budget: int = 0, cores: CoreShare | None = None) -> None:
         self.model = model
         self.limits = limits
         self.inbox = inbox
@@ -105,6 +107,8 @@ class EngineCore:
         self.metrics = metrics  # metrics.Metrics or None; observed from this thread
         self.request_timeout_s = request_timeout_s
         self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
+        self.cores = cores  # None: the thread count stays as the context was made
+        self.threads = cores.threads if cores else 0
         self.sched = Scheduler(limits, clock)
         self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
         self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
@@ -165,11 +169,21 @@ class EngineCore:
         step = self.sched.schedule()
         if not step.n_seqs:
             return False
+        self._share_cores()
         batch = self._build(step)
         if self._decode(batch, step):
             self._advance(step, batch)
             self._sample(batch)
         return True
+
+    def _share_cores(self) -> None:
+        if self.cores is None:
+            return
+        n = self.cores.update()
+        if n != self.threads:
+            log.info("%d llama.cpp threads: others used %.2f of our %d cores", n, self.cores.others, self.cores.n_cpus)
+            self.model.set_threads(n)
+            self.threads = n
 
     def _expire_turns(self) -> None:
         for turn, err, was_waiting in self.sched.expired():
@@ -454,7 +468,8 @@ class EngineCore:
         return Snapshot(
             taken_at=self.clock(), slots=self.limits.slots, running=len(self.sched.running),
             waiting=tuple(t.rid for t in self.sched.waiting),
-            sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes,
+            sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
+            cores_others=self.cores.others if self.cores else 0.0,
             counters=Counters(st.steps, st.peak_seqs_per_step, st.prompt_tokens_received,
                               st.prompt_tokens_computed, st.generated_tokens, st.draft_tokens,
                               st.draft_accepted, MappingProxyType(dict(st.finished))),

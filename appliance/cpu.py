@@ -23,17 +23,17 @@ def allowed_cpus() -> list[int]:
     return sorted(psutil.Process().cpu_affinity() or range(psutil.cpu_count() or 1))
 
 
-def set_thread_waiting(environ: MutableMapping[str, str]) -> None:
+def set_thread_waiting(environ: MutableMapping[str, str], share_cores: bool = True) -> None:
     """llama.cpp's OpenMP threads wait for each other hundreds of times per decode step.
-    Sleeping at once (passive) costs a lone stream 40% and 16 streams ~10% on a quiet
-    machine, as every wait becomes a futex sleep and wake-up; libgomp's default spins ~300k
-    rounds first, which collapses decoding when anything else wants a core (5-12 against
-    15 tokens/s with another process busy). 600 rounds keeps the quiet speed and matches
-    passive with a core taken, and a flood of large uploads stalls streams no longer than
-    passive does (docs/BENCHMARKS.md, "llama.cpp's threads"). OMP_WAIT_POLICY or
-    GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
+    Sleeping at once (passive) costs a lone stream 40% on a quiet machine, as every wait
+    becomes a futex sleep and wake-up; libgomp's default spins ~300k rounds first, 1.2-1.3x
+    faster again than 600 rounds for one stream, but it collapses when another process takes
+    one of the cores (docs/BENCHMARKS.md, "llama.cpp's threads"). With share_cores the engine
+    leaves such a core to the other process (cores.CoreShare), so it spins the default count;
+    without, 600 rounds: most of the quiet speed, and as fast as passive with a core taken.
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["GOMP_SPINCOUNT"] = "600"
+        environ["GOMP_SPINCOUNT"] = "300000" if share_cores else "600"
 
 
 def choose_cpus(cfg: Config) -> list[int]:

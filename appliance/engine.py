@@ -17,6 +17,7 @@ from typing import Any
 
 from .cache import SAVED, session_key
 from .core import EngineCore, Events, Model
+from .cores import CoreShare
 from .errors import ApplianceError, BadRequest, EngineFailure, Unavailable
 from .faults import Fault, inject
 from .inbox import Cancel, DeleteSession, Inbox
@@ -88,6 +89,7 @@ class Engine:
         max_per_client: int = 0,
         presets: tuple[str, ...] = (),
         spec_budget: int = 0,
+        cores: CoreShare | None = None,
         request_timeout_s: float = 600.0,
         pin: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
@@ -103,6 +105,7 @@ class Engine:
         assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
         self.presets = presets  # operator system prompts, shared by every client
         self.spec_budget = spec_budget
+        self.cores = cores  # None: a fixed thread count
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.metrics = metrics
@@ -311,7 +314,7 @@ class Engine:
         template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
         core = EngineCore(model, self.limits, self.policy, self.inbox, clock=self.clock,
                           metrics=self.metrics, request_timeout_s=self.request_timeout_s,
-                          spec_budget=self.spec_budget)
+                          spec_budget=self.spec_budget, cores=self.cores)
         core.warm_up()
         # No BOS added per piece: a template that wants one writes it (Qwen's does not).
         tokenize: Tokenize = lambda text, special: tok.tokenize(text, False, special)

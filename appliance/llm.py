@@ -353,6 +353,10 @@ class LLM:
         return Sampler(params, self.tokenizer.n_vocab, self.tokenizer.vocab)
 
     # -- KV cache ------------------------------------------------------------------------
+    def set_threads(self, n: int) -> None:
+        """Threads for the next decodes (cores.CoreShare); cheap: read per graph compute."""
+        C.llama_set_n_threads(self.ctx, n, n)
+
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         """Drop positions [p0, p1) of a sequence (-1 = open end)."""
         if not 0 <= seq_id < self.spec.n_seq_max:

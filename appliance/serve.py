@@ -16,6 +16,7 @@ import uvicorn
 from . import conn, cpu, faults
 from .auth import KeyRing, KeysFileError
 from .config import Config, ConfigError
+from .cores import CoreShare, read_cpu_time
 from .engine import Engine, EngineState
 from .guard import GuardPolicy
 from .identity import parse_networks
@@ -59,8 +60,10 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
 
+    cores = (CoreShare(len(cpus), threads, lambda: read_cpu_time(cpus), time.monotonic)
+             if cfg.share_cores == "on" else None)
     return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
-                  spec_budget=cfg.spec_budget,
+                  spec_budget=cfg.spec_budget, cores=cores,
                   request_timeout_s=cfg.request_timeout_s,
                   pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal,
                   stall_s=cfg.stall_s, fault=faults.from_env(os.environ))
@@ -134,7 +137,7 @@ class _Server(uvicorn.Server):
 
 def serve(cfg: Config, model_path: Path) -> int:
     # Set before llama.cpp (and libgomp) load in the engine thread.
-    cpu.set_thread_waiting(os.environ)
+    cpu.set_thread_waiting(os.environ, cfg.share_cores == "on")
     metrics = Metrics()
     server: _Server | None = None
 

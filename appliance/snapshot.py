@@ -40,6 +40,8 @@ class Snapshot:
     waiting: tuple[int, ...] = ()  # request ids in admission order
     sessions: Mapping[str, SessionView] = field(default_factory=lambda: MappingProxyType({}))
     parked_bytes: int = 0
+    threads: int = 0  # llama.cpp threads the last step ran with (0: not chosen here)
+    cores_others: float = 0.0  # of the engine's cores, what other processes used lately
     counters: Counters = field(default_factory=Counters)
     cache_events: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # hits, evictions...
     step_log: tuple[tuple[int, int, int, int], ...] = ()  # (decode, prefill seqs, prefill tokens, drafts)

@@ -78,6 +78,7 @@ class FakeModel:
     capacity: int = 0  # KV cells (distinct positions over all sequences); 0 = unlimited
     fail_restore: bool = False
     closed: bool = False
+    threads: list[int] = field(default_factory=list)  # every set_threads call
 
     def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None:
         if self.gate is not None:
@@ -110,6 +111,9 @@ class FakeModel:
         n = sampler.n
         sampler.n += 1
         return ord(self.reply[n]) if n < len(self.reply) else EOS
+
+    def set_threads(self, n: int) -> None:
+        self.threads.append(n)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         if p0 <= 0 and p1 < 0:

@@ -423,13 +423,17 @@ def test_a_small_batch_takes_the_default_ubatch_down_but_not_an_explicit_one() -
         load({"batch_tokens": "64", "slots": "8", "ubatch_tokens": "128"}, environ={})
 
 
-def test_llama_cpp_threads_spin_briefly_unless_the_environment_says_otherwise() -> None:
+def test_llama_cpp_threads_spin_long_when_they_share_cores_briefly_when_not_and_the_environment_wins() -> None:
     from appliance.cpu import set_thread_waiting
 
     env: dict[str, str] = {}
     set_thread_waiting(env)
+    assert env == {"GOMP_SPINCOUNT": "300000"}  # share_cores (the default) gives a busy core up
+    env = {}
+    set_thread_waiting(env, share_cores=False)
     assert env == {"GOMP_SPINCOUNT": "600"}
     for given in ({"OMP_WAIT_POLICY": "passive"}, {"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "0"}):
-        env = dict(given)
-        set_thread_waiting(env)
-        assert env == given  # a dedicated box's drop-in wins
+        for share in (True, False):
+            env = dict(given)
+            set_thread_waiting(env, share)
+            assert env == given  # a drop-in wins
