@@ -5,6 +5,7 @@ concurrent streams of 96 greedy tokens, tokens/s over all streams; each setting 
 machine and with another process busy on core 0, alternating, twice.
 
     .venv/bin/python scripts/measure-omp.py [NAME=VAR=VALUE ...]
+    EXTRA_ARGS="--threads 1" CONDITIONS="busy quiet" ...     more server flags; other conditions
 
 Default settings: passive (OMP_WAIT_POLICY=passive), spin200 / spin600 / spin2k
 (GOMP_SPINCOUNT=N: spin N rounds, then sleep) and spin300k (libgomp's default count when
@@ -13,6 +14,7 @@ nothing is set, which is what llama.cpp gets by default).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,7 @@ MODEL = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def run(env: dict[str, str], log_dir: Path) -> dict[int, float]:
-    live = start(MODEL, log_dir, "--slots", "8", "--spec-budget", "0", env=env)
+    live = start(MODEL, log_dir, "--slots", "8", "--spec-budget", "0", *os.environ.get("EXTRA_ARGS", "").split(), env=env)
     live.wait_ready()
     out: dict[int, float] = {}
     try:
@@ -62,7 +64,7 @@ def main() -> int:
     if sys.argv[1:]:  # e.g. spin1k=GOMP_SPINCOUNT=1000
         settings = {name: dict([kv.split("=", 1)]) for name, kv in (a.split("=", 1) for a in sys.argv[1:])}
     with tempfile.TemporaryDirectory() as d:
-        for condition in ("quiet", "busy", "quiet", "busy"):
+        for condition in os.environ.get("CONDITIONS", "quiet busy quiet busy").split():
             hog = (subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"])
                    if condition == "busy" else None)
             try:
