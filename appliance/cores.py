@@ -10,16 +10,14 @@ barriers at all, and on the free core it decoded a lone stream 1.5x faster than 
 sleeping after 600 rounds beside the busy process.
 
 So the engine thread measures, every half second while it decodes, how much of its cores
-the rest of the machine used (the cores' busy time in /proc/stat, stolen time included, less
-this process's own CPU time), and runs one thread fewer per core that others keep busy.
+the rest of the machine used (the cores' busy time, stolen time included, less this
+process's own CPU time: cpu.cpu_seconds), and runs one thread fewer per core that others keep busy.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # A core counts as taken once others use more than TAKE of it over a sample, and is given
 # back once they use less than FREE: with two cores, a busy process shows as ~0.5 of a core
@@ -32,33 +30,13 @@ INTERVAL_S = 0.5
 Reading = tuple[float, float, float]  # (wall s, busy s of our cores by all processes, this process's CPU s)
 
 
-def read_cpu_time(cpus: list[int], proc: Path = Path("/proc")) -> tuple[float, float]:
-    """(busy seconds of these CPUs, by every process, since boot; this process's CPU seconds).
-    Busy is user + nice + system + irq + softirq + steal: the hypervisor's steal is a core
-    taken as surely as another process's work. (0, 0) where /proc/stat is unreadable."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    want = {f"cpu{c}" for c in cpus}
-    busy = 0
-    try:
-        with open(proc / "stat") as f:
-            for line in f:
-                parts = line.split()
-                if parts and parts[0] in want:
-                    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in parts[1:9])
-                    busy += user + nice + system + irq + softirq + steal
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    t = os.times()
-    return busy / tick, t.user + t.system
-
-
 @dataclass(slots=True)
 class CoreShare:
     """The thread count for the next steps, from how busy others keep our cores."""
 
     n_cpus: int  # the cores the engine is pinned to
     max_threads: int  # the configured count: never more
-    read: Callable[[], tuple[float, float]]  # read_cpu_time for our cores
+    read: Callable[[], tuple[float, float]]  # cpu.cpu_seconds for our cores
     clock: Callable[[], float]
     taken: int = field(init=False, default=0)  # cores given up to others
     others: float = field(init=False, default=0.0)  # cores others used over the last sample

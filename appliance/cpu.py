@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,6 +35,22 @@ def set_thread_waiting(environ: MutableMapping[str, str], share_cores: bool = Tr
     OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
         environ["GOMP_SPINCOUNT"] = "300000" if share_cores else "600"
+
+
+def cpu_seconds(cpus: list[int]) -> tuple[float, float]:
+    """(busy seconds of these CPUs, by every process, since boot; this process's CPU seconds),
+    for cores.CoreShare. (0, 0) where they cannot be read."""
+    try:
+        per_cpu, own = psutil.cpu_times(percpu=True), psutil.Process().cpu_times()
+    except (OSError, psutil.Error):
+        return 0.0, 0.0
+    return sum(busy_seconds(per_cpu[c]) for c in cpus if c < len(per_cpu)), own.user + own.system
+
+
+def busy_seconds(times: Any) -> float:
+    """A CPU's time not idle: user, nice, system, interrupts, and the hypervisor's steal,
+    a core taken as surely as another process's work (not iowait: that is idle)."""
+    return sum(getattr(times, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 def choose_cpus(cfg: Config) -> list[int]:

@@ -16,7 +16,7 @@ import uvicorn
 from . import conn, cpu, faults
 from .auth import KeyRing, KeysFileError
 from .config import Config, ConfigError
-from .cores import CoreShare, read_cpu_time
+from .cores import CoreShare
 from .engine import Engine, EngineState
 from .guard import GuardPolicy
 from .identity import parse_networks
@@ -60,7 +60,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")
         return LLM(model_path, spec)
 
-    cores = (CoreShare(len(cpus), threads, lambda: read_cpu_time(cpus), time.monotonic)
+    cores = (CoreShare(len(cpus), threads, lambda: cpu.cpu_seconds(cpus), time.monotonic)
              if cfg.share_cores == "on" else None)
     return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
                   spec_budget=cfg.spec_budget, cores=cores,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fakes import FakeClock, FakeModel
 from test_core import Core, make
 
 from appliance.core import EngineCore
-from appliance.cores import FREE, INTERVAL_S, TAKE, CoreShare, read_cpu_time
+from appliance.cores import FREE, INTERVAL_S, TAKE, CoreShare
+from appliance.cpu import busy_seconds, cpu_seconds
 from appliance.inbox import Inbox
 from appliance.kvstore import CachePolicy
 from appliance.scheduler import Limits
@@ -100,28 +101,21 @@ def test_samples_at_most_every_interval_and_not_across_an_idle_spell() -> None:
     assert tick(cs, m, clock, ours=1.5, others=0.5) == 1
 
 
-def test_an_unreadable_proc_keeps_the_configured_threads(tmp_path: Path) -> None:
-    assert read_cpu_time([0, 1], proc=tmp_path) == (0.0, 0.0)
+def test_unreadable_cpu_times_keep_the_configured_threads() -> None:
     clock = FakeClock()
-    cs = CoreShare(2, 2, lambda: read_cpu_time([0], proc=tmp_path), clock)
+    cs = CoreShare(2, 2, lambda: (0.0, 0.0), clock)  # what cpu.cpu_seconds returns then
     for _ in range(4):
         clock.advance(INTERVAL_S)
         assert cs.update() == 2
 
 
-def test_read_cpu_time_sums_our_cpus_busy_fields_and_steal(tmp_path: Path) -> None:
-    (tmp_path / "stat").write_text(
-        "cpu  900 0 900 9000 0 0 0 0 0 0\n"
-        #      user nice system idle iowait irq softirq steal guest guest_nice
-        "cpu0 100 10 20 5000 7 1 2 3 0 0\n"
-        "cpu1 200 20 40 5000 7 2 4 6 0 0\n"
-        "cpu2 999 99 99 5000 7 9 9 9 0 0\n"
-        "intr 12345\n")
-    tick_s = os.sysconf("SC_CLK_TCK")
-    busy, own = read_cpu_time([0, 1], proc=tmp_path)
-    assert busy == pytest.approx((100 + 10 + 20 + 1 + 2 + 3 + 200 + 20 + 40 + 2 + 4 + 6) / tick_s)  # no idle, no iowait
-    t = os.times()
-    assert 0 < own <= t.user + t.system
+def test_busy_time_is_every_field_but_idle_and_iowait_and_includes_steal() -> None:
+    t = SimpleNamespace(user=100, nice=10, system=20, idle=5000, iowait=7, irq=1, softirq=2, steal=3, guest=0)
+    assert busy_seconds(t) == 100 + 10 + 20 + 1 + 2 + 3  # no idle, no iowait
+    busy, own = cpu_seconds([0])
+    assert busy > 0
+    t2 = os.times()
+    assert 0 < own <= t2.user + t2.system + 0.05
 
 
 def test_the_engine_runs_its_steps_with_the_chosen_count_and_publishes_it() -> None:
