@@ -3,7 +3,8 @@
 # OpenAI clients send them, each from its own address. llama-server (-np 16 --kv-unified,
 # the better peer in the table) and three appliances run side by side in one bench
 # invocation, rounds interleaved: the defaults, --idle-kv-tokens 0 (idle conversations stay
-# in the KV cache) and OMP_WAIT_POLICY=passive (llama.cpp's threads sleep at once).
+# in the KV cache) and --share-cores off (fixed threads sleeping after 600 spins, the default
+# before share_cores).
 #
 #   scripts/bench-clients.sh [OUT] [ROUNDS]       (about 25 minutes on 2 cores for 3 rounds)
 #   SESSION_IDS=1 scripts/bench-clients.sh ...     the same users sending X-Session-Id
@@ -22,11 +23,11 @@ mkdir -p "$out"
 start_peer 18080 "$out/peer.log" -np 16 --kv-unified
 start_app 18181 "$out/default.log"
 start_app 18182 "$out/idle0.log" --idle-kv-tokens 0
-OMP_WAIT_POLICY=passive start_app 18183 "$out/passive.log"
+start_app 18183 "$out/fixed.log" --share-cores off
 for port in 18080 18181 18182 18183; do wait_ok "$port"; done
 
 "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label default \
-  --compare idle0=http://127.0.0.1:18182 --compare passive=http://127.0.0.1:18183 \
+  --compare idle0=http://127.0.0.1:18182 --compare fixed-threads=http://127.0.0.1:18183 \
   --compare llama-server=http://127.0.0.1:18080 \
   --concurrency 16 --turns 4 --think-s 1 --max-tokens 48 --temperature 0 "${ids[@]}" \
   --rounds "$rounds" --json "$out/clients.json" | tee "$out/clients.txt"
