@@ -1,6 +1,7 @@
 """Rewriting at one client without HTTP: the bench's rewrite prompts through `Engine` one
 after another (one client, greedy, 160 tokens), and the time from each answer's first token
-to its last, where speculation acts (docs/BENCHMARKS.md, "Draft rows in whole tiles").
+to its last, where speculation acts (docs/BENCHMARKS.md, "Draft rows in whole tiles"), and
+how much of that was inside llama_decode, by the step's rows.
 
     .venv/bin/python scripts/measure-rewrite-decode.py [N_PROMPTS]
     SPEC_BUDGET=0 .venv/bin/python scripts/measure-rewrite-decode.py     speculation off
@@ -11,21 +12,39 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from appliance import cpu
+from appliance import llm as L
 from appliance.bench.prompts import DEFAULT_SYSTEM, REWRITE_PROMPTS
 from appliance.config import load
 from appliance.sampling import SamplingParams
 from appliance.serve import build_engine
 
 MODEL = Path(__file__).resolve().parent.parent / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+steps: dict[int, list[float]] = defaultdict(list)  # rows -> seconds in llama_decode, decode phase only
+timing = False
+_decode = L.LLM.decode
+
+
+def timed_decode(self: Any, tokens: list[int], *a: Any, **k: Any) -> None:
+    t = time.perf_counter()
+    try:
+        _decode(self, tokens, *a, **k)
+    finally:
+        if timing:
+            steps[len(tokens)].append(time.perf_counter() - t)
 
 
 async def main(n_prompts: int) -> None:
+    global timing
     cpu.set_thread_waiting(os.environ)  # as serve runs llama.cpp's threads
+    L.LLM.decode = timed_decode  # type: ignore[method-assign,assignment]
     cfg, _ = load({"spec_budget": os.environ.get("SPEC_BUDGET", "16"), "state_dir": ""}, environ={})
     eng = build_engine(cfg, MODEL)
     eng.start(asyncio.get_running_loop())
@@ -38,13 +57,21 @@ async def main(n_prompts: int) -> None:
         t0 = time.perf_counter()
         first = 0.0
         async for _ in eng.submit(prompt, SamplingParams(max_tokens=160, temperature=0.0), client="one").events():
-            first = first or time.perf_counter()
+            if not first:
+                first, timing = time.perf_counter(), True
             tokens += 1
+        timing = False
         decoding += time.perf_counter() - first
         prefill += first - t0
     c = eng.snapshot.counters
     print(f"{n_prompts} prompts, {tokens} events: first token to last {decoding * 1000:.0f} ms, "
           f"before the first {prefill * 1000:.0f} ms; {c.draft_tokens} draft tokens, {c.draft_accepted} kept")
+    n_steps = sum(len(v) for v in steps.values())
+    inside = sum(sum(v) for v in steps.values())
+    print(f"{n_steps} decode steps, {inside * 1000:.0f} ms in llama_decode, "
+          f"{(decoding - inside) * 1000 / max(1, n_steps):.2f} ms per step beyond it")
+    for rows, times in sorted(steps.items()):
+        print(f"  {rows:3d} rows: {len(times):5d} steps, median {statistics.median(times) * 1000:.1f} ms")
     eng.stop()
 
 
