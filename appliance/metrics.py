@@ -57,10 +57,11 @@ class _EngineCollector(Collector):
         yield _gauge("appliance_sessions_cached", "Idle sessions holding KV cache", snap.sessions_cached)
         yield _gauge("appliance_sessions_parked", "Sessions parked in RAM", snap.sessions_parked)
         yield _gauge("appliance_parked_bytes", "RAM used by parked sessions", snap.parked_bytes)
-        yield _gauge("appliance_llama_threads", "llama.cpp threads decoding (fewer while other processes use our cores)",
-                     snap.threads)
-        yield _gauge("appliance_cores_used_by_others", "Of the engine's cores, how many other processes used lately",
-                     snap.cores_others)
+        if snap.threads:  # share_cores = "off": the count is fixed, and nobody measures the others
+            yield _gauge("appliance_llama_threads", "llama.cpp threads decoding (fewer while other processes use our cores)",
+                         snap.threads)
+            yield _gauge("appliance_cores_used_by_others", "Of the engine's cores, how many other processes used lately",
+                         snap.cores_others)
         yield _counter("appliance_prompt_tokens_received", "Prompt tokens in admitted requests",
                        c.prompt_tokens_received)
         yield _counter("appliance_prompt_tokens_computed", "Prompt tokens actually prefilled",

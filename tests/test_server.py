@@ -329,6 +329,7 @@ def test_metrics_and_debug_steps(client: TestClient) -> None:
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "appliance_time_to_first_token_seconds" in r.text
+    assert "appliance_llama_threads" not in r.text  # this engine does not share its cores: no 0 threads
     steps = client.get("/debug/steps").json()["steps"]
     # Each step starts [decode seqs, prefill seqs, prefill tokens, ...].
     assert steps and all(len(s) >= 3 and all(isinstance(n, int) for n in s) for s in steps)
