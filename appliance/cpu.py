@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from .config import Config, ConfigError, parse_cpu_list
+from appliance.config import Config, ConfigError, parse_cpu_list
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ EOF
 }
 
 # The default configuration file. Lines "#key = value" are the built-in defaults
-# (tests/test_service_files.py checks that they are valid and true); uncomment to change.
+# (tests/ops/test_service_files.py checks that they are valid and true); uncomment to change.
 default_config() {
   cat <<'EOF'
 # /etc/appliance/appliance.toml: read by `appliance serve` at start-up.
@@ -313,7 +313,8 @@ check_py='
 import os, sys
 from pathlib import Path
 os.umask(0o077)  # as UMask= in the unit
-from appliance import config, model_files
+from appliance import config
+from appliance.model import files as model_files
 try:
     cfg, _ = config.load(config_file=sys.argv[1])
 except config.ConfigError as e:

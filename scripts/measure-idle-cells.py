@@ -13,7 +13,7 @@ from pathlib import Path
 
 from appliance import cpu
 from appliance.config import Config
-from appliance.llm import LLM, ContextSpec
+from appliance.model.llm import LLM, ContextSpec
 
 MODEL = Path(__file__).resolve().parent.parent / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 ACTIVE, CONTEXT = 16, 200

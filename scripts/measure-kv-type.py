@@ -13,7 +13,7 @@ import numpy as np
 
 from appliance import cpu
 from appliance.config import Config
-from appliance.llm import LLM, ContextSpec
+from appliance.model.llm import LLM, ContextSpec
 
 PROMPTS = [
     "Explain what a KV cache is in two sentences.",

@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from live import start  # noqa: E402
 
-from appliance import sse  # noqa: E402
+from appliance.bench import sse  # noqa: E402
 
 MODEL = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 

@@ -15,8 +15,9 @@ import json
 import time
 from pathlib import Path
 
-from appliance import config, cpu, tune
-from appliance.llm import LLM, ContextSpec
+from appliance import config, cpu
+from appliance.model.llm import LLM, ContextSpec
+from appliance.ops import tune
 
 
 def prompt_tps(path: Path, threads: int, repack: bool, ubatch: int) -> float:

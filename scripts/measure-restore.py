@@ -10,7 +10,7 @@ from pathlib import Path
 
 from appliance import cpu
 from appliance.config import Config
-from appliance.llm import LLM, ContextSpec
+from appliance.model.llm import LLM, ContextSpec
 
 
 def main() -> None:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from appliance import cpu
-from appliance import llm as L
 from appliance.bench.prompts import DEFAULT_SYSTEM, REWRITE_PROMPTS
 from appliance.config import load
+from appliance.model import llm as L
+from appliance.ops.serve import build_engine
 from appliance.sampling import SamplingParams
-from appliance.serve import build_engine
 
 MODEL = Path(__file__).resolve().parent.parent / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 steps: dict[int, list[float]] = defaultdict(list)  # rows -> seconds in llama_decode, decode phase only

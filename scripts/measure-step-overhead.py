@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from appliance import cpu
-from appliance import llm as L
 from appliance.config import load
+from appliance.model import llm as L
+from appliance.ops.serve import build_engine
 from appliance.sampling import SamplingParams
-from appliance.serve import build_engine
 
 MODEL = Path(sys.argv[1] if len(sys.argv) > 1 else "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 in_decode = [0.0, 0]  # seconds inside llama_decode, calls

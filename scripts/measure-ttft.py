@@ -11,8 +11,7 @@ import uuid
 
 import httpx
 
-from appliance import sse
-from appliance.bench import is_loopback, user_address
+from appliance.bench import is_loopback, sse, user_address
 
 
 def main() -> None:

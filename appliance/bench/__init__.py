@@ -13,11 +13,11 @@ back); target, rss, progress; load (measure, soak); report, records, plot; cli.
 
 from __future__ import annotations
 
-from .cli import add_arguments, run
-from .load import STAGGER_S, Arrival, measure, soak
-from .plot import PlotError
-from .progress import Progress
-from .prompts import (
+from appliance.bench.cli import add_arguments, run
+from appliance.bench.load import STAGGER_S, Arrival, measure, soak
+from appliance.bench.plot import PlotError
+from appliance.bench.progress import Progress
+from appliance.bench.prompts import (
     BURST_PROMPTS,
     BURST_SIZE,
     CHARS_PER_TOKEN,
@@ -29,12 +29,12 @@ from .prompts import (
     REWRITE_PROMPTS,
     WorkloadName,
 )
-from .records import jsonl_records, read_jsonl
-from .report import format_report
-from .results import LevelResult, RequestResult, percentile
-from .rss import listening_pid, rss_mib, server_pid
-from .target import base_url, is_loopback, resolve_model, user_address
-from .workload import Workload
+from appliance.bench.records import jsonl_records, read_jsonl
+from appliance.bench.report import format_report
+from appliance.bench.results import LevelResult, RequestResult, percentile
+from appliance.bench.rss import listening_pid, rss_mib, server_pid
+from appliance.bench.target import base_url, is_loopback, resolve_model, user_address
+from appliance.bench.workload import Workload
 
 __all__ = [
     "BURST_PROMPTS", "BURST_SIZE", "CHARS_PER_TOKEN", "DEFAULT_SYSTEM", "FOLLOW_UPS",

@@ -10,15 +10,15 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .load import measure, soak
-from .plot import PlotError, plot
-from .progress import Progress
-from .prompts import BURST_SIZE, DEFAULT_LEVELS, DEFAULT_SYSTEM, PROMPT_SETS, PROMPTS, REWRITE_PROMPTS
-from .records import json_report, jsonl_records, read_jsonl
-from .report import format_report
-from .results import LevelResult
-from .target import resolve_model
-from .workload import Workload, fresh_system
+from appliance.bench.load import measure, soak
+from appliance.bench.plot import PlotError, plot
+from appliance.bench.progress import Progress
+from appliance.bench.prompts import BURST_SIZE, DEFAULT_LEVELS, DEFAULT_SYSTEM, PROMPT_SETS, PROMPTS, REWRITE_PROMPTS
+from appliance.bench.records import json_report, jsonl_records, read_jsonl
+from appliance.bench.report import format_report
+from appliance.bench.results import LevelResult
+from appliance.bench.target import resolve_model
+from appliance.bench.workload import Workload, fresh_system
 
 
 def _int_list(text: str) -> list[int]:

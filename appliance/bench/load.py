@@ -13,12 +13,12 @@ from typing import Literal
 
 import httpx
 
-from .. import sse
-from .progress import Progress
-from .results import LevelResult, RequestResult
-from .rss import rss_mib, server_pid
-from .target import base_url, is_loopback, user_address
-from .workload import Workload, first_prompt, follow_up, long_document, opening
+from appliance.bench import sse
+from appliance.bench.progress import Progress
+from appliance.bench.results import LevelResult, RequestResult
+from appliance.bench.rss import rss_mib, server_pid
+from appliance.bench.target import base_url, is_loopback, user_address
+from appliance.bench.workload import Workload, first_prompt, follow_up, long_document, opening
 
 Arrival = Literal["together", "staggered"]
 

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from .results import RequestResult
+from appliance.bench.results import RequestResult
 
 
 class Progress:

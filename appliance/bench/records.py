@@ -9,7 +9,7 @@ import json
 import statistics
 from typing import Any
 
-from .results import LevelResult, level_ratios, ms, percentile
+from appliance.bench.results import LevelResult, level_ratios, ms, percentile
 
 
 def _median_of_rounds(parts: list[LevelResult]) -> dict[str, float | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .results import LevelResult, level_ratios
+from appliance.bench.results import LevelResult, level_ratios
 
 
 def _ratio_row(b: str, labels: list[str]) -> str:

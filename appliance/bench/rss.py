@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from .target import base_url, is_loopback
+from appliance.bench.target import base_url, is_loopback
 
 
 def listening_pid(port: int) -> int | None:

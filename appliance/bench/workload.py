@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from .prompts import DEFAULT_SYSTEM, FOLLOW_UPS, PROMPTS, long_document
+from appliance.bench.prompts import DEFAULT_SYSTEM, FOLLOW_UPS, PROMPTS, long_document
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,490 @@
+"""The engine core: everything the engine thread owns (model, scheduler, session cache, KV
+store, counters) and what it does with it each loop iteration: take commands, expire,
+admit, then one decode step read as its phases (build the batch, decode, advance, sample,
+emit). Built whole inside the engine thread, after the model has loaded; nothing here is
+touched from another thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import numpy as np
+
+from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
+from appliance.engine.kv.cache import SessionCache
+from appliance.engine.kv.store import CachePolicy, KVStore
+from appliance.engine.scheduler import Limits, Scheduler, Step
+from appliance.engine.snapshot import Counters, SessionView, Snapshot
+from appliance.engine.spec import (
+    ROW_TILE,
+    NgramIndex,
+    TurnDrafts,
+    accept_greedy,
+    accept_sampled,
+    allocate,
+    fit_tile,
+    sparse_row,
+    step_budget,
+)
+from appliance.engine.textstream import TextStream
+from appliance.engine.threads import CoreShare
+from appliance.engine.turn import Delta, Done, Failed, State, TokenLogprob, Turn
+from appliance.errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
+from appliance.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+Events = list[tuple[Callable[[Any], None], Any]]
+
+
+class Model(Protocol):
+    """What the engine needs from llm.LLM; unit tests supply a fake."""
+
+    tokenizer: Any
+    fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
+
+    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
+    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int | Exception]: ...
+    def greedy_rows(self, first: int, n: int) -> list[int]: ...
+    def logits_rows(self, first: int, n: int) -> np.ndarray: ...
+    def new_sampler(self, params: SamplingParams) -> Any: ...
+    def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]: ...
+    def set_threads(self, n: int) -> None: ...
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_pos_max(self, seq_id: int) -> int: ...
+    def seq_state(self, seq_id: int) -> bytes: ...
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Stats:
+    steps: int = 0
+    peak_seqs_per_step: int = 0
+    prompt_tokens_received: int = 0
+    prompt_tokens_computed: int = 0
+    generated_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    # Recent steps as (decode seqs, prefill seqs, prefill tokens, draft tokens): shows that
+    # a long prefill never stalls the streams already generating.
+    step_log: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+@dataclass(slots=True)
+class Batch:
+    """One llama_decode call: row i of the batch is token i."""
+
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want: list[bool] = field(default_factory=list)  # logits for this row
+    # (turn, first logits row, draft tokens verified in the rows after it) to sample
+    picks: list[tuple[Turn, int, list[int]]] = field(default_factory=list)
+    n_drafts: int = 0
+
+    def add(self, turn: Turn, tokens: list[int], start: int, logits: bool, draft: list[int] | None = None) -> None:
+        """tokens at positions start...; with logits, the last 1 + len(draft) rows get them."""
+        draft = draft or []
+        n = len(tokens)
+        self.tokens.extend(tokens)
+        self.pos.extend(range(start, start + n))
+        self.seq_ids.extend([turn.seq_id] * n)
+        n_out = 1 + len(draft) if logits else 0
+        self.want.extend([False] * (n - n_out) + [True] * n_out)
+        if logits:
+            self.picks.append((turn, len(self.tokens) - n_out, draft))
+        self.n_drafts += len(draft)
+
+
+class EngineCore:
+    def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
+                 clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0,
+                 spec_budget: int = 0, cores: CoreShare | None = None) -> None:
+        self.model = model
+        self.limits = limits
+        self.inbox = inbox
+        self.clock = clock
+        self.metrics = metrics  # metrics.Metrics or None; observed from this thread
+        self.request_timeout_s = request_timeout_s
+        self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
+        self.cores = cores  # None: the thread count stays as the context was made
+        self.threads = cores.threads if cores else 0
+        self.sched = Scheduler(limits, clock)
+        self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
+        self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
+        self.stats = Stats()
+        self.events: Events = []  # handed to the event loop after each iteration
+        self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
+
+    @property
+    def ctx_cap(self) -> int:
+        """Most tokens one turn may hold: its context limit, or the cells the public
+        prefixes leave (kv_tokens may equal ctx_per_slot), whichever is less."""
+        return min(self.limits.ctx_limit, self.limits.kv_tokens - self.sched.pinned)
+
+    # -- start-up ------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        # The first decode allocates compute buffers and starts the thread pool; do it
+        # before reporting ready so the first user does not pay for it.
+        self.model.decode([0], [0], [0], [True])
+        self.model.seq_rm(0)
+
+    def add_public(self, tokens: list[int]) -> None:
+        """Compute a public prefix once and pin it, so any client copies it for free and
+        no client's timing depends on what another sent."""
+        if len(tokens) < self.kv.policy.min_shared:
+            return
+        sid = self._next_public_id
+        self._next_public_id += 1
+        step = self.limits.batch_tokens
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            self.model.decode(chunk, list(range(start, start + len(chunk))), [sid] * len(chunk),
+                              [False] * len(chunk))
+        self.kv.add_public(sid, tokens)
+        self.sched.pinned += len(tokens)  # cells no reservation may count on
+
+    # -- commands ------------------------------------------------------------------------
+    def handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Submit):
+            cmd.turn.continuing = cmd.turn.session in self.cache.entries
+            self.sched.waiting.append(cmd.turn)
+        elif isinstance(cmd, Cancel):
+            if cmd.turn.state is not State.FINISHED:
+                cmd.turn.cancelled = True  # scheduler.expired() removes it below
+        elif isinstance(cmd, DeleteSession):
+            try:
+                cmd.done.set_result(self.kv.drop_session(cmd.session))
+            except Exception as e:  # noqa: BLE001 - the caller must not wait forever
+                cmd.done.set_exception(e)
+                raise
+
+    # -- one loop iteration --------------------------------------------------------------
+    def iterate(self) -> bool:
+        """Expire, admit and run one decode step; False when there was nothing to run."""
+        self.kv.expire()
+        self._expire_turns()
+        self._admit()
+        self.kv.resolve_followers()
+        step = self.sched.schedule()
+        if not step.n_seqs:
+            return False
+        self._share_cores()
+        batch = self._build(step)
+        if self._decode(batch, step):
+            self._advance(step, batch)
+            self._sample(batch)
+        return True
+
+    def _share_cores(self) -> None:
+        if self.cores is None:
+            return
+        n = self.cores.update()
+        if n != self.threads:
+            log.info("%d llama.cpp threads: others used %.2f of our %d cores", n, self.cores.others, self.cores.n_cpus)
+            self.model.set_threads(n)
+            self.threads = n
+
+    def _expire_turns(self) -> None:
+        for turn, err, was_waiting in self.sched.expired():
+            if was_waiting:
+                self.inbox.dequeued()
+            self._finish(turn, "queue_timeout" if err else "cancelled", err)
+
+    def _admit(self) -> None:
+        admitted = self.sched.admit()
+        if not admitted:
+            return
+        self.inbox.dequeued(len(admitted))
+        for turn in admitted:
+            if self.metrics:
+                self.metrics.queue_wait.observe(turn.admitted_at - turn.arrival)
+            try:
+                self.kv.attach(turn)
+                turn.sampler = self.model.new_sampler(turn.params)
+                turn.text = TextStream(turn.params.stop)
+                turn.drafts = self._new_drafts(turn)
+            except Exception as e:  # noqa: BLE001 - fail this request, keep serving
+                log.exception("could not start request %d", turn.rid)
+                self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
+                continue
+            self.stats.prompt_tokens_received += turn.n_prompt
+        # Room for the new reservations only now: a conversation a turn continues is its
+        # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
+        # A restore that finds no free cells makes its own room (kvstore._set_state).
+        self.kv.make_room()
+
+    def _new_drafts(self, turn: Turn) -> TurnDrafts | None:
+        p = turn.params
+        # Penalties, a grammar or logprobs would have to see each draft: such turns get none.
+        if not self.spec_budget or p.has_penalties or p.grammar is not None or p.logprobs is not None:
+            return None
+        # Any integer is a seed, as for llama.cpp's chain (which masks it too); numpy wants >= 0.
+        seed = None if p.seed is None else p.seed & 0xFFFFFFFF
+        return TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(seed))
+
+    # -- the step's phases ---------------------------------------------------------------
+    def _build(self, step: Step) -> Batch:
+        batch = Batch()
+        drafts = self._drafts(step.decode, sum(n for _, n in step.prefill))
+        for t, d in zip(step.decode, drafts):
+            batch.add(t, [t.last_token, *d], t.n_cached, True, d)
+        for t, n in step.prefill:
+            start = t.n_cached
+            batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
+        return batch
+
+    def _drafts(self, decode: list[Turn], n_prefill: int) -> list[list[int]]:
+        """Each generating turn's draft tokens for this step: within the step's budget, then
+        rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
+        if not self.spec_budget:
+            return [[] for _ in decode]
+        n_rows = len(decode) + n_prefill
+        # Never past batch_tokens (llama.cpp's n_batch): the prefill was planned without drafts.
+        budget = min(step_budget(len(decode), self.spec_budget), self.limits.batch_tokens - n_rows)
+        found: list[list[int]] = []
+        wants: list[int] = []
+        for t in decode:
+            d = t.drafts
+            # Never draft past max_tokens or the context: the KV reservation covers neither.
+            room = min(t.params.max_tokens - len(t.output), self.ctx_cap - t.n_cached) - 2
+            if d is None or room <= 0:
+                found.append([])
+                wants.append(0)
+                continue
+            want = d.state.want()  # 0 while disarmed: look up one token, as a free guess
+            # A few more than wanted, for rounding up to a whole tile.
+            draft = d.index.draft(min(want + ROW_TILE - 1 if want else 1, room))
+            d.state.guess = draft[0] if draft else -1  # checked by _sample if not drafted
+            found.append(draft)
+            wants.append(min(want, len(draft)))
+        got = allocate(wants, budget)
+        armed = [t.drafts is not None and t.drafts.state.armed for t in decode]
+        # Growing uses free rows only in steps without prefill: a prefill step's rows are
+        # the prompt's, and its length is not the drafts' to round.
+        got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, n_rows,
+                       grow=not n_prefill, max_rows=self.limits.batch_tokens)
+        return [f[:g] for f, g in zip(found, got)]
+
+    def _decode(self, batch: Batch, step: Step) -> bool:
+        """One llama_decode; "KV cache full" evicts idle sessions and retries. On failure
+        only this step's turns fail (only the inconsistent ones, when some are fine)."""
+        t0 = time.monotonic()
+        try:
+            while True:
+                try:
+                    self.model.decode(batch.tokens, batch.pos, batch.seq_ids, batch.want)
+                    break
+                except KVCacheFull:
+                    if not self.kv.evict_lru():
+                        raise
+        except Exception as e:  # noqa: BLE001 - fail this step's turns, keep serving
+            log.error("decode of %d tokens failed: %s", len(batch.tokens), e)
+            err = (Unavailable("the KV cache is full; try again shortly", retry_after=5)
+                   if isinstance(e, KVCacheFull) else EngineFailure(f"decoding failed: {e}"))
+            involved = [*step.decode, *(t for t, _ in step.prefill)]
+            broken = [t for t in involved if self.model.seq_pos_max(t.seq_id) != t.n_cached - 1]
+            for t in broken or involved:
+                self._finish(t, "error", err)
+            return False
+        if self.metrics:
+            self.metrics.seqs_per_step.observe(step.n_seqs)
+            self.metrics.step_seconds.observe(time.monotonic() - t0)
+        return True
+
+    def _advance(self, step: Step, batch: Batch) -> None:
+        st = self.stats
+        st.steps += 1
+        st.peak_seqs_per_step = max(st.peak_seqs_per_step, step.n_seqs)
+        n_prefill = len(batch.tokens) - len(step.decode) - batch.n_drafts
+        st.prompt_tokens_computed += n_prefill
+        st.step_log.append((len(step.decode), len(step.prefill), n_prefill, batch.n_drafts))
+        for t in step.decode:
+            t.n_cached += 1
+        for t, n in step.prefill:
+            t.n_cached += n
+
+    def _sample(self, batch: Batch) -> None:
+        now = self.clock()
+        plain = [(t, row) for t, row, d in batch.picks if not d]
+        sampled = self.model.sample_all([(t.sampler, row) for t, row in plain])
+        for (t, row), token in zip(plain, sampled):
+            if isinstance(token, Exception):  # what this turn's own parameters made fail
+                self._sampling_failed(t, token)
+                continue
+            if t.drafts is not None and t.state is State.DECODE:
+                t.drafts.state.observe(token)  # the lookup's guess, right or wrong
+            self._accept(t, token, now, self._logprob(row, token, t.params.logprobs))
+        for t, row, d in batch.picks:
+            if d:
+                try:
+                    self._verify(t, row, d, now)
+                except Exception as e:  # noqa: BLE001 - this turn's numerics, not the engine's
+                    self._sampling_failed(t, e)
+
+    def _sampling_failed(self, t: Turn, e: Exception) -> None:
+        """What one turn's own parameters make fail (a grammar that allows no token here,
+        the numerics of an odd temperature) ends that turn with an error, not the engine."""
+        log.error("request %d: sampling failed: %s", t.rid, e)
+        self._finish(t, "error", e if isinstance(e, ApplianceError) else EngineFailure(f"sampling failed: {e}"))
+
+    def _verify(self, t: Turn, row: int, draft: list[int], now: float) -> None:
+        """Keep the drafts the model agrees with plus one token of its own; the rejected
+        drafts' cells leave the KV cache."""
+        k, p = len(draft), t.params
+        assert t.drafts is not None
+        if p.greedy:
+            out = accept_greedy(draft, self.model.greedy_rows(row, k + 1))
+        else:
+            logits = self.model.logits_rows(row, k + 1)
+            rows = [sparse_row(logits[i], p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
+            out = accept_sampled(draft, rows, t.drafts.rng)
+        n_ok = len(out) - 1
+        t.drafts.state.record(k, n_ok)
+        self.stats.draft_tokens += k
+        self.stats.draft_accepted += n_ok
+        t.n_cached += n_ok
+        if n_ok < k:
+            self.model.seq_rm(t.seq_id, t.n_cached, -1)
+        for token in out:
+            if not self._accept(t, token, now):
+                break
+
+    def _logprob(self, row: int, token: int, k: int | None) -> TokenLogprob | None:
+        """Only for the rows that asked: the logits are still those of the last decode."""
+        if k is None:
+            return None
+        lp, top = self.model.logprobs(row, token, k)
+        piece = self.model.tokenizer.piece
+        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top])
+
+    def _accept(self, t: Turn, token: int, now: float, lp: TokenLogprob | None = None) -> bool:
+        """Take one sampled token; False once the turn has finished."""
+        t.state = State.DECODE
+        tokenizer = self.model.tokenizer
+        if tokenizer.is_eog(token):
+            self._finish(t, "stop")
+            return False
+        t.output.append(token)
+        if lp is not None:
+            t.logprobs.append(lp)
+        if t.drafts is not None:
+            t.drafts.index.extend((token,))
+        self.stats.generated_tokens += 1
+        text = t.text.push(tokenizer.piece(token))
+        if text:
+            self._emit_text(t, text, now)
+        if t.text.stopped:
+            self._finish(t, "stop")
+        elif (len(t.output) >= t.params.max_tokens
+              # prompt + output, not n_cached: a verified run advances n_cached by all its
+              # accepted drafts before their tokens are taken one by one here.
+              or t.n_prompt + len(t.output) >= self.ctx_cap
+              or now - t.arrival > self.request_timeout_s):
+            self._finish(t, "length")
+        return t.state is not State.FINISHED
+
+    def _emit_text(self, t: Turn, text: str, now: float) -> None:
+        if self.metrics:
+            if t.first_token_at:
+                self.metrics.itl.observe(now - t.last_emit_at)
+            else:
+                self.metrics.ttft.observe(now - t.arrival)
+        if not t.first_token_at:
+            t.first_token_at = now
+        t.last_emit_at = now
+        last = self.events[-1] if self.events else None
+        if last is not None and last[0] is t.sink and isinstance(last[1], Delta):
+            # Tokens of one step (accepted drafts) go out as one chunk: one SSE event for
+            # the HTTP side to write, not one per token, on a core llama.cpp wants back.
+            last[1].text += text
+            last[1].logprobs.extend(t.logprobs)
+        else:
+            self.events.append((t.sink, Delta(text, t.logprobs)))
+        t.logprobs = []
+
+    # -- finishing -----------------------------------------------------------------------
+    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None) -> None:
+        """Give the slot back, keep or free the KV, and tell the stream how it ended."""
+        self.sched.release(t)
+        self.inbox.finished(t)
+        t.leader = None
+        self._release_kv(t, keep=error is None and t.n_cached > 0)
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        self._log_finished(t, reason, error)
+        if error is not None:
+            self.events.append((t.sink, Failed(error)))
+            return
+        tail = t.text.flush() if t.text is not None else ""
+        if tail or t.logprobs:  # held-back text, or tokens whose text a stop string swallowed
+            self.events.append((t.sink, Delta(tail, t.logprobs)))
+            t.logprobs = []
+        self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
+
+    def _release_kv(self, t: Turn, keep: bool) -> None:
+        if t.seq_id >= 0:
+            # Cells past prompt + output (drafts verified after the last kept token) go.
+            held = t.n_prompt + len(t.output)
+            if t.n_cached > held:
+                self.model.seq_rm(t.seq_id, held, -1)
+                t.n_cached = held
+            self.kv.keep_or_free(t, keep)
+            t.seq_id = -1
+        if t.sampler is not None:
+            t.sampler.free()
+            t.sampler = None
+
+    def _log_finished(self, t: Turn, reason: str, error: ApplianceError | None) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        # One line per request for the operator. The session id is a bearer secret: log a
+        # short digest of it, enough to follow one conversation.
+        ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
+        log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
+                 "first token %s, total %.1f s", t.rid, hashlib.sha256(t.session.encode()).hexdigest()[:8],
+                 t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
+                 len(t.output), ttft, self.clock() - t.arrival)
+
+    def fail_all(self, error: ApplianceError, pending: list[Command]) -> None:
+        """Shutting down or crashed: every queued and running request ends with `error`."""
+        turns = [c.turn for c in pending if isinstance(c, Submit)]
+        for c in pending:
+            if isinstance(c, DeleteSession) and not c.done.done():
+                c.done.set_result(False)
+        for t in turns + list(self.sched.waiting) + list(self.sched.running):
+            if t.state is not State.FINISHED:
+                self.sched.release(t)
+                self.inbox.finished(t)
+                t.state = State.FINISHED
+                self.events.append((t.sink, Failed(error)))
+        self.sched.waiting.clear()
+
+    # -- what others may read ------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        st, cache = self.stats, self.cache
+        sessions = {s: SessionView(e.state, e.n_tokens, len(e.parked) if e.parked is not None else 0, e.last_used)
+                    for s, e in cache.entries.items()}
+        events = {**_fields(cache.events), **_fields(self.kv.stats)}
+        return Snapshot(
+            taken_at=self.clock(), slots=self.limits.slots, running=len(self.sched.running),
+            waiting=tuple(t.rid for t in self.sched.waiting),
+            sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
+            cores_others=self.cores.others if self.cores else 0.0,
+            counters=Counters(st.steps, st.peak_seqs_per_step, st.prompt_tokens_received,
+                              st.prompt_tokens_computed, st.generated_tokens, st.draft_tokens,
+                              st.draft_accepted, MappingProxyType(dict(st.finished))),
+            cache_events=MappingProxyType(events), step_log=tuple(st.step_log))
+
+
+def _fields(obj: Any) -> dict[str, int]:
+    return {name: getattr(obj, name) for name in obj.__slots__}

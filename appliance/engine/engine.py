@@ -1,0 +1,359 @@
+"""The engine: one thread that owns the llama context and the engine core, and the small
+API the HTTP side uses. They meet in two places only: the inbox (typed commands in) and
+the snapshot plus per-step events (results out). The HTTP side never touches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from enum import Enum
+from itertools import count
+from typing import Any
+
+from appliance.engine.core import EngineCore, Events, Model
+from appliance.engine.faults import Fault, inject
+from appliance.engine.inbox import Cancel, DeleteSession, Inbox
+from appliance.engine.kv.cache import SAVED, session_key
+from appliance.engine.kv.store import CachePolicy
+from appliance.engine.scheduler import Limits
+from appliance.engine.snapshot import SessionView, Snapshot
+from appliance.engine.threads import CoreShare
+from appliance.engine.turn import Delta, Done, Failed, State, Turn
+from appliance.errors import ApplianceError, BadRequest, EngineFailure, Unavailable
+from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
+from appliance.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineState(Enum):
+    LOADING = "loading"
+    READY = "ok"
+    DRAINING = "draining"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Handle:
+    """The HTTP side of one request: an async stream of Delta, then Done or Failed."""
+
+    def __init__(self, engine: Engine, turn: Turn) -> None:
+        self._engine = engine
+        self.turn = turn
+        self._queue: asyncio.Queue[Delta | Done | Failed] = asyncio.Queue()
+        self._ended = False  # saw Done or Failed: nothing left to cancel
+        turn.sink = self._queue.put_nowait  # called on the loop thread only
+
+    async def _get(self) -> Delta | Done | Failed:
+        ev = await self._queue.get()
+        if not isinstance(ev, Delta):
+            self._ended = True
+        return ev
+
+    async def events(self) -> AsyncIterator[Delta | Done | Failed]:
+        while True:
+            ev = await self._get()
+            yield ev
+            if not isinstance(ev, Delta):
+                return
+
+    async def next(self, timeout: float) -> Delta | Done | Failed | None:
+        """The next event, or None after `timeout` seconds (cancelling a queue get is safe)."""
+        try:
+            return await asyncio.wait_for(self._get(), timeout)
+        except TimeoutError:
+            return None
+
+    @property
+    def position(self) -> int:
+        return self._engine.queue_position(self.turn)
+
+    def cancel(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._engine.inbox.put(Cancel(self.turn))
+
+
+class Engine:
+    def __init__(
+        self,
+        model_factory: Callable[[], Model],
+        limits: Limits,
+        policy: CachePolicy | None = None,
+        *,
+        max_per_client: int = 0,
+        presets: tuple[str, ...] = (),
+        spec_budget: int = 0,
+        cores: CoreShare | None = None,
+        request_timeout_s: float = 600.0,
+        pin: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
+        on_fatal: Callable[[], None] = lambda: None,
+        stall_s: float = 60.0,
+        fault: Fault | None = None,
+    ) -> None:
+        self._factory = model_factory
+        self._pin = pin
+        self.limits = limits
+        self.policy = policy or CachePolicy(n_seq=limits.slots + 1)
+        assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
+        self.presets = presets  # operator system prompts, shared by every client
+        self.spec_budget = spec_budget
+        self.cores = cores  # None: a fixed thread count
+        self.request_timeout_s = request_timeout_s
+        self.clock = clock
+        self.metrics = metrics
+        self.on_fatal = on_fatal
+        self.stall_s = stall_s  # a loop iteration (one step) longer than this is a hang
+        self.fault = fault  # faults.py, tests only: armed once the engine is ready
+        self.progress_at = 0.0  # time.monotonic() when the engine loop last made progress
+        self.park_budget = self.policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
+        self.inbox = Inbox(limits.max_queue, max_per_client)
+        self.state = EngineState.LOADING
+        self.load_error = ""
+        self.ready = threading.Event()
+        self.snapshot = Snapshot(slots=limits.slots)  # replaced whole by the engine thread
+        self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
+        self._template: ChatTemplate | None = None
+        self._tokenize: Tokenize | None = None
+        self._tokenizer: Any = None  # thread-safe vocabulary access, set once loaded
+        self._stop = False
+        self._ids = count(1)
+        # Turns submitted without a session get one of their own. The HTTP side always names
+        # one; this is for in-process callers. Unique to this run, since sessions are saved at
+        # stop and claimed by id after a restart: a counter alone would hand the next run's
+        # "anon-1" the last run's "anon-1" (another caller's conversation).
+        self._anon = f"anon-{secrets.token_hex(8)}-"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
+
+    # -- lifecycle (loop thread) ---------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread.start()
+
+    def drain(self) -> None:
+        """Stop admitting new requests; running and queued ones carry on."""
+        if self.state is EngineState.READY:
+            self.state = EngineState.DRAINING
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Default wait: the time sessions may take to save, and some."""
+        self._stop = True
+        self.inbox.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout if timeout is not None else self.policy.save_timeout_s + 10)
+
+    @property
+    def n_active(self) -> int:
+        """Requests queued or running."""
+        return self.inbox.n_open
+
+    # -- liveness (any thread) -----------------------------------------------------------
+    @property
+    def stalled_s(self) -> float:
+        """How long the engine loop has been stuck in one iteration (a decode that hangs),
+        once that exceeds stall_s; 0.0 otherwise, and while loading or stopped."""
+        if self.state not in (EngineState.READY, EngineState.DRAINING):
+            return 0.0
+        idle = time.monotonic() - self.progress_at
+        return idle if idle > self.stall_s else 0.0
+
+    @property
+    def status(self) -> str:
+        """What /health says: loading, ok, stalled, draining, failed or stopped."""
+        return "stalled" if self.stalled_s else self.state.value
+
+    # -- requests (loop thread) ----------------------------------------------------------
+    def prompt_limit(self, max_tokens: int) -> int:
+        """Prompt tokens allowed so that some room is left for the answer."""
+        ctx = self.limits.ctx_limit
+        return ctx - min(max_tokens, ctx // 4)
+
+    async def prepare(self, messages: list[dict[str, Any]], max_tokens: int,
+                      tools: list[dict[str, Any]] | None = None) -> Prompt:
+        self._check_accepting()
+        template, tokenize = self._template, self._tokenize
+        assert template is not None and tokenize is not None
+        controls = frozenset(getattr(self._tokenizer, "control_texts", ()))
+
+        def build() -> Prompt:
+            refuse_control_text(messages, tools, controls)
+            return build_prompt(messages, template, tokenize, self.prompt_limit(max_tokens), frozenset(self.presets),
+                                tools)
+
+        # Templating and tokenizing a long paste takes milliseconds: off the event loop.
+        return await asyncio.to_thread(build)
+
+    async def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Text -> tokens, off the event loop; special=True parses control-token text (only
+        for raw prompts a client writes whole, e.g. /v1/completions, never chat content)."""
+        self._check_accepting()
+        assert self._tokenize is not None
+        return await asyncio.to_thread(self._tokenize, text, special)
+
+    async def check_grammar(self, grammar: str | None) -> None:
+        """A 400 now for a grammar llama.cpp refuses (a repetition past its limit, such as a
+        schema's maxLength 2000), rather than a failed start in the engine thread. Off the
+        event loop: parsing takes milliseconds per 10 KiB of grammar."""
+        if grammar is None:
+            return
+        self._check_accepting()
+        parses = getattr(self._tokenizer, "grammar_parses", None)
+        if parses is not None and not await asyncio.to_thread(parses, grammar):
+            raise BadRequest("llama.cpp's grammar engine refuses the required format (most often a maxLength, "
+                             "maxItems or repetition count above about 1,000)", code="grammar_refused")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        self._check_accepting()
+        assert self._tokenizer is not None
+        return str(self._tokenizer.detokenize(tokens))
+
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, or None if the model has none."""
+        return getattr(self._tokenizer, "fim", None)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(getattr(self._tokenizer, "n_vocab", 0))
+
+    def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
+               session: str = "", named: bool = True) -> Handle:
+        self._check_accepting()
+        tokens, public = (prompt.tokens, prompt.public_len) if isinstance(prompt, Prompt) else (prompt, 0)
+        rid = next(self._ids)
+        turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self.clock(), client=client,
+                    session=session or f"{self._anon}{rid}", public_len=public, named=named and bool(session))
+        handle = Handle(self, turn)
+        try:
+            self.inbox.submit(turn)
+        except ApplianceError as e:
+            if self.metrics and e.code:
+                self.metrics.rejected.labels(e.code).inc()
+            raise
+        return handle
+
+    def queue_position(self, turn: Turn) -> int:
+        """1-based place in the queue, 0 once running (from the last snapshot)."""
+        if turn.state is not State.WAITING:
+            return 0
+        snap = self.snapshot
+        return snap.position(turn.rid) or len(snap.waiting) + 1  # not there yet: still in the inbox
+
+    def session_info(self, session: str) -> dict[str, Any] | None:
+        """GET /v1/sessions/{id}, rendered from the last snapshot."""
+        snap = self.snapshot
+        # A session saved by the last run is listed under its digest until its next turn.
+        view: SessionView | None = snap.sessions.get(session) or snap.sessions.get(SAVED + session_key(session))
+        if view is None:
+            return None
+        return {"id": session, "state": view.state, "cached_tokens": view.cached_tokens,
+                "parked_bytes": view.parked_bytes, "idle_s": round(max(0.0, snap.taken_at - view.last_used), 3)}
+
+    async def delete_session(self, session: str) -> bool:
+        """Forget a session's cache, including what its turns in flight would leave; the
+        engine answers whether there was anything to forget."""
+        cmd = DeleteSession(session)
+        self.inbox.put(cmd)
+        return await asyncio.wrap_future(cmd.done)
+
+    def _check_accepting(self) -> None:
+        if self.state is EngineState.LOADING:
+            raise Unavailable("the model is still loading", retry_after=5)
+        if self.state is EngineState.DRAINING:
+            raise Unavailable("the server is shutting down", retry_after=10)
+        if self.state is not EngineState.READY:
+            raise Unavailable(f"the engine is not running: {self.load_error or self.state.value}")
+
+    # -- the engine thread ---------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            core = self._build_core()
+        except Exception as e:  # noqa: BLE001 - reported through /health and the log
+            log.error("engine failed to start: %s", e)  # one line for the user...
+            log.debug("engine start failure", exc_info=True)  # ...the traceback for us
+            self.load_error = str(e)
+            self.state = EngineState.FAILED
+            self.ready.set()
+            self.on_fatal()
+            return
+        self.core = core
+        self.snapshot = core.snapshot()
+        self.progress_at = time.monotonic()
+        self.state = EngineState.READY
+        self.ready.set()
+        log.info("engine ready: %d slots, %d KV tokens, %d sequence ids",
+                 self.limits.slots, self.limits.kv_tokens, self.policy.n_seq)
+        try:
+            self._run(core)
+        except Exception as e:  # noqa: BLE001
+            # Must never happen; if it does, fail every stream rather than hang them.
+            log.exception("engine loop crashed")
+            self.load_error = f"engine crashed: {e}"
+            self.state = EngineState.FAILED
+            self._shut(core, EngineFailure("the engine stopped unexpectedly"))
+            self.on_fatal()  # let the process exit non-zero so a supervisor restarts it
+        else:
+            self._shut(core, Unavailable("the server is shutting down"))
+            core.kv.save_sessions()
+            self.state = EngineState.STOPPED
+        finally:
+            core.model.close()
+
+    def _build_core(self) -> EngineCore:
+        self._pin()  # before the context exists, so llama.cpp's workers inherit it
+        model = self._factory()
+        tok = model.tokenizer
+        template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
+        core = EngineCore(model, self.limits, self.policy, self.inbox, clock=self.clock,
+                          metrics=self.metrics, request_timeout_s=self.request_timeout_s,
+                          spec_budget=self.spec_budget, cores=self.cores)
+        core.warm_up()
+        # No BOS added per piece: a template that wants one writes it (Qwen's does not).
+        tokenize: Tokenize = lambda text, special: tok.tokenize(text, False, special)
+        for tokens in public_prefixes(self.presets, template, tokenize):
+            core.add_public(tokens)
+        core.kv.load_sessions()
+        self._template, self._tokenize, self._tokenizer = template, tokenize, tok
+        if self.fault is not None:
+            inject(model, self.fault)  # after start-up's own decodes
+        return core
+
+    def _run(self, core: EngineCore) -> None:
+        while not self._stop:
+            self.progress_at = time.monotonic()  # the watchdog's sign of life (notify.py)
+            for cmd in self.inbox.take():
+                core.handle(cmd)
+            busy = core.iterate()
+            # Publish before handing out events: a client that sees its Done then reads
+            # /health or its session already sees the state that Done reflects.
+            self.snapshot = core.snapshot()
+            self.park_budget = core.cache.park_budget
+            self._emit(core)
+            if not busy:
+                closes = core.sched.window_open_until()
+                # Idle waits are short enough to never look like a stall.
+                self.inbox.wait(min(max(0.0, closes - self.clock()) if closes is not None else 1.0, self.stall_s / 4))
+
+    def _shut(self, core: EngineCore, error: ApplianceError) -> None:
+        core.fail_all(error, self.inbox.close())
+        self.snapshot = core.snapshot()
+        self._emit(core)
+
+    def _emit(self, core: EngineCore) -> None:
+        # One hand-off per iteration, not per token: call_soon_threadsafe wakes the loop.
+        events, core.events = core.events, []
+        if events and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_deliver, events)
+
+
+def _deliver(events: Events) -> None:
+    for sink, ev in events:
+        sink(ev)

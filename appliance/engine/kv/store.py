@@ -1,0 +1,411 @@
+"""The engine's KV cache management: which llama.cpp sequence a turn uses and what it can
+reuse (its session's history, a parked or saved copy of it, another session's system
+prompt), and what gives way when the cache is full. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from appliance.cpu import Memory, trim_heap
+from appliance.engine.kv import persist
+from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable, common_prefix
+from appliance.engine.scheduler import Scheduler
+from appliance.engine.turn import State, Turn
+from appliance.errors import EngineFailure, KVCacheFull
+
+log = logging.getLogger(__name__)
+
+
+class SequenceOps(Protocol):
+    """The KV-cache side of llm.LLM."""
+
+    fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_state(self, seq_id: int) -> bytes: ...
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    n_seq: int  # llama.cpp sequence ids: `slots` for running requests, the rest hold idle sessions
+    ttl_s: float = 1800.0
+    share_all: bool = False  # False: across clients, reuse only public prefixes
+    park_bytes: int = 0  # RAM for sessions evicted from the KV cache, at most; 0 = no parking
+    restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
+    min_shared: int = 8  # shortest prefix worth sharing between sequences
+    state_dir: str = ""  # where sessions survive a restart; "" = they do not
+    state_max_bytes: int = 1 << 30
+    save_timeout_s: float = 15.0  # at shutdown, the most recent sessions saved within this
+    idle_kv_tokens: int = 0  # idle sessions' KV cells beyond this are parked (when parking is on); 0 = no limit
+    # Free memory and pressure, read once a second: parking gives memory back before the
+    # kernel runs out (park_budget below). None: the budget stays park_bytes.
+    memory: Callable[[], Memory] | None = None
+
+
+# A conversation idle for less than this is more likely a user reading the answer and
+# typing the next turn than one that is over: parking it now would cost a park and a
+# restore (~20 ms of the engine thread each, a pause for every stream) to save a few
+# seconds of idle cells (~1% of a step per 500 cells). Past it, parking pays.
+IDLE_PARK_AFTER_S = 5.0
+
+# Parked sessions are the one use of memory the engine can give back (the KV cache and the
+# weights are fixed at start-up). They leave a reserve free for the rest of the machine: a
+# tenth of the memory, at least 64 MiB (a 1 GiB board keeps ~100 MiB, which its kernel,
+# sshd and journald need; 8 GiB keeps ~800 MiB for the page cache).
+PARK_RESERVE_MIN = 64 << 20
+# PSI "some avg10" (% of the last 10 s in which a task waited for memory) at which the
+# kernel is already reclaiming hard: parked sessions are halved, at most every
+# PRESSURE_HOLD_S since avg10 trails the relief by about that long.
+PRESSURE_PCT = 10.0
+PRESSURE_HOLD_S = 10.0
+
+
+def park_budget(ceiling: int, parked: int, mem: Memory, pressed: bool) -> int:
+    """What parked sessions may hold now: at most `ceiling`; growing by at most half of
+    what is free beyond the reserve, shrinking by the shortfall when less than the reserve
+    is free; halved when `pressed` (memory pressure)."""
+    reserve = max(PARK_RESERVE_MIN, mem.total // 10)
+    spare = mem.available - reserve
+    budget = parked + (spare // 2 if spare > 0 else spare)
+    if pressed:
+        budget = min(budget, parked // 2)
+    return max(0, min(ceiling, budget))
+
+
+@dataclass(slots=True)
+class ReuseStats:
+    hits: int = 0  # turns that took over a cached conversation of their own
+    shared_hits: int = 0  # turns that copied a prefix (public, or their client's own)
+    restored: int = 0  # parked or saved conversations brought back
+    recomputed: int = 0  # parked, but recomputing was cheaper (or the park was dropped)
+
+
+class KVStore:
+    def __init__(self, model: SequenceOps, cache: SessionCache, policy: CachePolicy, sched: Scheduler,
+                 kv_tokens: int, clock: Callable[[], float]) -> None:
+        self.model = model
+        self.cache = cache
+        self.policy = policy
+        self.sched = sched
+        self.kv_tokens = kv_tokens
+        self.clock = clock
+        self.stats = ReuseStats()
+        self._next_ttl_check = 0.0
+        self._next_pressure_cut = 0.0
+
+    def evict_lru(self) -> bool:
+        """Make room after a "KV cache full" decode; False when nothing idle is left."""
+        idle = self.cache.idle_lru()
+        if idle:
+            self._evict(idle[0])
+        return bool(idle)
+
+    def attach(self, turn: Turn) -> None:
+        """Give an admitted turn its llama.cpp sequence id, reusing cached KV: its session's
+        history (or its client's conversation it continues), a parked or saved copy of
+        that, else the longest prefix it may copy (its client's own, or a public one)."""
+        cache = self.cache
+        m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
+        if m.own and m.entry is not None and m.entry.seq_id >= 0:
+            self._take_over(turn, m.entry, m.n_common)
+            return
+        # Its own session, or else the client's parked anonymous conversation it continues.
+        own = cache.entries.get(turn.session) or (m.entry if m.own else None)
+        if own is not None and own.stored:
+            if self._restore(turn, own):
+                return
+            # Restoring may have evicted the donor found above: look again.
+            m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
+        donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
+        leader, lead_n = self._leader(turn)
+        if leader is not None and lead_n > (m.n_common if donor is not None else 0):
+            donor = None  # a running turn is computing more of this prompt: wait and copy that
+        if donor is not None:
+            donor.busy = True  # pinned: making room for our id must not evict the donor
+        try:
+            turn.seq_id = self._alloc_id()
+        finally:
+            if donor is not None:
+                donor.busy = False
+        if donor is not None:
+            self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
+            turn.n_cached = turn.n_reused = turn.copied = m.n_common
+            self.stats.shared_hits += 1
+            return
+        if leader is not None and lead_n >= self.policy.min_shared:
+            turn.leader, turn.lead_n = leader, lead_n
+
+    def _take_over(self, turn: Turn, e: Entry, n_common: int) -> None:
+        self.cache.take(e, turn.session)
+        self.model.seq_rm(e.seq_id, n_common, -1)  # an edited history keeps what still matches
+        turn.seq_id, turn.n_cached, turn.n_reused = e.seq_id, n_common, n_common
+        # Cells this entry shares with the sequence it copied from stay not-its-own.
+        turn.copied = min(e.n_tokens - e.own_tokens, n_common)
+        self.stats.hits += 1
+
+    def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
+        """A running turn it may share with that is computing (or has) more of its prompt
+        than any cache entry holds: it waits for it and copies, so a client's requests
+        arriving together (n choices, a burst) compute their common prompt once."""
+        best, best_n = None, 0
+        for other in self.sched.running:
+            if other is turn or other.leader is not None or other.seq_id < 0:
+                continue
+            if other.client != turn.client and not self.policy.share_all:
+                continue
+            cap = min(len(turn.prompt) - 1, len(other.prompt))
+            n = min(common_prefix(other.prompt, turn.prompt), cap)
+            if n > best_n:
+                best, best_n = other, n
+        return best, best_n
+
+    def _restore(self, turn: Turn, e: Entry) -> bool:
+        """Bring a parked session back into the KV cache, when cheaper than recomputing."""
+        n = min(common_prefix(e.tokens, turn.prompt), len(turn.prompt) - 1)
+        worth = n >= max(1, self.policy.restore_min_tokens)
+        data = e.parked
+        if data is None and e.disk is not None and worth:
+            data = persist.load(e.disk)  # checksummed: a damaged file gives None, not a crash
+        if data is None or not worth:
+            self._forget(e)
+            return False
+        # Claim the state first: parking another session to free an id for it must not shed
+        # this one from the parking budget (it is usually the oldest parked) mid-restore.
+        self.cache.unpark(e)
+        try:
+            turn.seq_id = sid = self._alloc_id()  # the turn's from here: freed with it on failure
+            ok = self._set_state(sid, data)
+        except Exception:
+            self._forget(e)  # its state is no longer anywhere
+            raise
+        if not ok:
+            log.warning("session %s: could not restore parked state; recomputing", _digest(e.session))
+            turn.seq_id = -1
+            self.cache.release_id(sid)
+            self._forget(e)
+            return False
+        _unlink(e.disk)
+        self.cache.restored(e, sid)
+        self.cache.take(e, turn.session)
+        self.model.seq_rm(sid, n, -1)
+        turn.n_cached, turn.n_reused = n, n
+        self.stats.restored += 1
+        return True
+
+    def _set_state(self, sid: int, data: bytes) -> bool:
+        """Load saved state into sequence sid, evicting idle sessions while the cells are
+        short. A restore needs free cells, not contiguous ones (llama.cpp places it like a
+        batch), and the turn's own reserve counts it: refused with the books in bounds, it
+        was refused for another reason, and evicting everyone else would not help."""
+        while True:
+            try:
+                if self.model.set_seq_state(sid, data):
+                    return True
+            except KVCacheFull:
+                pass  # no free cells: same as a refused restore, handled below
+            self.model.seq_rm(sid)
+            idle = self.cache.idle_lru()
+            if not idle or self.cache.cached_tokens + self.sched.reserved + self.sched.pinned <= self.kv_tokens:
+                return False
+            self._evict(idle[0])
+
+    def _forget(self, e: Entry) -> None:
+        _unlink(e.disk)
+        self.cache.drop(e.session)
+        self.stats.recomputed += 1
+
+    def resolve_followers(self) -> None:
+        for s in self.sched.running:
+            lead = s.leader
+            if lead is None:
+                continue
+            if lead.state is State.FINISHED or lead.seq_id < 0:
+                s.leader = None  # the leader is gone: compute the prefix ourselves
+            elif lead.n_cached >= s.lead_n:
+                self.model.seq_cp(lead.seq_id, s.seq_id, 0, s.lead_n)
+                s.n_cached = s.n_reused = s.copied = s.lead_n
+                s.leader = None
+                self.stats.shared_hits += 1
+
+    def _alloc_id(self) -> int:
+        sid = self.cache.alloc_id()
+        while sid is None:
+            # More sequence ids than slots, so an idle session always exists here.
+            idle = self.cache.idle_lru()
+            if not idle:
+                raise EngineFailure("no free sequence id (every id is held by a running request)")
+            self._evict(idle[0])
+            sid = self.cache.alloc_id()
+        return sid
+
+    def _evict(self, e: Entry) -> None:
+        """Take an idle session out of the KV cache, parking it in RAM when worth it."""
+        sid = e.seq_id
+        data = None
+        if self.policy.park_bytes and e.n_tokens >= max(1, self.policy.restore_min_tokens):
+            data = self.model.seq_state(sid)
+        self.cache.evict(e, data)
+        self.model.seq_rm(sid)
+
+    def make_room(self) -> bool:
+        """Keep idle sessions + running reservations within the KV budget (LRU first), and
+        idle sessions within idle_kv_tokens while parking can keep them."""
+        idle = self.cache.idle_lru()
+        while idle and self.cache.cached_tokens + self.sched.reserved + self.sched.pinned > self.kv_tokens:
+            self._evict(idle.pop(0))
+        self._park_idle(idle)
+        return bool(idle)
+
+    def _park_idle(self, idle: list[Entry] | None = None) -> None:
+        """Park the least recently used idle sessions beyond idle_kv_tokens, once idle for
+        IDLE_PARK_AFTER_S. Every decode step attends over the KV cache's whole used range,
+        so idle cells slow every stream (12k idle cells: a 16-row step 24% slower), while
+        parking and later restoring a 512-token conversation costs ~20 ms of the engine
+        thread, a pause for every stream (docs/BENCHMARKS.md)."""
+        cap = self.policy.idle_kv_tokens
+        if not cap or self.cache.park_budget <= 0:
+            return
+        if idle is None:
+            idle = self.cache.idle_lru()
+        now = self.clock()
+        while idle and self.cache.cached_tokens > cap and now - idle[0].last_used >= IDLE_PARK_AFTER_S:
+            self._evict(idle.pop(0))
+
+    def expire(self) -> None:
+        now = self.clock()
+        if now < self._next_ttl_check:
+            return
+        self._next_ttl_check = now + 1.0
+        self._fit_memory()
+        self._park_idle()
+        for e in self.cache.expired():
+            if e.seq_id >= 0:
+                self.model.seq_rm(e.seq_id)
+            _unlink(e.disk)
+
+    def _fit_memory(self) -> None:
+        """Once a second: the parking budget follows free memory and pressure."""
+        probe = self.policy.memory
+        if probe is None or not self.policy.park_bytes:
+            return
+        mem = probe()
+        now = time.monotonic()
+        pressed = mem.pressure >= PRESSURE_PCT and now >= self._next_pressure_cut
+        if pressed:
+            self._next_pressure_cut = now + PRESSURE_HOLD_S
+        parked = self.cache.parked_bytes
+        dropped = self.cache.set_park_budget(park_budget(self.policy.park_bytes, parked, mem, pressed))
+        if dropped:
+            trim_heap()
+            log.warning("memory short (%d MiB free of %d, pressure %.0f%%): dropped %d parked sessions, "
+                        "parking budget now %d MiB", mem.available >> 20, mem.total >> 20, mem.pressure,
+                        dropped, self.cache.park_budget >> 20)
+
+    def drop_session(self, session: str) -> bool:
+        """Forget a session now, and what its turns in flight would leave; True if there
+        was anything to forget."""
+        in_flight = False
+        for t in (*self.sched.running, *self.sched.waiting):
+            if t.session == session:
+                t.no_cache = True  # a first turn has no entry yet, but would leave one
+                in_flight = True
+        e = self.cache.drop(session)
+        if e is None:
+            return in_flight
+        if e.seq_id >= 0 and not e.busy:  # a busy entry's id stays with its running turn
+            self.model.seq_rm(e.seq_id)
+        _unlink(e.disk)
+        return True
+
+    def keep_or_free(self, t: Turn, keep: bool) -> None:
+        """A finished turn's KV stays as its session's cache entry, unless it failed or the
+        session was deleted meanwhile."""
+        cache = self.cache
+        if keep and not t.no_cache:
+            tokens = (t.prompt + t.output)[:t.n_cached]
+            old = cache.entries.get(t.session)
+            if old is not None:
+                _unlink(old.disk)  # a file saved by the last run is superseded by this turn
+            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named)
+            if replaced is not None:
+                self.model.seq_rm(replaced)
+            self.make_room()
+            return
+        own = cache.entries.get(t.session)
+        if own is not None and own.seq_id == t.seq_id:
+            cache.drop(t.session)  # busy: the id stays ours, released below
+        self.model.seq_rm(t.seq_id)
+        cache.release_id(t.seq_id)
+
+    def add_public(self, seq_id: int, tokens: list[int]) -> None:
+        """Pin a public prefix (a system prompt anyone may send) computed at start-up."""
+        self.cache.add_public(seq_id, tokens)
+
+    def load_sessions(self) -> None:
+        """Sessions saved by the previous run come back as 'saved' entries, known by the
+        digest of their id until their next turn claims them, and read from disk only then."""
+        if not self.policy.state_dir:
+            return
+        now = self.clock()
+        try:
+            saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
+        except OSError as e:
+            log.error("not restoring saved sessions: %s", e)
+            return
+        for sv in saved:
+            self.cache.add_saved(Entry(SAVED + sv.key, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s,
+                                       disk=sv))
+        if saved:
+            log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
+
+    def save_sessions(self) -> None:
+        """Most recent first, for at most save_timeout_s: a stop must end within systemd's
+        TimeoutStopSec even on a slow SD card; sessions left out are recomputed."""
+        if not self.policy.state_dir:
+            return
+        now = self.clock()
+        deadline = time.monotonic() + self.policy.save_timeout_s
+        records = []
+        try:
+            for e in sorted(self.cache.entries.values(), key=lambda e: e.last_used, reverse=True):
+                if e.busy:
+                    continue
+                if time.monotonic() > deadline:
+                    break
+                data: bytes | None
+                if e.seq_id >= 0:
+                    data = self.model.seq_state(e.seq_id)
+                elif e.parked is not None:
+                    data = e.parked
+                elif e.disk is not None:
+                    data = persist.load(e.disk)
+                else:
+                    data = None
+                if data:
+                    records.append((SessionTable.key_of(e.session), e.tokens, e.public_len, now - e.last_used, data))
+            n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
+                                 self.policy.state_max_bytes, deadline=deadline)
+            log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
+        except OSError as e:  # StateDirError too: a symlink, not a directory, not ours
+            log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
+
+
+def _digest(session: str) -> str:
+    return hashlib.sha256(session.encode()).hexdigest()[:8]  # session ids are bearer secrets
+
+
+def _unlink(saved: persist.Saved | None) -> None:
+    if saved is not None:
+        try:
+            saved.path.unlink(missing_ok=True)
+        except OSError as e:  # a stale file is harmless; a crashed engine is not
+            log.warning("could not remove %s: %s", saved.path, e)

@@ -1,0 +1,210 @@
+"""Which sequences run in the next decode step (pure policy: no llama.cpp, injected clock).
+
+Each step carries one token for every generating sequence first, then fills the rest of
+the token budget with prompt chunks, shortest remaining prompt first. When the engine is
+idle, the first arrival opens a short admission window so requests that arrive together
+are prefilled together. Waiting requests are admitted round-robin across client
+identities (fair shares), each client's own in priority order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from appliance.engine.turn import State, Turn
+from appliance.errors import Unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    slots: int  # sequences in the running batch
+    batch_tokens: int  # tokens per llama_decode call
+    kv_tokens: int  # KV cells shared by all running sequences
+    ctx_limit: int  # tokens (prompt + output) one sequence may hold
+    prefill_chunk: int = 0  # prompt tokens per step while others stream (0 = batch_tokens)
+    prefill_group: int = 0  # finish the shortest prompts that fit in this many tokens first (0 = off)
+    max_wait_s: float = 0.03  # admission window when idle
+    min_batch: int = 0  # close the window once this many wait (0 = slots)
+    max_queue: int = 64
+    queue_timeout_s: float = 120.0
+    ageing_s: float = 2.0  # a new conversation waiting this long ranks with continuing ones
+
+
+@dataclass(slots=True)
+class Step:
+    decode: list[Turn] = field(default_factory=list)  # one token each
+    prefill: list[tuple[Turn, int]] = field(default_factory=list)  # (turn, n prompt tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.decode) + sum(n for _, n in self.prefill)
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.decode) + len(self.prefill)
+
+
+class Scheduler:
+    def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.waiting: deque[Turn] = deque()
+        self.running: list[Turn] = []
+        self.reserved = 0  # sum of kv_reserve over running sequences
+        self.pinned = 0  # cells held by public prefixes for good: no reservation may count on them
+        self._admissions = 0  # turns admitted so far
+        self._last_admitted: dict[str, int] = {}  # client -> its latest admission's number
+
+    # -- the step ------------------------------------------------------------------------
+    def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
+        """Remove cancelled sequences and those that waited too long for a slot.
+        Returns (turn, error to report or None for a plain cancel, was it waiting)."""
+        now = self.clock()
+        out: list[tuple[Turn, Unavailable | None, bool]] = []
+        if any(s.cancelled for s in self.running):
+            for s in [s for s in self.running if s.cancelled]:
+                out.append((s, None, False))
+        keep: deque[Turn] = deque()
+        for s in self.waiting:
+            if s.cancelled:
+                out.append((s, None, True))
+            elif now - s.arrival > self.limits.queue_timeout_s:
+                out.append((s, Unavailable(
+                    f"no slot became free within {self.limits.queue_timeout_s:g} s", retry_after=5), True))
+            else:
+                keep.append(s)
+        self.waiting = keep
+        return out
+
+    def window_open_until(self) -> float | None:
+        """When idle with a young queue, the time the admission window closes."""
+        if self.running or not self.waiting:
+            return None
+        want = min(self.limits.min_batch or self.limits.slots, self.limits.slots)
+        closes = min(t.arrival for t in self.waiting) + self.limits.max_wait_s
+        if len(self.waiting) < want and self.clock() < closes:
+            return closes
+        return None
+
+    def priority(self, turn: Turn, now: float) -> tuple[int, float]:
+        """Continuing conversations first (their KV is cached: cheap, and a user is mid-chat),
+        otherwise FIFO. Ageing: once a new request has waited ageing_s it ranks with the
+        continuing ones, so it is overtaken only by those that arrived within ageing_s after it."""
+        urgent = turn.continuing or now - turn.arrival >= self.limits.ageing_s
+        return (0 if urgent else 1, turn.arrival)
+
+    def order(self, now: float) -> list[Turn]:
+        """The waiting turns in admission order. Fair shares: clients take turns
+        (round-robin), the one admitted least recently (or never) first, so one client's
+        backlog delays another client's first request by at most one admission per other
+        client with requests waiting. Within one client, priority order (continuing
+        conversations first, with ageing)."""
+        ranked = sorted(self.waiting, key=lambda q: self.priority(q, now))
+        queues: dict[str, list[Turn]] = {}
+        for t in ranked:
+            queues.setdefault(t.client, []).append(t)
+        if len(queues) < 2:
+            return ranked
+        # Stable sort: clients never admitted (-1), or admitted equally long ago, keep the
+        # order of their most urgent turn.
+        active = sorted(queues, key=lambda c: self._last_admitted.get(c, -1))
+        out: list[Turn] = []
+        i = 0
+        while active:  # round i takes each remaining client's i-th turn: O(waiting)
+            more = []
+            for c in active:
+                q = queues[c]
+                out.append(q[i])
+                if i + 1 < len(q):
+                    more.append(c)
+            active = more
+            i += 1
+        return out
+
+    def admit(self) -> list[Turn]:
+        """Move waiting sequences into free slots, in admission order (`order`), while the
+        KV budget allows. The waiting queue is kept in that order, so the queue positions
+        streams hear are the order they will be admitted in (as things stand)."""
+        now = self.clock()
+        if len(self.waiting) > 1:
+            self.waiting = deque(self.order(now))
+        if self.window_open_until() is not None:
+            return []
+        admitted = []
+        while self.waiting and len(self.running) < self.limits.slots:
+            turn = self.waiting[0]
+            need = turn.kv_reserve(self.limits.ctx_limit)
+            if self.running and self.reserved + self.pinned + need > self.limits.kv_tokens:
+                break  # head of line waits for cache space, so it cannot be starved
+            self.waiting.popleft()
+            turn.state = State.PREFILL
+            turn.admitted_at = now
+            self.reserved += need
+            self.running.append(turn)
+            admitted.append(turn)
+            self._last_admitted[turn.client] = self._admissions
+            self._admissions += 1
+        if len(self._last_admitted) > len(self.running) + len(self.waiting):
+            # Forget clients with nothing running or waiting (keeps the table small); a
+            # client with a request running keeps its place in the rotation.
+            present = {t.client for t in self.running} | {t.client for t in self.waiting}
+            self._last_admitted = {c: n for c, n in self._last_admitted.items() if c in present}
+        return admitted
+
+    def schedule(self) -> Step:
+        """Plan one decode step over the running turns (call admit() first)."""
+        step = Step()
+        for s in self.running:
+            if s.state is State.DECODE:
+                step.decode.append(s)
+        # A follower waits while its leader computes the prompt prefix they share; the
+        # leader stops at the end of that prefix, so next step everyone goes on together.
+        shared_end: dict[int, int] = {}
+        for s in self.running:
+            if s.leader is not None:
+                key = id(s.leader)
+                shared_end[key] = max(shared_end.get(key, 0), s.lead_n)
+        # Short prompts first keeps time-to-first-token low for short questions; a long
+        # paste still advances whenever budget is left.
+        prefilling = sorted((s for s in self.running if s.state is State.PREFILL and s.leader is None),
+                            key=lambda s: (s.prefill_left, s.arrival))
+        budget = self._prefill_budget(len(step.decode), prefilling)
+        for s in prefilling:
+            if budget <= 0:
+                break
+            n = min(s.prefill_left, budget)
+            end = shared_end.get(id(s), 0)
+            if end > s.n_cached:
+                n = min(n, end - s.n_cached)
+            step.prefill.append((s, n))
+            budget -= n
+        return step
+
+    def _prefill_budget(self, n_decode: int, prefilling: list[Turn]) -> int:
+        """Prompt tokens for this step. First tokens sooner: the shortest waiting prompts
+        that fit in `prefill_group` tokens together are finished in this step, so they get
+        their first token now instead of after one big step over every prompt (with nobody
+        streaming yet) or several small chunks (while others stream). Longer prompts go at
+        full speed when nobody streams, and in `prefill_chunk` pieces when someone does, so
+        a long paste never freezes the streams."""
+        room = self.limits.batch_tokens - n_decode
+        group = 0
+        for s in prefilling:
+            if group + s.prefill_left > self.limits.prefill_group:
+                break
+            group += s.prefill_left
+        if n_decode and self.limits.prefill_chunk:
+            return min(room, max(self.limits.prefill_chunk, group))
+        return min(room, group or room)
+
+    def release(self, turn: Turn) -> None:
+        """Finish a running sequence and give its slot back (idempotent)."""
+        if turn.state is State.FINISHED:
+            return  # NOTE: a cancel racing a normal finish must not free the slot twice
+        was_running = turn.state is not State.WAITING
+        turn.state = State.FINISHED
+        if was_running:
+            self.running.remove(turn)
+            self.reserved -= turn.kv_reserve(self.limits.ctx_limit)

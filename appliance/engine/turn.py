@@ -1,0 +1,99 @@
+"""One conversation turn inside the engine (a request: prompt in, tokens out), and the
+events it sends back to its HTTP stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+from appliance.errors import ApplianceError
+from appliance.sampling import SamplingParams
+
+
+class State(Enum):
+    WAITING = auto()  # queued for a slot
+    PREFILL = auto()  # has a slot; prompt partly in the KV cache
+    DECODE = auto()  # generating one token per step
+    FINISHED = auto()
+
+
+@dataclass(slots=True, eq=False)
+class Turn:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float  # engine clock, s
+    sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
+    client: str = ""  # the client identity (address, forwarded address or key): KV reuse is per client
+    session: str = ""  # the conversation this turn belongs to (X-Session-Id, or one the server made)
+    named: bool = True  # the client sent the session id (False: the server made one up)
+    public_len: int = 0  # leading prompt tokens that any client may share (public system prompt)
+    continuing: bool = False  # its session already has cached KV (scheduling priority)
+    no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
+    state: State = State.WAITING
+    seq_id: int = -1  # llama.cpp sequence id while it holds a slot
+    n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
+    output: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    last_emit_at: float = 0.0  # for inter-token latency
+    n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
+    copied: int = 0  # of those, tokens whose cells another sequence owns (shared prefix)
+    # Waits for `leader` to compute the shared prefix [0, lead_n), then copies it.
+    leader: Turn | None = field(default=None, repr=False)
+    lead_n: int = 0
+    # Engine-side helpers (sampler chain, text stream, draft state) live here so a
+    # finished turn takes them with it.
+    sampler: Any = field(default=None, repr=False)
+    text: Any = field(default=None, repr=False)
+    drafts: Any = field(default=None, repr=False)
+    logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # not yet sent with a Delta
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def prefill_left(self) -> int:
+        return max(0, len(self.prompt) - self.n_cached)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    def kv_reserve(self, ctx_limit: int) -> int:
+        """KV cells this turn may come to hold: admission keeps the sum within budget,
+        so a decode never runs out of cache mid-answer."""
+        return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and its likeliest alternatives (logprobs)."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
+# Events, delivered on the asyncio loop to the request's sink.
+@dataclass(slots=True)
+class Delta:
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind `text`, when asked
+
+
+@dataclass(slots=True)
+class Done:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Failed:
+    error: ApplianceError

@@ -1,0 +1,245 @@
+"""The front door: checks every HTTP request meets before any route runs (ASGI middleware).
+
+In order: a Host this machine answers for (the DNS rebinding guard, 421); no foreign Origin
+(403), and a browser POST must be JSON (415) so a web page cannot send a "simple" request
+without a CORS preflight; an API key on the API when keys are on (401); operator routes only
+from this machine or with an admin key (403); the per-client request rate (429). Every
+response carries the page's security headers. The caller's identity is left in
+`scope["state"]["caller"]` for the routes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from appliance.errors import ApplianceError, Forbidden, MisdirectedRequest, QueueFull, Unauthorized, UnsupportedMediaType
+from appliance.http.identity import Network, client_identity, is_trusted
+from appliance.http.keys import Key, KeyRing, bearer
+from appliance.http.limits import RateLimiter
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+ADMIN_PATHS = ("/metrics", "/debug/")
+# What needs a key when keys are on (and counts against the rate limit): the OpenAI and
+# Ollama APIs and llama-server's token-level routes.
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
+OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
+_DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    address: str  # the client's address (as forwarded by a trusted proxy)
+    key: Key | None  # the API key it presented, when keys are on
+
+    @property
+    def client(self) -> str:
+        """The identity for KV reuse, fairness and limits: the key, else the address."""
+        return self.key.identity if self.key else self.address
+
+    @property
+    def namespace(self) -> str:
+        """Sessions live per key, so another key cannot reach them ("" without keys)."""
+        return self.key.identity if self.key else ""
+
+    @property
+    def admin(self) -> bool:
+        return self.key is not None and self.key.admin
+
+    @property
+    def local(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.address).is_loopback
+        except ValueError:
+            return False
+
+
+def machine_names() -> frozenset[str]:
+    """This machine's own names, as an office reaches it: host name, FQDN and NAME.local."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    names |= {n.split(".")[0] + ".local" for n in list(names) if n}
+    return frozenset(n.lower() for n in names if n)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    keys: KeyRing
+    trusted_proxies: tuple[Network, ...] = ()
+    allowed_hosts: frozenset[str] = frozenset()  # lower case; ".example.com" = any subdomain; "*" = any
+    allowed_origins: frozenset[str] = frozenset()  # exact "scheme://host[:port]"
+    host_names: frozenset[str] = frozenset()  # this machine's names
+    rate_limit_per_s: float = 0.0
+
+    @classmethod
+    def build(cls, keys: KeyRing, trusted_proxies: tuple[Network, ...] = (), allowed_hosts: Iterable[str] = (),
+              allowed_origins: Iterable[str] = (), rate_limit_per_s: float = 0.0) -> GuardPolicy:
+        return cls(keys, trusted_proxies, frozenset(h.lower().rstrip(".") for h in allowed_hosts),
+                   frozenset(o.lower().rstrip("/") for o in allowed_origins), machine_names(), rate_limit_per_s)
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """'Example.com:8080' -> ('example.com', 8080); '[::1]:80' -> ('::1', 80); bad port -> ('', None)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    else:
+        host, port = value, ""
+    if port and not port.isdigit():
+        return "", None
+    return host.rstrip("."), int(port) if port else None
+
+
+def host_allowed(host: str, policy: GuardPolicy) -> bool:
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True  # an IP literal cannot be rebound
+    except ValueError:
+        pass
+    if host == "localhost" or host.endswith(".localhost") or host in policy.host_names:
+        return True
+    allowed = policy.allowed_hosts
+    return "*" in allowed or host in allowed or any(a.startswith(".") and host.endswith(a) for a in allowed)
+
+
+def _origin(value: str) -> tuple[str, str, int | None]:
+    scheme, sep, rest = value.strip().lower().partition("://")
+    if not sep:
+        return "", "", None
+    host, port = split_host(rest.split("/", 1)[0])
+    return scheme, host, port if port is not None else _DEFAULT_PORT.get(scheme)
+
+
+def same_origin(origin: str, host_header: str, scheme: str) -> bool:
+    """The page's own origin: the Origin's scheme, host and port are the request's."""
+    o_scheme, o_host, o_port = _origin(origin)
+    host, port = split_host(host_header)
+    if port is None:
+        port = _DEFAULT_PORT.get(scheme)
+    return bool(o_host) and (o_scheme, o_host, o_port) == (scheme.lower(), host, port)
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, policy: GuardPolicy, on_refuse: Callable[[str], None] = lambda reason: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.policy = policy
+        self.on_refuse = on_refuse
+        self.rate = RateLimiter(policy.rate_limit_per_s, clock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        cors = origin is not None and origin.lower().rstrip("/") in self.policy.allowed_origins
+        try:
+            caller = self._check(scope, headers, origin, cors)
+        except ApplianceError as err:
+            await self._refuse(err, scope, receive, send, origin if cors else None)
+            return
+        if cors and scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            await self._preflight(scope, receive, send, origin or "")
+            return
+        scope.setdefault("state", {})["caller"] = caller
+        await self.app(scope, receive, _with_headers(send, origin if cors else None))
+
+    def _check(self, scope: Scope, headers: Headers, origin: str | None, cors: bool) -> Caller:
+        p = self.policy
+        peer = scope["client"][0] if scope.get("client") else ""
+        proxied = is_trusted(peer, p.trusted_proxies)
+        host_header = (headers.get("x-forwarded-host") if proxied else None) or headers.get("host", "")
+        host, _ = split_host(host_header.split(",")[0])
+        if not host_allowed(host, p):
+            raise self._no("bad_host", MisdirectedRequest(
+                "this server does not answer for that host name; an operator can add it to allowed_hosts",
+                code="host_not_allowed"))
+        if origin is not None and not cors:
+            scheme = (headers.get("x-forwarded-proto") if proxied else None) or scope.get("scheme", "http")
+            if not same_origin(origin, host_header, scheme):
+                raise self._no("bad_origin", Forbidden(
+                    "cross-site requests are refused; an operator can add the origin to allowed_origins",
+                    code="origin_not_allowed"))
+        method, path = scope["method"], scope["path"]
+        if origin is not None and method in ("POST", "PUT", "PATCH"):
+            if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+                raise self._no("bad_content_type", UnsupportedMediaType(
+                    "a request from a web page must send Content-Type: application/json", code="unsupported_media_type"))
+        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), self._key(headers))
+        preflight = method == "OPTIONS" and cors
+        if p.keys.enabled and path.startswith(API_PATHS) and caller.key is None and not preflight:
+            raise self._no("no_key", Unauthorized(
+                "an API key is needed: send `Authorization: Bearer KEY`", code="invalid_api_key"))
+        if path.startswith(ADMIN_PATHS) and not (caller.local or caller.admin):
+            raise self._no("admin_only", Forbidden(
+                "only from this machine, or with an admin API key", code="admin_only"))
+        if method == "POST" and path.startswith(API_PATHS):
+            wait = self.rate.check(caller.client)
+            if wait is not None:
+                raise self._no("rate_limited", QueueFull(
+                    f"too many requests: at most {p.rate_limit_per_s:g} per second per client",
+                    retry_after=wait, code="rate_limited"))
+        return caller
+
+    def _key(self, headers: Headers) -> Key | None:
+        if not self.policy.keys.enabled:
+            return None
+        token = bearer(headers.get("authorization"))
+        return self.policy.keys.find(token) if token else None
+
+    def _no(self, reason: str, err: ApplianceError) -> ApplianceError:
+        self.on_refuse(reason)
+        return err
+
+    async def _refuse(self, err: ApplianceError, scope: Scope, receive: Receive, send: Send, origin: str | None) -> None:
+        headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
+        if isinstance(err, Unauthorized):
+            headers["WWW-Authenticate"] = "Bearer"
+        body = {"error": err.message} if scope["path"].startswith(OLLAMA_PATHS) else err.body()
+        await JSONResponse(body, status_code=err.status, headers=headers)(scope, receive, _with_headers(send, origin))
+
+    async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
+        response = Response(status_code=204, headers={
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Session-Id",
+            "Access-Control-Max-Age": "600",
+        })
+        await response(scope, receive, _with_headers(send, origin))
+
+
+def _with_headers(send: Send, cors_origin: str | None) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            h = MutableHeaders(scope=message)
+            for name, value in SECURITY_HEADERS.items():
+                h.setdefault(name, value)
+            if cors_origin:
+                h["Access-Control-Allow-Origin"] = cors_origin
+                h["Access-Control-Expose-Headers"] = "X-Session-Id, X-Dropped-Messages, Retry-After"
+                h.add_vary_header("Origin")
+        await send(message)
+
+    return wrapped
+
+
+def caller_of(scope_state: dict[str, Any]) -> Caller:
+    caller = scope_state.get("caller")
+    assert isinstance(caller, Caller), "the Guard middleware runs before every route"
+    return caller

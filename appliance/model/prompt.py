@@ -1,0 +1,243 @@
+"""Chat messages -> prompt tokens: the GGUF's own Jinja chat template in a sandbox, and the
+rule for conversations longer than the context (keep the system prompt and the newest turns).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from appliance.engine.kv.cache import common_prefix
+from appliance.errors import BadRequest, ContextLengthExceeded
+
+# tokenize(text, special): special=True parses control-token text such as "<|im_end|>"
+# (only for what the template wrote); special=False keeps it plain text (message content).
+Tokenize = Callable[[str, bool], list[int]]
+
+# Older turns are dropped by characters before anything is rendered, so a huge history costs
+# no templating or tokenizing. A token is rarely more than a few characters of text (about 4
+# for English and code), so a conversation of limit x 12 characters is beyond the context:
+# only text of very long repeated runs could lose a turn that would have fit.
+MAX_CHARS_PER_TOKEN = 12
+
+# Message i is rendered as the mark `<c>i<c>` and put back afterwards, so that message text
+# is never part of the text whose control tokens are parsed. <c> is a private-use character
+# that neither the template nor any client text it renders besides content (tool definitions,
+# tool calls) holds, chosen anew for each render: no client text can pass for a mark.
+_PRIVATE_USE = range(0xE000, 0xF900)
+
+# Used only when a GGUF carries no template: every Qwen2.5 model speaks ChatML.
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _too_deep(tools: list[dict[str, Any]] | None) -> BadRequest:
+    return BadRequest("the chat template recursed too deeply: are the tool definitions or calls nested too deeply?",
+                      param="tools" if tools else "messages")
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    # Hugging Face's templates expect tojson without HTML escaping and with unicode kept.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        # Sandboxed and immutable: a GGUF's template is data from the internet, not code.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
+        self._template = env.from_string(source or CHATML)
+        self._specials = {"bos_token": bos_token, "eos_token": eos_token}
+        self._own_chars = frozenset(source or CHATML) | frozenset(bos_token + eos_token)
+
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                     tools: list[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
+        """The rendered prompt as (text, written by the template) pieces: message contents are
+        rendered as marks and put back as pieces of their own. (Tool definitions and calls are
+        rendered as the template writes them: the API layer refuses any that contain
+        control-token text.)"""
+        c = self._mark_char(messages, tools)
+        masked = [{**m, "content": f"{c}{i}{c}"} if m.get("content") else m for i, m in enumerate(messages)]
+        text = self.render(masked, add_generation_prompt, tools)
+        parts: list[tuple[str, bool]] = []
+        pos = 0
+        # Only marks hold c, so they alternate opening and closing: each match is one mark.
+        for mark in re.finditer(f"{c}([0-9]+){c}", text):
+            parts.append((text[pos:mark.start()], True))
+            parts.append((str(messages[int(mark.group(1))]["content"]), False))
+            pos = mark.end()
+        parts.append((text[pos:], True))
+        return [(t, special) for t, special in parts if t]
+
+    def _mark_char(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """A private-use character in neither the template's source nor any client text it
+        renders besides content (a string's characters all appear in its JSON: ensure_ascii=False
+        escapes none of these)."""
+        rest = [{k: v for k, v in m.items() if k != "content"} for m in messages]
+        try:
+            used = self._own_chars | frozenset(json.dumps([tools, rest], ensure_ascii=False, default=str))
+        except RecursionError:
+            raise _too_deep(tools) from None
+        c = next((chr(p) for p in _PRIVATE_USE if chr(p) not in used), None)
+        if c is None:
+            raise BadRequest("tool definitions and calls may not hold every private-use character (U+E000-U+F8FF)",
+                             param="tools" if tools else "messages")
+        return c
+
+    def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Render and tokenize: control tokens come only from the template, never from content."""
+        tokens: list[int] = []
+        for text, special in self.render_parts(messages, tools=tools):
+            tokens += tokenize(text, special)
+        return tokens
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._specials, **extra)
+        except TemplateError as e:
+            raise BadRequest(f"the model's chat template rejected these messages: {e}", param="messages") from None
+        except RecursionError:  # tool JSON (tojson) nested near the parser's own limit, or a template's loop
+            raise _too_deep(tools) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    tokens: list[int]
+    dropped_messages: int  # oldest turns left out so the conversation fits the context
+    public_len: int = 0  # leading tokens any client may share: the template + a public system prompt
+
+
+# Characters no one types: rendering the system prompt followed by a user turn holding
+# only one of these shows where the private part of a prompt starts, whatever the
+# template adds (two unlike probes: a tokenizer may merge the start of the user text).
+_PROBES = ("\u2063", "A")
+
+
+def _system_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    n_sys = 0
+    while n_sys < len(messages) and messages[n_sys]["role"] == "system":
+        n_sys += 1
+    return messages[:n_sys]
+
+
+def public_prefix(system: list[dict[str, Any]], template: ChatTemplate, tokenize: Tokenize) -> list[int]:
+    """The tokens a prompt with these system messages starts with, before anything private."""
+    a, b = (template.encode(system + [{"role": "user", "content": p}], tokenize) for p in _PROBES)
+    return a[:common_prefix(a, b)]
+
+
+def public_prefixes(presets: Iterable[str], template: ChatTemplate, tokenize: Tokenize) -> list[list[int]]:
+    """What every client may share: the model's default system prompt (no system message)
+    and each operator preset. Computed once at start-up."""
+    systems: list[list[dict[str, Any]]] = [[]]
+    systems += [[{"role": "system", "content": text}] for text in presets]
+    return [public_prefix(s, template, tokenize) for s in systems]
+
+
+def _public_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
+                tokenize: Tokenize, presets: frozenset[str]) -> int:
+    system = _system_part(messages)
+    if len(system) > 1 or (system and system[0]["content"] not in presets):
+        return 0  # a private system prompt: nothing of it is shared with other clients
+    return common_prefix(tokens, public_prefix(system, template, tokenize))
+
+
+def refuse_control_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        control_texts: frozenset[str]) -> None:
+    """Tool definitions and calls reach the template as JSON it writes verbatim, where
+    control-token text would be parsed: refuse any that holds some (content is safe)."""
+    calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+    if not (tools or calls) or not control_texts:
+        return
+    text = json.dumps([tools, calls], ensure_ascii=False)
+    found = next((c for c in control_texts if c in text), None)
+    if found is not None:
+        raise BadRequest(f"tool definitions and tool calls may not contain the model's control token {found!r}",
+                         param="tools" if tools and found in json.dumps(tools, ensure_ascii=False) else "messages")
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m["content"]) + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 0) for m in messages)
+
+
+def build_prompt(
+    messages: list[dict[str, Any]],
+    template: ChatTemplate,
+    tokenize: Tokenize,
+    limit: int,
+    presets: frozenset[str] = frozenset(),
+    tools: list[dict[str, Any]] | None = None,
+) -> Prompt:
+    """Render and tokenize; if longer than `limit` tokens, drop the oldest non-system
+    messages (whole turns: the kept history starts with a user message) until it fits.
+    Only a final message that cannot fit even alone with the system prompt is an error.
+    Turns far beyond the context by characters are dropped before anything is rendered."""
+
+    def encode(msgs: list[dict[str, Any]]) -> list[int]:
+        return template.encode(msgs, tokenize, tools)
+
+    n_sys = 0
+    while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
+        n_sys += 1
+    system, rest = messages[:n_sys], messages[n_sys:]
+
+    def keep_from(k: int) -> list[dict[str, Any]]:
+        # Drop rest[:k], then keep dropping until the history starts with a user turn.
+        while k < len(rest) - 1 and rest[k]["role"] != "user":
+            k += 1
+        return system + rest[k:]
+
+    # Tools are rendered into every candidate prompt: ones that cannot fit by characters alone
+    # are refused before anything is rendered or tokenized.
+    tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
+    if tools_chars > limit * MAX_CHARS_PER_TOKEN:
+        raise ContextLengthExceeded(
+            f"the tool definitions alone ({tools_chars} characters) are longer than the {limit} prompt tokens "
+            "this server allows per conversation", param="tools")
+    # The fewest turns to drop by characters alone (the last message is always tokenized).
+    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system) - tools_chars
+    k0, tail = len(rest) - 1, _chars(rest[-1:])
+    while k0 > 0 and tail + _chars(rest[k0 - 1:k0]) <= budget:
+        k0 -= 1
+        tail += _chars(rest[k0:k0 + 1])
+
+    if k0 == 0:
+        tokens = encode(messages)
+        if len(tokens) <= limit:
+            return Prompt(tokens, 0, _public_len(messages, tokens, template, tokenize, presets))
+
+    last_only = encode(system + rest[-1:])
+    if len(last_only) > limit:
+        raise ContextLengthExceeded(
+            f"the last message does not fit: with the system prompt it is {len(last_only)} tokens, "
+            f"and this server allows {limit} prompt tokens per conversation")
+    # Fewest dropped messages that fit; token count shrinks as k grows, so binary search.
+    lo, hi = max(1, k0), len(rest) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(encode(keep_from(mid))) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = keep_from(lo)
+    tokens = encode(kept)
+    return Prompt(tokens, len(messages) - len(kept), _public_len(kept, tokens, template, tokenize, presets))

@@ -1,0 +1,1 @@
+"""Running the appliance: wiring and serving, systemd notification, tuning a machine."""

@@ -1,0 +1,1 @@
+"""Structured output: JSON schemas and their patterns as grammars, and tool calls."""

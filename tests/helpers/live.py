@@ -1,0 +1,144 @@
+"""Start the real appliance on the bundled model in a subprocess, on a free port.
+
+Tests that simulate several people pass `as_user=i`: each user then connects from its own
+loopback address (127.0.0.2, ...), as the server tells clients apart by address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from appliance.bench import sse, user_address
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Live:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    client: httpx.Client = field(init=False)
+    _users: dict[int, httpx.Client] = field(init=False, default_factory=dict)
+    _users_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
+
+    def user_client(self, i: int | None) -> httpx.Client:
+        """The client of simulated user i (its own source address); None = the default client."""
+        if i is None:
+            return self.client
+        with self._users_lock:  # users run in threads
+            if i not in self._users:
+                transport = httpx.HTTPTransport(local_address=user_address(i))
+                self._users[i] = httpx.Client(base_url=self.url, timeout=120, trust_env=False,
+                                              transport=transport)
+            return self._users[i]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_port(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.01)
+        raise TimeoutError("server did not open its port")
+
+    def wait_ready(self, timeout: float = 180) -> dict[str, Any]:
+        self.wait_port()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.client.get("/health")
+            if r.status_code == 200:
+                return dict(r.json())
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError("model did not load")
+
+    def health(self) -> dict[str, Any]:
+        return dict(self.client.get("/health").json())
+
+    def chat(self, messages: list[dict[str, Any]], *, as_user: int | None = None,
+             **kw: Any) -> httpx.Response:
+        return self.user_client(as_user).post("/v1/chat/completions", json={"messages": messages, **kw})
+
+    def stream(self, messages: list[dict[str, Any]], *, as_user: int | None = None,
+               **kw: Any) -> Iterator[dict[str, Any] | str]:
+        """Yield each SSE data payload: parsed JSON, or the string '[DONE]'."""
+        body = {"messages": messages, "stream": True, **kw}
+        with self.user_client(as_user).stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            for ev in sse.iter_events(sse.lines(r.iter_text())):
+                assert not isinstance(ev, sse.Comment)  # not asked for
+                yield ev
+
+    def wait_idle(self, timeout: float = 30) -> dict[str, Any]:
+        """Wait until no slot is busy and nothing is queued."""
+        deadline = time.monotonic() + timeout
+        h = self.health()
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["slots"]["busy"] == 0 and h["queue"] == 0:
+                return h
+            time.sleep(0.05)
+        raise AssertionError(f"slots still busy: {h}")
+
+    def stop(self) -> int:
+        self.client.close()
+        for c in self._users.values():
+            c.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Live:
+    port = free_port()
+    log_path = log_dir / f"server-{port}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    full_env.update(env or {})
+    state = ["--state-dir", str(log_dir / "state")] if "--state-dir" not in args else []
+    cmd = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--model", str(model), "--log-level", "info", *state, *args]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    return Live(proc, port, log_path)
+
+
+def content_of(events: list[dict[str, Any] | str]) -> str:
+    return "".join(sse.content(e) for e in events)

@@ -1,0 +1,107 @@
+"""tools.py: whatever the model writes inside (or instead of) a <tool_call> block, parsing
+never raises. A block that is not valid JSON naming one of the tools with an object of
+arguments stays the model's text, on every route: OpenAI's chat, whole and streamed, and
+Ollama's /api/chat, where an answer that is only JSON may be a call without its tags."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from helpers.fakes import FakeModel
+from test_server import CHAT, USER, dicts, events_of, serving
+
+from appliance.bench import sse
+from appliance.structured.tools import CLOSE, MAX_DEPTH, OPEN, ToolCallParser, split_answer
+
+NAMES = frozenset({"get_weather"})
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+DEEP = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
+
+
+def nested(depth: int) -> str:
+    """An arguments object whose arrays nest `depth` levels in all."""
+    return '{"t": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+NOT_CALLS = {
+    "name a list": '{"name": ["get_weather"], "arguments": {}}',
+    "name an object": '{"name": {"first": "Ada", "last": "Lovelace"}, "arguments": {}}',
+    "name a number": '{"name": 5, "arguments": {}}',
+    "arguments a list": '{"name": "get_weather", "arguments": [1, 2]}',
+    "arguments a number": '{"name": "get_weather", "arguments": 5}',
+    "arguments a string holding a list": '{"name": "get_weather", "arguments": "[1]"}',
+    "arguments NaN": '{"name": "get_weather", "arguments": {"t": NaN}}',
+    "arguments -Infinity": '{"name": "get_weather", "arguments": {"t": [-Infinity]}}',
+    "arguments past the float range": '{"name": "get_weather", "arguments": {"t": 1e400}}',
+    "arguments double-encoded with NaN": '{"name": "get_weather", "arguments": "{\\"t\\": NaN}"}',
+    "an integer of 5,000 digits": '{"name": "get_weather", "arguments": {"t": ' + "9" * 5000 + "}}",
+    "nested past the recursion limit": '{"name": "get_weather", "arguments": {"t": ' + DEEP + "}}",
+    "double-encoded, nested past the limit": '{"name": "get_weather", "arguments": "{\\"t\\": ' + DEEP + '}"}',
+    "nested deeper than MAX_DEPTH": '{"name": "get_weather", "arguments": ' + nested(MAX_DEPTH + 1) + "}",
+    "a whole block nested past the limit": DEEP,
+}
+
+
+def refuse(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def strict(text: str) -> Any:
+    """json.loads as a strict client parses: NaN and Infinity are refused."""
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("block", NOT_CALLS.values(), ids=NOT_CALLS.keys())
+def test_a_block_that_is_no_call_stays_text_whole_and_streamed(block: str) -> None:
+    answer = f"Here: {OPEN}\n{block}\n{CLOSE} done"
+    assert split_answer(answer, NAMES) == (answer, [])
+    p = ToolCallParser(NAMES)
+    shown = [p.feed(c) for c in answer]  # one character at a time, as a stream may cut it
+    assert "".join(s for s, _ in shown) + p.flush() == answer and not p.calls
+
+
+def test_a_call_nested_to_max_depth_is_still_a_call_in_strict_json() -> None:
+    text, (call,) = split_answer(f'{OPEN}{{"name": "get_weather", "arguments": {nested(MAX_DEPTH)}}}{CLOSE}', NAMES)
+    assert text == "" and call.name == "get_weather"
+    assert strict(call.arguments) == json.loads(nested(MAX_DEPTH))
+    # Double-encoded arguments are decoded, then sent as JSON text again.
+    _, (call,) = split_answer(f'{OPEN}{{"name": "get_weather", "arguments": "{{\\"a\\": 1.5}}"}}{CLOSE}', NAMES)
+    assert strict(call.arguments) == {"a": 1.5}
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+ADA = '{"name": {"first": "Ada", "last": "Lovelace"}, "born": 1815}'  # an answer, not a call
+REPLIES = {
+    "name a list": f'{OPEN}\n{NOT_CALLS["name a list"]}\n{CLOSE}',
+    "arguments NaN": f'{OPEN}\n{NOT_CALLS["arguments NaN"]}\n{CLOSE}',
+    "arguments past the float range": f'{OPEN}\n{NOT_CALLS["arguments past the float range"]}\n{CLOSE}',
+    "arguments a list": f'{OPEN}\n{NOT_CALLS["arguments a list"]}\n{CLOSE}',
+    "a JSON answer whose name is an object": ADA,
+    "a bare block whose name is a list": NOT_CALLS["name a list"],
+}
+
+
+@pytest.mark.parametrize("reply", REPLIES.values(), ids=REPLIES.keys())
+def test_the_model_gets_its_words_back_on_every_route(reply: str) -> None:
+    with serving(lambda: FakeModel(reply=reply)) as client:
+        body = {"messages": USER, "tools": TOOLS, "max_tokens": 200}
+        r = client.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        choice = strict(r.text)["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": reply} and choice["finish_reason"] == "stop"
+        events = events_of(client.post(CHAT, json={**body, "stream": True}))
+        assert events[-1] == sse.DONE
+        assert "".join(sse.content(e) for e in events) == reply
+        assert not any(c["delta"].get("tool_calls") for e in dicts(events) for c in e.get("choices", []))
+
+        ollama = {"model": "m", "messages": USER, "tools": TOOLS, "options": {"num_predict": 200}}
+        r = client.post("/api/chat", json={**ollama, "stream": False})
+        assert r.status_code == 200, r.text
+        assert strict(r.text)["message"] == {"role": "assistant", "content": reply}
+        r = client.post("/api/chat", json=ollama)
+        assert r.status_code == 200, r.text
+        *parts, final = [strict(s) for s in r.text.splitlines()]
+        assert "".join(p["message"]["content"] for p in parts) == reply
+        assert not any("tool_calls" in p["message"] for p in parts) and final["done"] is True

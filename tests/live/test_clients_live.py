@@ -1,0 +1,78 @@
+"""KV reuse per client identity, on the real model over a real socket: a client's next
+turn without a session id continues its own cache; another client gets nothing from a
+private system prompt; an operator preset is shared by everyone and reported as cached."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.live import Live, start
+
+pytestmark = pytest.mark.integration
+PRESET = "You are the office helpdesk assistant. Answer in one short sentence."
+SECRET = "You are Alice's private assistant. Her project codename is BLUEHERON and her budget is 42k."
+
+
+@pytest.fixture(scope="module")
+def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    d = tmp_path_factory.mktemp("clients")
+    cfg = d / "appliance.toml"
+    cfg.write_text(f'[system_prompts]\nhelpdesk = "{PRESET}"\n')
+    live = start(bundled_model, d, "--config", str(cfg), "--slots", "4", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192")
+    live.wait_ready()
+    yield live
+    assert live.stop() == 0
+
+
+def ask(live: Live, user: int, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    r = live.chat(messages, as_user=user, max_tokens=24, temperature=0)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]
+
+
+def cached(usage: dict[str, Any]) -> int:
+    return int(usage["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_presets_are_listed(server: Live) -> None:
+    r = server.client.get("/v1/system_prompts")
+    assert r.status_code == 200
+    assert r.json()["data"] == [{"name": "helpdesk", "text": PRESET}]
+
+
+def test_second_turn_without_session_id_reuses_the_first(server: Live) -> None:
+    first = [{"role": "system", "content": SECRET}, {"role": "user", "content": "What is my codename?"}]
+    answer, use1 = ask(server, 1, first)
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And my budget?"}]
+    _, use2 = ask(server, 1, second)
+    # Everything up to the first answer came from client 1's own cache.
+    assert cached(use2) >= use1["prompt_tokens"], (use1, use2)
+    assert use2["prompt_tokens"] - cached(use2) < 40
+
+
+def test_another_client_gets_nothing_from_a_private_system_prompt(server: Live) -> None:
+    msgs = [{"role": "system", "content": SECRET}, {"role": "user", "content": "What is my codename?"}]
+    ask(server, 2, msgs)  # client 2 (Alice) has it cached now
+    before = server.health()["engine"]["prompt_tokens_computed"]
+    _, use = ask(server, 3, msgs)  # client 3 (Bob) sends the very same prompt
+    assert cached(use) == 0
+    # ...and really computed all of it (no copy from Alice's cells).
+    assert server.health()["engine"]["prompt_tokens_computed"] - before == use["prompt_tokens"]
+
+
+def test_an_operator_preset_is_shared_and_reported_by_both(server: Live) -> None:
+    uses = [ask(server, user, [{"role": "system", "content": PRESET}, {"role": "user", "content": q}])[1]
+            for user, q in ((4, "How do I reset my password?"), (5, "Where is the printer?"))]
+    # Both copied the preset computed at start-up: the template opening + the preset.
+    assert cached(uses[0]) == cached(uses[1]) > 20
+    assert all(cached(u) < u["prompt_tokens"] for u in uses)
+
+
+def test_no_system_message_shares_the_models_default_prompt(server: Live) -> None:
+    _, use = ask(server, 6, [{"role": "user", "content": "Say hello."}])
+    assert cached(use) > 10  # Qwen's default system prompt, computed at start-up
