@@ -7,7 +7,6 @@ touched from another thread.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import deque
@@ -21,6 +20,7 @@ import numpy as np
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.store import CachePolicy, KVStore
+from appliance.engine.names import log_name
 from appliance.engine.scheduler import Limits, Scheduler, Step
 from appliance.engine.snapshot import Counters, SessionView, Snapshot
 from appliance.engine.spec import (
@@ -451,7 +451,7 @@ class EngineCore:
         # short digest of it, enough to follow one conversation.
         ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
         log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
-                 "first token %s, total %.1f s", t.rid, hashlib.sha256(t.session.encode()).hexdigest()[:8],
+                 "first token %s, total %.1f s", t.rid, log_name(t.session),
                  t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
                  len(t.output), ttft, self.clock() - t.arrival)
 

@@ -18,8 +18,9 @@ from typing import Any
 from appliance.engine.core import EngineCore, Events, Model
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
-from appliance.engine.kv.cache import SAVED, session_key
+from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
+from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot
 from appliance.engine.threads import CoreShare
@@ -251,7 +252,7 @@ class Engine:
         """GET /v1/sessions/{id}, rendered from the last snapshot."""
         snap = self.snapshot
         # A session saved by the last run is listed under its digest until its next turn.
-        view: SessionView | None = snap.sessions.get(session) or snap.sessions.get(SAVED + session_key(session))
+        view: SessionView | None = snap.sessions.get(session) or snap.sessions.get(SAVED + saved_key(session))
         if view is None:
             return None
         return {"id": session, "state": view.state, "cached_tokens": view.cached_tokens,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -29,6 +28,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.engine.engine import Engine, EngineState, Handle
+from appliance.engine.names import session_name
 from appliance.engine.turn import Delta, Done, Failed
 from appliance.errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
 from appliance.http import openai_api as api
@@ -316,7 +316,7 @@ class App:
 def session_key(caller: Caller, session: str) -> str:
     """What the engine calls a session: a digest of the caller's key and the id, so another
     key's sessions are out of reach, and no raw id is held, logged or saved anywhere."""
-    return hashlib.sha256(f"{caller.namespace}\0{session}".encode()).hexdigest()[:32]
+    return session_name(caller.namespace, session)
 
 
 def sse_error(err: ApplianceError) -> bytes:

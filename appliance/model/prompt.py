@@ -14,7 +14,6 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from appliance.engine.kv.cache import common_prefix
 from appliance.errors import BadRequest, ContextLengthExceeded
 
 # tokenize(text, special): special=True parses control-token text such as "<|im_end|>"
@@ -38,6 +37,19 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share."""
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: prompts share long prefixes, and slicing is C-fast.
+    step = 256
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _raise(message: str) -> None:

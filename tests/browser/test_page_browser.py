@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 pytest.importorskip("playwright")
 from helpers import browser as browser_util  # noqa: E402
+
 if browser_util.chromium_path() is None:
     pytest.skip("no Chromium: install it with  sudo apt-get install -y chromium  (scripts/setup.sh does as root)",
                 allow_module_level=True)

@@ -17,8 +17,8 @@ from helpers.fakes import RuleModel
 from test_core import Core, Recorder, make
 
 from appliance.engine.inbox import Cancel, DeleteSession
-from appliance.engine.kv.cache import common_prefix
 from appliance.engine.turn import Done, Failed, State, Turn
+from appliance.model.prompt import common_prefix
 from appliance.sampling import SamplingParams
 
 ALPHA = "abcdefghijklmnopqrstuvwxyz"

@@ -18,8 +18,9 @@ from helpers.fakes import FakeModel
 
 from appliance.engine.engine import Engine, EngineState, Handle
 from appliance.engine.kv import persist
-from appliance.engine.kv.cache import SAVED, session_key
+from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
+from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.turn import Delta, Done, Failed
 from appliance.sampling import SamplingParams
@@ -88,11 +89,11 @@ def test_restart_restores_by_digest_from_private_files_without_ids(tmp_path: Pat
             raw = f.read_bytes()
             for sid in (SECRET, OTHER):
                 assert sid.encode() not in raw and sid not in f.name
-        assert {f.name for f in files} == {session_key(s)[:32] + ".kv" for s in (SECRET, OTHER)}
+        assert {f.name for f in files} == {saved_key(s)[:32] + ".kv" for s in (SECRET, OTHER)}
 
         eng = await started(state)
         # Known only by digest until a turn of the session claims it.
-        assert set(eng.snapshot.sessions) == {SAVED + session_key(SECRET), SAVED + session_key(OTHER)}
+        assert set(eng.snapshot.sessions) == {SAVED + saved_key(SECRET), SAVED + saved_key(OTHER)}
         # ...and GET /v1/sessions/{id} finds it by its id all the same.
         info = eng.session_info(SECRET)
         assert info is not None and info["id"] == SECRET and info["state"] == "saved"
@@ -100,10 +101,10 @@ def test_restart_restores_by_digest_from_private_files_without_ids(tmp_path: Pat
         end = await turn(eng, TURN1 + [ord("a"), ord("b"), 7, 8, 9], SECRET)
         assert end.cached_tokens == len(TURN1) + 2  # the saved KV, not recomputed
         assert eng.snapshot.cache_events["restored"] == 1
-        assert SECRET in eng.snapshot.sessions and SAVED + session_key(OTHER) in eng.snapshot.sessions
+        assert SECRET in eng.snapshot.sessions and SAVED + saved_key(OTHER) in eng.snapshot.sessions
         # The unclaimed one is saved again under the same digest at the next shutdown.
         await stop(eng)
-        assert {f.name for f in state.iterdir()} == {session_key(s)[:32] + ".kv" for s in (SECRET, OTHER)}
+        assert {f.name for f in state.iterdir()} == {saved_key(s)[:32] + ".kv" for s in (SECRET, OTHER)}
 
         eng = await started(state)
         end = await turn(eng, list(range(300, 320)) + [ord("a"), ord("b"), 1], OTHER)

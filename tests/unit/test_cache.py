@@ -8,7 +8,8 @@ import random
 
 from helpers.fakes import FakeClock
 
-from appliance.engine.kv.cache import TAKEOVER_SLACK, Entry, Match, SessionCache, common_prefix
+from appliance.engine.kv.cache import TAKEOVER_SLACK, Entry, Match, SessionCache
+from appliance.model.prompt import common_prefix
 
 SYS = [101, 102, 103, 104, 105, 106, 107, 108]  # a "system prompt"
 

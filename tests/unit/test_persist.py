@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from appliance.engine.kv import persist
-from appliance.engine.kv.cache import session_key
+from appliance.engine.names import saved_key
 
 FP = "model-a|llama-cpp-python 0.3.36|kv f16"
 
 
 def rec(session: str, idle: float, size: int = 100) -> tuple[str, list[int], int, float, bytes]:
-    return (session_key(session), [1, 2, 3], 2, idle, bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    return (saved_key(session), [1, 2, 3], 2, idle, bytes(range(256)) * (size // 256) + b"x" * (size % 256))
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def mode(p: Path) -> int:
 def test_round_trip(tmp_path: Path) -> None:
     assert persist.save_all(tmp_path, FP, [rec("alice", 5.0), rec("bob", 1.0)], 10**6) == 2
     saved = {s.key: s for s in persist.scan(tmp_path, FP)}
-    assert set(saved) == {session_key("alice"), session_key("bob")}
-    alice, bob = saved[session_key("alice")], saved[session_key("bob")]
+    assert set(saved) == {saved_key("alice"), saved_key("bob")}
+    alice, bob = saved[saved_key("alice")], saved[saved_key("bob")]
     assert alice.tokens == [1, 2, 3] and alice.shared_len == 2
     assert alice.last_used_age_s == 5.0
     assert persist.load(bob) == rec("bob", 1.0)[4]
@@ -50,18 +50,18 @@ def test_files_carry_only_a_digest_of_the_session_id(tmp_path: Path) -> None:
     persist.save_all(tmp_path, FP, [rec(session, 1.0)], 10**6)
     (f,) = tmp_path.iterdir()
     assert f.parent == tmp_path and f.suffix == ".kv"
-    assert f.name == session_key(session)[:32] + ".kv"  # named by digest
+    assert f.name == saved_key(session)[:32] + ".kv"  # named by digest
     raw = f.read_bytes()
     assert raw.startswith(persist.MAGIC)
     for part in ("passwd", "s3cr3t", "XYZ"):
         assert part.encode() not in raw and part not in f.name
-    assert session_key(session).encode() in raw  # what a session is matched by on load
+    assert saved_key(session).encode() in raw  # what a session is matched by on load
 
 
 def test_session_key_hashes_whatever_string_it_gets() -> None:
-    keys = {session_key(s) for s in ("a", "b", "", "\ud800", "é" * 1000, "0" * 64)}
+    keys = {saved_key(s) for s in ("a", "b", "", "\ud800", "é" * 1000, "0" * 64)}
     assert len(keys) == 6 and all(len(k) == 64 for k in keys)
-    assert session_key("0" * 64) != "0" * 64  # a digest from the HTTP layer is hashed again
+    assert saved_key("0" * 64) != "0" * 64  # a digest from the HTTP layer is hashed again
 
 
 def test_a_raw_id_is_refused_as_a_key(tmp_path: Path) -> None:
@@ -73,13 +73,13 @@ def test_a_raw_id_is_refused_as_a_key(tmp_path: Path) -> None:
 def test_budget_keeps_most_recent_first(tmp_path: Path) -> None:
     records = [rec("old", 100.0, 1000), rec("new", 1.0, 1000), rec("mid", 10.0, 1000)]
     assert persist.save_all(tmp_path, FP, records, 2800) == 2
-    assert {s.key for s in persist.scan(tmp_path, FP)} == {session_key("new"), session_key("mid")}
+    assert {s.key for s in persist.scan(tmp_path, FP)} == {saved_key("new"), saved_key("mid")}
 
 
 def test_save_replaces_previous_files(tmp_path: Path) -> None:
     persist.save_all(tmp_path, FP, [rec("a", 1.0)], 10**6)
     persist.save_all(tmp_path, FP, [rec("b", 1.0)], 10**6)
-    assert [s.key for s in persist.scan(tmp_path, FP)] == [session_key("b")]
+    assert [s.key for s in persist.scan(tmp_path, FP)] == [saved_key("b")]
 
 
 @pytest.mark.usefixtures("umask_022")
@@ -162,7 +162,7 @@ def test_a_symlink_in_place_of_a_file_is_not_followed(tmp_path: Path, caplog: py
 def test_a_fifo_in_place_of_a_file_does_not_hang(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    fifo = state / (session_key("a")[:32] + ".kv")
+    fifo = state / (saved_key("a")[:32] + ".kv")
     os.mkfifo(fifo)
     with caplog.at_level(logging.WARNING):
         assert persist.scan(state, FP) == []
@@ -177,7 +177,7 @@ def test_temporary_write_never_follows_a_planted_link(tmp_path: Path, monkeypatc
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     monkeypatch.setattr(persist.secrets, "token_hex", lambda n: "fixed")
-    tmp = state / f".{session_key('a')[:32]}.kv.fixed.tmp"
+    tmp = state / f".{saved_key('a')[:32]}.kv.fixed.tmp"
     real_listdir = os.listdir
 
     def plant_after_cleanup(fd: int) -> list[str]:
@@ -194,11 +194,11 @@ def test_temporary_write_never_follows_a_planted_link(tmp_path: Path, monkeypatc
 def test_interrupted_save_leftovers_are_removed_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state"
     persist.save_all(state, FP, [rec("a", 1.0)], 10**6)
-    (state / f".{session_key('b')[:32]}.kv.0123456789ab.tmp").write_bytes(persist.MAGIC + b"half")
+    (state / f".{saved_key('b')[:32]}.kv.0123456789ab.tmp").write_bytes(persist.MAGIC + b"half")
     (state / "notes.txt").write_text("not ours to remove")
     with caplog.at_level(logging.WARNING):
         saved = persist.scan(state, FP)
-    assert [s.key for s in saved] == [session_key("a")]
+    assert [s.key for s in saved] == [saved_key("a")]
     assert sorted(p.name for p in state.iterdir()) == sorted([saved[0].path.name, "notes.txt"])
     assert "removed 1 temporary session files left by an interrupted save" in caplog.text
 
@@ -243,7 +243,7 @@ def test_older_format_files_are_discarded_with_one_log_line(tmp_path: Path, capl
         (state / f"{i:032x}.kv").write_bytes(persist.FAMILY + b"\x01" + len(header).to_bytes(4, "little") + header)
     with caplog.at_level(logging.INFO):
         saved = persist.scan(state, FP)
-    assert [s.key for s in saved] == [session_key("new")]
+    assert [s.key for s in saved] == [saved_key("new")]
     assert len(list(state.iterdir())) == 1
     lines = [r.getMessage() for r in caplog.records if "older format" in r.getMessage()]
     assert lines == [f"discarded 3 session files of an older format in {state} (they held raw session ids)"]
@@ -253,7 +253,7 @@ def test_a_file_renamed_to_another_digest_is_discarded(tmp_path: Path, caplog: p
     state = tmp_path / "state"
     persist.save_all(state, FP, [rec("a", 1.0)], 10**6)
     (f,) = state.glob("*.kv")
-    f.rename(state / (session_key("b")[:32] + ".kv"))  # would answer to session b
+    f.rename(state / (saved_key("b")[:32] + ".kv"))  # would answer to session b
     with caplog.at_level(logging.WARNING):
         assert persist.scan(state, FP) == []
     assert "does not match its session digest" in caplog.text

@@ -16,29 +16,19 @@ client sends changes what another can find in the cache, or how fast.
 
 from __future__ import annotations
 
-import hashlib
 from collections import UserDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from appliance.engine.names import saved_key
+from appliance.model.prompt import common_prefix
 
 # A turn continues one of its client's anonymous conversations (takes its sequence over)
 # when the match covers all but this many of its cached tokens: the rendered template may
 # tokenize the end of the last answer differently. A shorter match is a branch (an edit,
 # a regeneration): the prefix is copied and the original conversation stays cached.
 TAKEOVER_SLACK = 16
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    # Compare in blocks first: prompts share long prefixes, and slicing is C-fast.
-    step = 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(slots=True, eq=False)
@@ -78,11 +68,6 @@ class Entry:
 SAVED = "saved:"  # prefix of the key a session saved by the last run waits under
 
 
-def session_key(session: str) -> str:
-    """The digest saved files know a session by: they never hold its id (a bearer secret)."""
-    return hashlib.sha256(b"appliance-session\0" + session.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 class SessionTable(UserDict[str, Entry]):
     """Entries by session id. A session saved by the last run is known only by the digest
     of its id, so it waits under SAVED + digest until the first lookup by its id (`in`,
@@ -100,12 +85,12 @@ class SessionTable(UserDict[str, Entry]):
     @staticmethod
     def key_of(session: str) -> str:
         """What a saved file names this entry's session by."""
-        return session[len(SAVED):] if session.startswith(SAVED) else session_key(session)
+        return session[len(SAVED):] if session.startswith(SAVED) else saved_key(session)
 
     def _claim(self, session: object) -> Entry | None:
         if not self.unclaimed or not isinstance(session, str) or session.startswith(SAVED):
             return None
-        e = self.data.pop(SAVED + session_key(session), None)
+        e = self.data.pop(SAVED + saved_key(session), None)
         if e is not None:
             self.unclaimed -= 1
             e.session = session

@@ -4,7 +4,7 @@ type is discarded with a log line, never trusted: its payload is checksummed, an
 verified payload ever reaches llama.cpp.
 
 Session ids are bearer secrets, so a file holds none: it is named by, and its header
-carries, only a digest of the id (`cache.session_key`), which is what a session is matched
+carries, only a digest of the id (`names.saved_key`), which is what a session is matched
 by after a restart. The directory is ours and private: a real directory (not a symlink)
 owned by this user, mode 0700 (an existing one is tightened, with a log line); files are
 mode 0600, opened relative to the directory without following symlinks, written to a fresh
@@ -59,7 +59,7 @@ class _OldFormat(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    key: str  # cache.session_key(session): the only trace of the session's id
+    key: str  # names.saved_key(session): the only trace of the session's id
     tokens: list[int]
     shared_len: int
     path: Path
@@ -120,7 +120,7 @@ def _unlink(name: str, dir_fd: int) -> None:
 def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, list[int], int, float, bytes]],
              max_bytes: int, deadline: float = math.inf) -> int:
     """Write (key, tokens, shared_len, idle seconds, state) records, most recent first,
-    until max_bytes or the `deadline` (time.monotonic()); key is cache.session_key(session),
+    until max_bytes or the `deadline` (time.monotonic()); key is names.saved_key(session),
     never the id. Replaces what the directory held before. Returns files written."""
     fd = open_dir(state_dir, create=True)
     assert fd is not None

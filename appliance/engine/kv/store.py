@@ -5,7 +5,6 @@ prompt), and what gives way when the cache is full. Engine thread only.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -15,10 +14,12 @@ from typing import Protocol
 
 from appliance.cpu import Memory, trim_heap
 from appliance.engine.kv import persist
-from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable, common_prefix
+from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable
+from appliance.engine.names import log_name
 from appliance.engine.scheduler import Scheduler
 from appliance.engine.turn import State, Turn
 from appliance.errors import EngineFailure, KVCacheFull
+from appliance.model.prompt import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class KVStore:
             self._forget(e)  # its state is no longer anywhere
             raise
         if not ok:
-            log.warning("session %s: could not restore parked state; recomputing", _digest(e.session))
+            log.warning("session %s: could not restore parked state; recomputing", log_name(e.session))
             turn.seq_id = -1
             self.cache.release_id(sid)
             self._forget(e)
@@ -397,10 +398,6 @@ class KVStore:
             log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
         except OSError as e:  # StateDirError too: a symlink, not a directory, not ours
             log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
-
-
-def _digest(session: str) -> str:
-    return hashlib.sha256(session.encode()).hexdigest()[:8]  # session ids are bearer secrets
 
 
 def _unlink(saved: persist.Saved | None) -> None:

@@ -1,0 +1,24 @@
+"""Session names, the one place a session id is digested. A session id is a bearer secret:
+the engine is handed a digest that also binds the client's namespace, saved files know it by
+a second digest, and log lines by a short third one, so no raw id is held, saved or logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def session_name(namespace: str, session: str) -> str:
+    """What the engine calls a client's session: another key's (namespace's) sessions are
+    out of reach, whatever id it sends."""
+    return hashlib.sha256(f"{namespace}\0{session}".encode()).hexdigest()[:32]
+
+
+def saved_key(session: str) -> str:
+    """The digest saved files know a session by: they never hold its name."""
+    return hashlib.sha256(b"appliance-session\0" + session.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def log_name(session: str) -> str:
+    """A short digest for log lines, enough to follow one session through the log."""
+    return hashlib.sha256(session.encode()).hexdigest()[:8]
