@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from appliance.engine.events import Delta, Done, Failed, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.store import CachePolicy, KVStore
@@ -36,7 +37,7 @@ from appliance.engine.spec import (
 )
 from appliance.engine.textstream import TextStream
 from appliance.engine.threads import CoreShare
-from appliance.engine.turn import Delta, Done, Failed, State, TokenLogprob, Turn
+from appliance.engine.turn import State, Turn
 from appliance.errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
 from appliance.sampling import SamplingParams
 

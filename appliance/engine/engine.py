@@ -11,11 +11,13 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from enum import Enum
 from itertools import count
 from typing import Any
 
 from appliance.engine.core import EngineCore, Events, Model
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
@@ -24,7 +26,7 @@ from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot
 from appliance.engine.threads import CoreShare
-from appliance.engine.turn import Delta, Done, Failed, State, Turn
+from appliance.engine.turn import State, Turn
 from appliance.errors import ApplianceError, BadRequest, EngineFailure, Unavailable
 from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
 from appliance.sampling import SamplingParams
@@ -80,42 +82,49 @@ class Handle:
             self._engine.inbox.put(Cancel(self.turn))
 
 
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How an engine runs, everything but the model it loads."""
+
+    limits: Limits
+    policy: CachePolicy | None = None  # None: one sequence id beyond the slots, no parking
+    max_per_client: int = 0  # requests one client may have queued or running (0: no cap)
+    presets: tuple[str, ...] = ()  # operator system prompts, shared by every client
+    spec_budget: int = 0  # draft rows per step for speculation (0: off)
+    cores: CoreShare | None = None  # None: a fixed thread count
+    request_timeout_s: float = 600.0
+    stall_s: float = 60.0  # a loop iteration (one step) longer than this is a hang
+    fault: Fault | None = None  # faults.py, tests only: armed once the engine is ready
+    pin: Callable[[], None] = _nothing  # pins the engine thread (cpu.py), before the model loads
+    clock: Callable[[], float] = time.monotonic
+    metrics: Any = None
+    on_fatal: Callable[[], None] = _nothing  # the engine failed: let the process exit non-zero
+
+
 class Engine:
-    def __init__(
-        self,
-        model_factory: Callable[[], Model],
-        limits: Limits,
-        policy: CachePolicy | None = None,
-        *,
-        max_per_client: int = 0,
-        presets: tuple[str, ...] = (),
-        spec_budget: int = 0,
-        cores: CoreShare | None = None,
-        request_timeout_s: float = 600.0,
-        pin: Callable[[], None] = lambda: None,
-        clock: Callable[[], float] = time.monotonic,
-        metrics: Any = None,
-        on_fatal: Callable[[], None] = lambda: None,
-        stall_s: float = 60.0,
-        fault: Fault | None = None,
-    ) -> None:
+    def __init__(self, model_factory: Callable[[], Model], options: EngineOptions) -> None:
+        limits = options.limits
         self._factory = model_factory
-        self._pin = pin
+        self._pin = options.pin
         self.limits = limits
-        self.policy = policy or CachePolicy(n_seq=limits.slots + 1)
+        self.policy = options.policy or CachePolicy(n_seq=limits.slots + 1)
         assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
-        self.presets = presets  # operator system prompts, shared by every client
-        self.spec_budget = spec_budget
-        self.cores = cores  # None: a fixed thread count
-        self.request_timeout_s = request_timeout_s
-        self.clock = clock
-        self.metrics = metrics
-        self.on_fatal = on_fatal
-        self.stall_s = stall_s  # a loop iteration (one step) longer than this is a hang
-        self.fault = fault  # faults.py, tests only: armed once the engine is ready
+        self.presets = options.presets
+        self.spec_budget = options.spec_budget
+        self.cores = options.cores
+        self.request_timeout_s = options.request_timeout_s
+        self.clock = options.clock
+        self.metrics = options.metrics
+        self.on_fatal = options.on_fatal
+        self.stall_s = options.stall_s
+        self.fault = options.fault
         self.progress_at = 0.0  # time.monotonic() when the engine loop last made progress
         self.park_budget = self.policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
-        self.inbox = Inbox(limits.max_queue, max_per_client)
+        self.inbox = Inbox(limits.max_queue, options.max_per_client)
         self.state = EngineState.LOADING
         self.load_error = ""
         self.ready = threading.Event()

@@ -1,5 +1,5 @@
-"""One conversation turn inside the engine (a request: prompt in, tokens out), and the
-events it sends back to its HTTP stream."""
+"""One conversation turn inside the engine (a request: prompt in, tokens out). It never
+leaves the engine thread; what crosses to the HTTP side is in events.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from appliance.errors import ApplianceError
+from appliance.engine.events import TokenLogprob
 from appliance.sampling import SamplingParams
 
 
@@ -68,32 +68,3 @@ class Turn:
         """KV cells this turn may come to hold: admission keeps the sum within budget,
         so a decode never runs out of cache mid-answer."""
         return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """One generated token's log-probability and its likeliest alternatives (logprobs)."""
-
-    token: bytes
-    logprob: float
-    top: list[tuple[bytes, float]]
-
-
-# Events, delivered on the asyncio loop to the request's sink.
-@dataclass(slots=True)
-class Delta:
-    text: str
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind `text`, when asked
-
-
-@dataclass(slots=True)
-class Done:
-    finish_reason: str  # "stop" | "length" | "cancelled"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-
-
-@dataclass(slots=True)
-class Failed:
-    error: ApplianceError

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.engine.turn import Delta, Done, TokenLogprob
+from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.structured.tools import ToolCall, ToolCallParser
 
 

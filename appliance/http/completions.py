@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from appliance.engine.engine import Engine
-from appliance.engine.turn import Delta, Done, Failed, TokenLogprob
+from appliance.engine.events import Delta, Done, Failed, TokenLogprob
 from appliance.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
 from appliance.http import openai_api as api
 from appliance.http.relay import Timing, collect, intake, relay, submit

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from appliance.engine.engine import Engine, EngineState
-from appliance.engine.turn import Delta, Done, Failed, TokenLogprob
+from appliance.engine.events import Delta, Done, Failed, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailable
 from appliance.http import openai_api as api
 from appliance.http.completions import check_chars, check_tokens, fim_ids, fim_prompt, refuse_changed, sampling_as

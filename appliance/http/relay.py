@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 
 from appliance.engine.engine import Handle
-from appliance.engine.turn import Delta, Done, Failed
+from appliance.engine.events import Delta, Done, Failed
 from appliance.errors import ApplianceError, EngineFailure
 from appliance.http import openai_api as api
 from appliance.http.guard import Caller, caller_of

@@ -28,8 +28,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.engine.engine import Engine, EngineState, Handle
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.names import session_name
-from appliance.engine.turn import Delta, Done, Failed
 from appliance.errors import ApplianceError, EngineFailure, NotFound, PayloadTooLarge
 from appliance.http import openai_api as api
 from appliance.http.choices import Choice

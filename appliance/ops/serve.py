@@ -16,7 +16,7 @@ import uvicorn
 from appliance import cpu
 from appliance.config import Config, ConfigError
 from appliance.engine import faults
-from appliance.engine.engine import Engine, EngineState
+from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.engine.threads import CoreShare
@@ -64,11 +64,11 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
 
     cores = (CoreShare(len(cpus), threads, lambda: cpu.cpu_seconds(cpus), time.monotonic)
              if cfg.share_cores == "on" else None)
-    return Engine(load, limits, policy, max_per_client=cfg.max_per_client, presets=presets,
+    return Engine(load, EngineOptions(limits, policy, max_per_client=cfg.max_per_client, presets=presets,
                   spec_budget=cfg.spec_budget, cores=cores,
                   request_timeout_s=cfg.request_timeout_s,
                   pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal,
-                  stall_s=cfg.stall_s, fault=faults.from_env(os.environ))
+                  stall_s=cfg.stall_s, fault=faults.from_env(os.environ)))
 
 
 def auto_park_bytes(model_path: Path) -> int:

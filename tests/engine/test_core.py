@@ -12,10 +12,11 @@ import pytest
 from helpers.fakes import FakeClock, FakeModel, RuleModel
 
 from appliance.engine.core import EngineCore
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.inbox import Inbox
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta, Done, Failed, Turn
+from appliance.engine.turn import Turn
 from appliance.errors import GrammarDeadEnd
 from appliance.sampling import SamplingParams
 

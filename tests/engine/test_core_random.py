@@ -16,8 +16,9 @@ import pytest
 from helpers.fakes import RuleModel
 from test_core import Core, Recorder, make
 
+from appliance.engine.events import Done, Failed
 from appliance.engine.inbox import Cancel, DeleteSession
-from appliance.engine.turn import Done, Failed, State, Turn
+from appliance.engine.turn import State, Turn
 from appliance.model.prompt import common_prefix
 from appliance.sampling import SamplingParams
 

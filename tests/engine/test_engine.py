@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from helpers.fakes import FakeModel
 
-from appliance.engine.engine import Engine, EngineState, Handle
+from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta, Done, Failed
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
 
@@ -25,7 +25,7 @@ def limits(**kw: Any) -> Limits:
 
 
 async def started(model: FakeModel, **kw: Any) -> Engine:
-    eng = Engine(lambda: model, limits(**kw))
+    eng = Engine(lambda: model, EngineOptions(limits(**kw)))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     assert eng.state is EngineState.READY
@@ -96,7 +96,7 @@ def test_newcomer_joins_running_batch_at_next_step() -> None:
 def test_window_batches_requests_submitted_together() -> None:
     async def main() -> None:
         model = FakeModel(reply="yz")
-        eng = Engine(lambda: model, limits(max_wait_s=0.2))
+        eng = Engine(lambda: model, EngineOptions(limits(max_wait_s=0.2)))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         n_start = len(model.calls)  # the warm-up and the public prefix
@@ -191,7 +191,7 @@ def test_load_failure_is_reported_not_raised() -> None:
     async def main() -> None:
         def broken() -> FakeModel:
             raise RuntimeError("no such model")
-        eng = Engine(broken, limits())
+        eng = Engine(broken, EngineOptions(limits()))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         assert eng.state is EngineState.FAILED and "no such model" in eng.load_error
@@ -205,8 +205,8 @@ from appliance.model.prompt import Prompt  # noqa: E402
 
 async def cached_engine(model: FakeModel, slots: int = 2, n_seq: int = 3, park: int = 0,
                         restore_min: int = 0, **kw: Any) -> Engine:
-    eng = Engine(lambda: model, limits(slots=slots, **kw),
-                 CachePolicy(n_seq=n_seq, park_bytes=park, restore_min_tokens=restore_min, min_shared=4))
+    eng = Engine(lambda: model, EngineOptions(limits(slots=slots, **kw),
+                 CachePolicy(n_seq=n_seq, park_bytes=park, restore_min_tokens=restore_min, min_shared=4)))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     return eng
@@ -277,7 +277,7 @@ def test_presets_are_shared_by_every_client_private_prompts_by_none() -> None:
     async def main() -> None:
         model = FakeModel(reply="ok")
         preset = "You answer in French."
-        eng = Engine(lambda: model, limits(slots=2), CachePolicy(n_seq=4, min_shared=4), presets=(preset,))
+        eng = Engine(lambda: model, EngineOptions(limits(slots=2), CachePolicy(n_seq=4, min_shared=4), presets=(preset,)))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         computed_at_start = computed(eng)
@@ -307,8 +307,8 @@ def test_presets_are_shared_by_every_client_private_prompts_by_none() -> None:
 def test_requests_arriving_together_compute_shared_prefix_once() -> None:
     async def main() -> None:
         model = FakeModel(reply="xy", delay=0.002)
-        eng = Engine(lambda: model, limits(slots=4, batch_tokens=256, max_wait_s=0.2),
-                     CachePolicy(n_seq=8, min_shared=4))
+        eng = Engine(lambda: model, EngineOptions(limits(slots=4, batch_tokens=256, max_wait_s=0.2),
+                     CachePolicy(n_seq=8, min_shared=4)))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         system = list(range(1, 41))
@@ -440,9 +440,9 @@ def test_idle_conversations_beyond_idle_kv_tokens_are_parked_and_restored() -> N
     async def main() -> None:
         model = FakeModel(reply="r")
         shift = [0.0]  # how far the engine's clock runs ahead of the real one
-        eng = Engine(lambda: model, limits(slots=2),
+        eng = Engine(lambda: model, EngineOptions(limits(slots=2),
                      CachePolicy(n_seq=6, park_bytes=10**6, min_shared=4, idle_kv_tokens=40),
-                     clock=lambda: time.monotonic() + shift[0])
+                     clock=lambda: time.monotonic() + shift[0]))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         first = {c: [ord(c)] * 30 for c in "abc"}  # three clients, no session ids: 31 cells each
@@ -473,7 +473,8 @@ def test_idle_conversations_beyond_idle_kv_tokens_are_parked_and_restored() -> N
 def test_no_parking_budget_leaves_idle_conversations_in_the_kv_cache() -> None:
     async def main() -> None:
         model = FakeModel(reply="r")
-        eng = Engine(lambda: model, limits(slots=2), CachePolicy(n_seq=6, park_bytes=0, min_shared=4, idle_kv_tokens=40))
+        eng = Engine(lambda: model, EngineOptions(limits(slots=2),
+                                                  CachePolicy(n_seq=6, park_bytes=0, min_shared=4, idle_kv_tokens=40)))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         for c in "abc":

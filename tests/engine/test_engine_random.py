@@ -12,10 +12,10 @@ from typing import Any
 
 from helpers.fakes import FakeModel
 
-from appliance.engine.engine import Engine, EngineState, Handle
+from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta, Done, Failed
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
 
@@ -25,8 +25,8 @@ async def drive(seed: int) -> tuple[Any, dict[str, int]]:
     model = FakeModel(reply="abcdefghijklmnopqrstuvwxyz" * 4, delay=0.0005, capacity=900)
     limits = Limits(slots=3, batch_tokens=48, kv_tokens=900, ctx_limit=300, max_wait_s=0.002,
                     max_queue=50, queue_timeout_s=30, prefill_chunk=16)
-    eng = Engine(lambda: model, limits, CachePolicy(n_seq=5, park_bytes=20_000, restore_min_tokens=4,
-                                                    min_shared=4))
+    eng = Engine(lambda: model, EngineOptions(limits, CachePolicy(n_seq=5, park_bytes=20_000, restore_min_tokens=4,
+                                                    min_shared=4)))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     assert eng.state is EngineState.READY

@@ -11,8 +11,8 @@ import pytest
 from helpers.fakes import FakeModel
 from test_engine import collect, limits, run, started
 
-from appliance.engine.engine import Engine, Handle
-from appliance.engine.turn import Done
+from appliance.engine.engine import Engine, EngineOptions, Handle
+from appliance.engine.events import Done
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
 
@@ -84,7 +84,7 @@ def test_clients_take_turns_and_each_keeps_its_order() -> None:
 def test_max_per_client_counts_each_identity() -> None:
     async def main() -> None:
         model = FakeModel(reply="z" * 50, delay=0.002)
-        eng = Engine(lambda: model, limits(slots=1, max_queue=32), max_per_client=2)
+        eng = Engine(lambda: model, EngineOptions(limits(slots=1, max_queue=32), max_per_client=2))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         a = [eng.submit([1], SamplingParams(max_tokens=5), client=A) for _ in range(2)]

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from helpers.fakes import FakeModel
 
-from appliance.engine.engine import Engine, EngineState, Handle
+from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
+from appliance.engine.events import Delta, Done, Failed
 from appliance.engine.kv import persist
 from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta, Done, Failed
 from appliance.sampling import SamplingParams
 
 SECRET = "Zq3-secret_session-id-0123456789"  # what a client sends as X-Session-Id
@@ -42,8 +42,8 @@ def umask_022() -> Iterator[None]:
 async def started(state_dir: Path, ttl_s: float = 1800.0) -> Engine:
     limits = Limits(slots=2, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0, max_queue=8,
                     queue_timeout_s=30.0)
-    eng = Engine(lambda: FakeModel(reply="ab"), limits,
-                 CachePolicy(n_seq=4, ttl_s=ttl_s, min_shared=4, state_dir=str(state_dir)))
+    eng = Engine(lambda: FakeModel(reply="ab"), EngineOptions(limits,
+                 CachePolicy(n_seq=4, ttl_s=ttl_s, min_shared=4, state_dir=str(state_dir))))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     assert eng.state is EngineState.READY

@@ -14,11 +14,11 @@ import pytest
 from helpers.fakes import FakeModel
 
 from appliance.cpu import Memory, Sensors, Thermal, read_memory, read_thermal
-from appliance.engine.engine import Engine
+from appliance.engine.engine import Engine, EngineOptions
+from appliance.engine.events import Delta
 from appliance.engine.kv import persist
 from appliance.engine.kv.store import PARK_RESERVE_MIN, CachePolicy, park_budget
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta
 from appliance.sampling import SamplingParams
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -153,7 +153,7 @@ class FakeMemory:
 
 async def parked_engine(mem: FakeMemory) -> tuple[Engine, dict[str, list[int]]]:
     limits = Limits(slots=1, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0)
-    eng = Engine(lambda: FakeModel(reply="r"), limits, CachePolicy(n_seq=2, park_bytes=10**6, memory=mem))
+    eng = Engine(lambda: FakeModel(reply="r"), EngineOptions(limits, CachePolicy(n_seq=2, park_bytes=10**6, memory=mem)))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     # One slot, two sequence ids: each new session pushes the oldest idle one out, parked.
@@ -223,7 +223,7 @@ def test_engine_saves_within_save_timeout(tmp_path: Path) -> None:
     async def main(timeout_s: float) -> int:
         limits = Limits(slots=1, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0)
         policy = CachePolicy(n_seq=4, state_dir=str(tmp_path / f"s{timeout_s}"), save_timeout_s=timeout_s)
-        eng = Engine(lambda: FakeModel(reply="r"), limits, policy)
+        eng = Engine(lambda: FakeModel(reply="r"), EngineOptions(limits, policy))
         eng.start(asyncio.get_running_loop())
         await asyncio.to_thread(eng.ready.wait, 5)
         for s in "abc":

@@ -10,10 +10,10 @@ from typing import Any
 from helpers.fakes import RuleModel
 from test_engine import collect, run
 
-from appliance.engine.engine import Engine, EngineState
+from appliance.engine.engine import Engine, EngineOptions, EngineState
+from appliance.engine.events import Delta, Done
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Delta, Done
 from appliance.sampling import SamplingParams
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -31,7 +31,7 @@ def chain(start: str, n: int) -> str:
 async def engine(model: RuleModel, spec_budget: int, slots: int = 4, **kw: Any) -> Engine:
     limits = Limits(slots=slots, batch_tokens=256, kv_tokens=8192, ctx_limit=1024, max_wait_s=0.0,
                     max_queue=32, queue_timeout_s=30.0)
-    eng = Engine(lambda: model, limits, CachePolicy(n_seq=slots + 4, min_shared=4), spec_budget=spec_budget, **kw)
+    eng = Engine(lambda: model, EngineOptions(limits, CachePolicy(n_seq=slots + 4, min_shared=4), spec_budget=spec_budget, **kw))
     eng.start(asyncio.get_running_loop())
     await asyncio.to_thread(eng.ready.wait, 5)
     assert eng.state is EngineState.READY

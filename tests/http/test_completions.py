@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from test_server import CTX, MODEL_ID, REPLY, dicts, error_of, events_of, is_idle, is_ready, serving, user, wait_health
 
 from appliance.bench import sse
-from appliance.engine.engine import Engine
+from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
@@ -352,7 +352,7 @@ def test_pieces_and_text_are_made_off_the_event_loop_under_the_parse_gate() -> N
     tok = PieceTokenizer()
     limits = Limits(slots=1, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0, max_queue=8,
                     queue_timeout_s=30.0)
-    app = App(Engine(lambda: FakeModel(reply=REPLY, tokenizer=tok), limits, CachePolicy(n_seq=3)), MODEL_ID,
+    app = App(Engine(lambda: FakeModel(reply=REPLY, tokenizer=tok), EngineOptions(limits, CachePolicy(n_seq=3))), MODEL_ID,
               ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX))
     tok.gate = app.gate
     with TestClient(create_app(app), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from appliance.config import ConfigError
 from appliance.config import load as load_config
 from appliance.engine import faults
-from appliance.engine.engine import Engine
+from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.http.metrics import Metrics
@@ -148,7 +148,7 @@ def test_fault_wraps_only_decode_and_counts_from_arming() -> None:
 def app_with(fault: faults.Fault | None, stall_s: float, notifier: Notifier | None = None
              ) -> Iterator[tuple[TestClient, Engine, Watchdog | None]]:
     limits = Limits(slots=2, batch_tokens=64, kv_tokens=4096, ctx_limit=512, max_wait_s=0.0)
-    engine = Engine(lambda: FakeModel(reply="hello"), limits, CachePolicy(n_seq=6), stall_s=stall_s, fault=fault)
+    engine = Engine(lambda: FakeModel(reply="hello"), EngineOptions(limits, CachePolicy(n_seq=6), stall_s=stall_s, fault=fault))
     metrics = Metrics()
     metrics.attach(engine)
     app = create_app(App(engine, "fake-model", ServerLimits(default_max_tokens=32, max_tokens_limit=64, ctx_limit=512),

@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from appliance.bench import sse, user_address
-from appliance.engine.engine import Engine
+from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.http.metrics import Metrics
@@ -63,7 +63,7 @@ def build(factory: Callable[[], Any], *, slots: int = 2, max_queue: int = 8,
           queue_timeout_s: float = 30.0, metrics: bool = True) -> ASGIApp:
     limits = Limits(slots=slots, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0,
                     max_queue=max_queue, queue_timeout_s=queue_timeout_s)
-    engine = Engine(factory, limits, CachePolicy(n_seq=slots + 4))
+    engine = Engine(factory, EngineOptions(limits, CachePolicy(n_seq=slots + 4)))
     server_limits = ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX)
     return as_users(create_app(App(engine, MODEL_ID, server_limits, web_dir=None,
                                    metrics=Metrics() if metrics else None)))

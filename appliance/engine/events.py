@@ -1,0 +1,39 @@
+"""What crosses from the engine to a request's HTTP stream: text deltas, then how it ended.
+Delivered on the asyncio loop, in order, to the request's handle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.errors import ApplianceError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and its likeliest alternatives (logprobs)."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind `text`, when asked
+
+
+@dataclass(slots=True)
+class Done:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Failed:
+    error: ApplianceError
+
+
+Event = Delta | Done | Failed
