@@ -1,9 +1,10 @@
 // The chat page: chats in the sidebar, the conversation, the composer, settings.
 // No build step: ES modules from web/js/, libraries from web/vendor/ (see render.js).
-import { apiFetch, apiKey, parseQueueNote, plainWords, readError, readSSE, sleep } from './js/api.js';
+import { apiFetch, apiKey, plainWords, readError, sleep } from './js/api.js';
 import { fileName, parseImport, toJSON, toMarkdown } from './js/chatfile.js';
 import { renderMarkdown, renderPlain } from './js/render.js';
 import { newChat, openStore, settle, titleFrom } from './js/store.js';
+import { readAnswer } from './js/stream.js';
 
 const $ = (id) => document.getElementById(id);
 const els = {
@@ -612,12 +613,32 @@ function queueLabel(r) {
   label(r, t);
 }
 
+// One answer: shown at once as pending, asked for (with retries), read as it streams, then
+// settled (stats, notes, saved). Every step works on the run `r`.
 async function generate(chat) {
+  const r = startAnswer(chat);
+  const body = requestBody(chat);
+  try {
+    const res = await openAnswer(r, body);
+    streamStarted(r, res);
+    await readAnswer(res.body, (e) => take(r, e));
+    if (r.finish === 'length') r.bot.note = 'cut off: max tokens reached';
+  } catch (e) {
+    failed(r.bot, e);
+  } finally {
+    endAnswer(r);
+  }
+}
+
+// The pending answer on screen and saved; it becomes the run in flight.
+function startAnswer(chat) {
   const bot = { role: 'assistant', content: '', pending: true };
   chat.messages.push(bot);
   touch(chat);
-  const ctrl = new AbortController();
-  const r = { chat, bot, ctrl, label: '', tFirst: 0, queue: null, tick: 0, done: false };
+  const r = {
+    chat, bot, ctrl: new AbortController(), label: '', tFirst: 0, queue: null, tick: 0, done: false,
+    t0: 0, n: 0, usage: null, finish: null, frame: 0, lastPaint: 0, lastSave: Date.now(),
+  };
   run = r;
   if (current === chat) {
     els.empty.hidden = true;
@@ -628,138 +649,157 @@ async function generate(chat) {
   label(r, '');
   scrollDown(true);
   save(chat);
+  return r;
+}
 
+function requestBody(chat) {
   const body = { messages: apiMessages(chat, chat.messages.length - 1), stream: true, stream_options: { include_usage: true } };
   if (modelId) body.model = modelId;
   const temp = parseFloat(settings.temperature);
   if (Number.isFinite(temp)) body.temperature = temp;
   const maxTokens = parseInt(settings.maxTokens, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
+  return body;
+}
 
-  let t0 = performance.now(), n = 0, usage = null, finish = null, frame = 0, lastPaint = 0, lastSave = Date.now();
-  const paint = () => {
-    frame = 0;
-    if (r.done) return; // a frame that was already queued when the answer ended
-    lastPaint = performance.now();
-    if (views.get(bot)) {
-      update(bot, false);
-      const secs = (performance.now() - r.tFirst) / 1000;
-      const v = views.get(bot);
-      if (n > 1 && secs > 0.2) v.stats.textContent = `${n} tokens · ${((n - 1) / secs).toFixed(1)} tok/s`;
-      scrollDown(false);
-    }
-    if (Date.now() - lastSave > 1000) { lastSave = Date.now(); save(chat); }
-  };
-  const schedule = () => {
-    if (frame) return;
-    // At most one render every 50 ms: re-parsing a long answer on every token costs.
-    const wait = Math.max(0, 50 - (performance.now() - lastPaint));
-    frame = setTimeout(() => requestAnimationFrame(paint), wait);
-  };
+function postChat(r, body) {
+  return apiFetch('v1/chat/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream', 'X-Session-Id': r.chat.sid },
+    body: JSON.stringify(body),
+    signal: r.ctrl.signal,
+  });
+}
 
-  try {
-    for (let attempt = 1; ; attempt++) {
-      t0 = performance.now();
-      const res = await apiFetch('v1/chat/completions', {
-        method: 'POST',
-        headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream', 'X-Session-Id': chat.sid },
-        body: JSON.stringify(body),
-        signal: ctrl.signal,
-      });
-      if (res.status === 401) {
-        const err = await readError(res);
-        if (await askKey()) continue;
-        throw new Shown(plainWords(err));
-      }
-      // Busy (429), or restarting / loading (503 with Retry-After): wait as long as the
-      // server asks, counting down, then try again; Stop ends the wait.
-      const restarting = res.status === 503 && res.headers.has('Retry-After') && attempt <= RETRY_503_MAX;
-      if (res.status === 429 || restarting) {
-        const err = await readError(res);
-        if (restarting) checkHealth();
-        const why = restarting ? 'The server is restarting' : 'The server is busy';
-        for (let s = err.retryAfter ?? RETRY_DEFAULT_S; s > 0; s--) {
-          label(r, `${why}. Trying again in ${s} s${attempt > 1 ? ` (try ${attempt + 1})` : ''}…`);
-          await sleep(1000, ctrl.signal);
-        }
-        label(r, 'Trying again…');
-        continue;
-      }
-      if (!res.ok) {
-        const err = await readError(res);
-        if (res.status === 503) checkHealth();
-        throw new Shown(plainWords(err));
-      }
-      if (!res.body) throw new Shown('This browser cannot stream answers.');
-      const dropped = parseInt(res.headers.get('X-Dropped-Messages') || '', 10);
-      if (dropped > 0) bot.dropped = dropped;
-      label(r, '');
-      r.tick = setInterval(() => queueLabel(r), 1000);
-      await readSSE(res.body, (comment) => {
-        const q = parseQueueNote(comment);
-        if (q && !r.tFirst) { r.queue = { ...q, at: performance.now() }; queueLabel(r); }
-      }, (payload) => {
-        if (payload.trim() === '[DONE]') return false;
-        let j;
-        try { j = JSON.parse(payload); } catch { return true; }
-        if (j.error) {
-          const msg = typeof j.error === 'string' ? j.error : j.error.message;
-          bot.error = `The server stopped this answer${msg ? `: ${msg}` : '.'}`;
-          return false;
-        }
-        if (j.dropped_messages > 0) bot.dropped = j.dropped_messages;
-        const choice = j.choices && j.choices[0];
-        const delta = choice && choice.delta && choice.delta.content;
-        if (delta) {
-          if (!r.tFirst) { r.tFirst = performance.now(); clearInterval(r.tick); clearWait(bot); }
-          n++;
-          bot.content += delta;
-          schedule();
-        }
-        if (choice && choice.finish_reason) finish = choice.finish_reason;
-        if (j.usage) usage = j.usage;
-        return true;
-      });
-      break;
+// Sends the question until the server takes it: again after a new key (401), while it is busy
+// (429) and while it restarts (503 with Retry-After, RETRY_503_MAX tries). Returns the streaming
+// response; any other refusal is thrown as Shown.
+async function openAnswer(r, body) {
+  for (let attempt = 1; ; attempt++) {
+    r.t0 = performance.now();
+    const res = await postChat(r, body);
+    if (res.status === 401) {
+      const err = await readError(res);
+      if (await askKey()) continue;
+      throw new Shown(plainWords(err));
     }
-    if (finish === 'length') bot.note = 'cut off: max tokens reached';
-  } catch (e) {
-    if (e.name === 'AbortError') bot.note = 'stopped';
-    else if (e instanceof Shown) bot.error = e.message;
-    else if (e instanceof TypeError) {
-      bot.error = 'Could not reach the server. Check the connection and try again.';
-      checkHealth();
-    } else bot.error = String(e && e.message || e);
-  } finally {
-    r.done = true;
-    clearTimeout(frame);
-    clearInterval(r.tick);
-    const tEnd = performance.now();
-    const tokens = (usage && usage.completion_tokens) || n;
-    if (tokens) {
-      const stats = [`${tokens} token${tokens === 1 ? '' : 's'}`];
-      if (r.tFirst) stats.push(`first token ${((r.tFirst - t0) / 1000).toFixed(1)} s`);
-      if (r.tFirst && tokens > 1 && tEnd > r.tFirst) stats.push(`${((tokens - 1) / ((tEnd - r.tFirst) / 1000)).toFixed(1)} tok/s`);
-      if (usage) {
-        const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
-        bot.usage = { prompt: usage.prompt_tokens, cached, completion: usage.completion_tokens };
-        stats.push(`${cached} of ${usage.prompt_tokens} prompt tokens cached`);
-      }
-      bot.stats = stats.join(' · ');
+    const restarting = res.status === 503 && res.headers.has('Retry-After') && attempt <= RETRY_503_MAX;
+    if (res.status === 429 || restarting) {
+      await waitToRetry(r, res, restarting, attempt);
+      continue;
     }
-    if (!bot.content && !bot.error && !bot.note) bot.note = 'empty reply';
-    delete bot.pending;
-    clearWait(bot);
-    if (run === r) run = null;
-    update(bot, true);
-    touch(chat);
-    save(chat);
-    updateControls();
-    scrollDown(false);
-    checkHealth();
-    if (current === chat) say(bot.error ? `Error: ${bot.error}` : 'Answer complete');
-    if (finePointer && current === chat && document.activeElement === document.body) els.input.focus();
+    if (!res.ok) {
+      const err = await readError(res);
+      if (res.status === 503) checkHealth();
+      throw new Shown(plainWords(err));
+    }
+    if (!res.body) throw new Shown('This browser cannot stream answers.');
+    return res;
   }
+}
+
+// Busy (429), or restarting / loading (503 with Retry-After): wait as long as the
+// server asks, counting down; Stop ends the wait.
+async function waitToRetry(r, res, restarting, attempt) {
+  const err = await readError(res);
+  if (restarting) checkHealth();
+  const why = restarting ? 'The server is restarting' : 'The server is busy';
+  for (let s = err.retryAfter ?? RETRY_DEFAULT_S; s > 0; s--) {
+    label(r, `${why}. Trying again in ${s} s${attempt > 1 ? ` (try ${attempt + 1})` : ''}…`);
+    await sleep(1000, r.ctrl.signal);
+  }
+  label(r, 'Trying again…');
+}
+
+function streamStarted(r, res) {
+  const dropped = parseInt(res.headers.get('X-Dropped-Messages') || '', 10);
+  if (dropped > 0) r.bot.dropped = dropped;
+  label(r, '');
+  r.tick = setInterval(() => queueLabel(r), 1000);
+}
+
+// One event of the stream (js/stream.js), applied to the answer.
+function take(r, e) {
+  const bot = r.bot;
+  if (e.type === 'queue') {
+    if (!r.tFirst) { r.queue = { position: e.position, eta: e.eta, at: performance.now() }; queueLabel(r); }
+  } else if (e.type === 'delta') {
+    if (!r.tFirst) { r.tFirst = performance.now(); clearInterval(r.tick); clearWait(bot); }
+    r.n++;
+    bot.content += e.text;
+    schedulePaint(r);
+  } else if (e.type === 'finish') r.finish = e.reason;
+  else if (e.type === 'usage') r.usage = e.usage;
+  else if (e.type === 'dropped') bot.dropped = e.count;
+  else if (e.type === 'error') bot.error = `The server stopped this answer${e.message ? `: ${e.message}` : '.'}`;
+}
+
+function schedulePaint(r) {
+  if (r.frame) return;
+  // At most one render every 50 ms: re-parsing a long answer on every token costs.
+  const wait = Math.max(0, 50 - (performance.now() - r.lastPaint));
+  r.frame = setTimeout(() => requestAnimationFrame(() => paint(r)), wait);
+}
+
+// The answer so far with its speed; saved at most once a second while it grows.
+function paint(r) {
+  r.frame = 0;
+  if (r.done) return; // a frame that was already queued when the answer ended
+  r.lastPaint = performance.now();
+  const v = views.get(r.bot);
+  if (v) {
+    update(r.bot, false);
+    const secs = (performance.now() - r.tFirst) / 1000;
+    if (r.n > 1 && secs > 0.2) v.stats.textContent = `${r.n} tokens · ${((r.n - 1) / secs).toFixed(1)} tok/s`;
+    scrollDown(false);
+  }
+  if (Date.now() - r.lastSave > 1000) { r.lastSave = Date.now(); save(r.chat); }
+}
+
+function failed(bot, e) {
+  if (e.name === 'AbortError') bot.note = 'stopped';
+  else if (e instanceof Shown) bot.error = e.message;
+  else if (e instanceof TypeError) {
+    bot.error = 'Could not reach the server. Check the connection and try again.';
+    checkHealth();
+  } else bot.error = String(e && e.message || e);
+}
+
+// The answer's stats line, and its token counts (kept with the message) when the server sent them.
+function recordStats(r, tEnd) {
+  const { bot, usage, tFirst } = r;
+  const tokens = (usage && usage.completion_tokens) || r.n;
+  if (!tokens) return;
+  const stats = [`${tokens} token${tokens === 1 ? '' : 's'}`];
+  if (tFirst) stats.push(`first token ${((tFirst - r.t0) / 1000).toFixed(1)} s`);
+  if (tFirst && tokens > 1 && tEnd > tFirst) stats.push(`${((tokens - 1) / ((tEnd - tFirst) / 1000)).toFixed(1)} tok/s`);
+  if (usage) {
+    const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
+    bot.usage = { prompt: usage.prompt_tokens, cached, completion: usage.completion_tokens };
+    stats.push(`${cached} of ${usage.prompt_tokens} prompt tokens cached`);
+  }
+  bot.stats = stats.join(' · ');
+}
+
+// The answer settled however it ended: final render, saved, the page ready for the next one.
+function endAnswer(r) {
+  const { chat, bot } = r;
+  r.done = true;
+  clearTimeout(r.frame);
+  clearInterval(r.tick);
+  recordStats(r, performance.now());
+  if (!bot.content && !bot.error && !bot.note) bot.note = 'empty reply';
+  delete bot.pending;
+  clearWait(bot);
+  if (run === r) run = null;
+  update(bot, true);
+  touch(chat);
+  save(chat);
+  updateControls();
+  scrollDown(false);
+  checkHealth();
+  if (current === chat) say(bot.error ? `Error: ${bot.error}` : 'Answer complete');
+  if (finePointer && current === chat && document.activeElement === document.body) els.input.focus();
 }
 
 // ---- server status -----------------------------------------------------------------------

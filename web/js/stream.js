@@ -1,0 +1,40 @@
+// A streamed chat answer (OpenAI chunks over SSE) read as events, in the order the server
+// sent them. Knows the wire format only; what the page does with an event is app.js's.
+import { parseQueueNote, readSSE } from './api.js';
+
+// Reads the body to its end ('[DONE]', an error event or the end of the stream), calling
+// onEvent with one of:
+//   {type: 'queue', position, eta}  a ': queued N eta S' or ': busy' note (null fields when absent)
+//   {type: 'dropped', count}        earlier messages were left out to fit the context
+//   {type: 'delta', text}           the next piece of the answer
+//   {type: 'finish', reason}        why the answer ended ('stop', 'length', ...)
+//   {type: 'usage', usage}          the token counts, as the server sent them
+//   {type: 'error', message}        the server stopped the answer (message may be empty); the last event
+export function readAnswer(body, onEvent) {
+  return readSSE(body, (comment) => {
+    const q = parseQueueNote(comment);
+    if (q) onEvent({ type: 'queue', ...q });
+  }, (payload) => {
+    if (payload.trim() === '[DONE]') return false;
+    let j;
+    try { j = JSON.parse(payload); } catch { return true; } // not JSON: skipped
+    if (j.error) {
+      onEvent({ type: 'error', message: typeof j.error === 'string' ? j.error : j.error.message });
+      return false;
+    }
+    for (const e of chunkEvents(j)) onEvent(e);
+    return true;
+  });
+}
+
+// One chunk's events: dropped, delta, finish, usage (each only when present).
+function chunkEvents(j) {
+  const out = [];
+  if (j.dropped_messages > 0) out.push({ type: 'dropped', count: j.dropped_messages });
+  const choice = j.choices && j.choices[0];
+  const delta = choice && choice.delta && choice.delta.content;
+  if (delta) out.push({ type: 'delta', text: delta });
+  if (choice && choice.finish_reason) out.push({ type: 'finish', reason: choice.finish_reason });
+  if (j.usage) out.push({ type: 'usage', usage: j.usage });
+  return out;
+}
