@@ -29,7 +29,7 @@ def set_thread_waiting(environ: MutableMapping[str, str], share_cores: bool = Tr
     Sleeping at once (passive) costs a lone stream 40% on a quiet machine, as every wait
     becomes a futex sleep and wake-up; libgomp's default spins ~300k rounds first, 1.2-1.3x
     faster again than 600 rounds for one stream, but it collapses when another process takes
-    one of the cores (docs/BENCHMARKS.md, "llama.cpp's threads"). With share_cores the engine
+    one of the cores (docs/benchmarks/threads.md, "llama.cpp's threads"). With share_cores the engine
     leaves such a core to the other process (cores.CoreShare), so it spins the default count;
     without, 600 rounds: most of the quiet speed, and as fast as passive with a core taken.
     OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""

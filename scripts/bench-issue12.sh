@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runs of "Bursts, soak and a third peer (issue 12)" in docs/BENCHMARKS.md, in one go:
+# The runs of "Bursts, soak and a third peer (issue 12)" in docs/benchmarks/bursts-soak.md, in one go:
 # starts the appliance at its defaults, llama.cpp's llama-server (../shared/peers/llama-server.sh)
 # and llama-cpp-python's own server (scripts/peer-llama-cpp-python.sh) on the bundled model,
 # then runs `appliance bench` against all three: a burst of 20, a chat run at 1/4/8 users with

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What structured output and n cost, measured side by side (docs/BENCHMARKS.md):
+"""What structured output and n cost, measured side by side (docs/benchmarks/structured.md):
 
 - a JSON-schema grammar against free text, at 1 and 8 concurrent clients, on the appliance
   and on llama-server (both through `response_format`, same prompts, greedy, same max_tokens);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The structured-output and n runs of docs/BENCHMARKS.md: starts llama-server
+# The structured-output and n runs of docs/benchmarks/structured.md: starts llama-server
 # (../shared/peers/llama-server.sh, -np 8 --kv-unified) and the appliance at its defaults,
 # then runs scripts/bench-structured.py against both. Output in $OUT (default /tmp/bench-structured).
 set -euo pipefail
@@ -14,7 +14,7 @@ stop_all() {
   wait
 }
 trap stop_all EXIT
-# --no-repack: this VM advertises AMX its kernel does not enable (see docs/BENCHMARKS.md).
+# --no-repack: this VM advertises AMX its kernel does not enable (see docs/benchmarks/setup.md).
 "$peer_script" "$model" -c 16384 -np 8 --kv-unified --no-repack --port 18080 >"$out/peer.log" 2>&1 &
 pids+=($!)
 "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port 18181 --log-level warning --state-dir "" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of idle_kv_tokens (docs/BENCHMARKS.md, issue 7): two appliances side by side, one at the
+# A/B of idle_kv_tokens (docs/benchmarks/speculation.md, issue 7): two appliances side by side, one at the
 # default (idle conversations beyond a quarter of the KV cache are parked in RAM), one with
 # --idle-kv-tokens 0 (no limit). Rewriting at 16 clients (new conversations pile up), then
 # 16 users x 4 turns without session ids (each user's conversation idles between turns);

@@ -1,6 +1,6 @@
 """How much idle KV cells slow a decode step: two contexts on the bundled model, each with 16
 sequences of 200 tokens, one of them also holding 12 idle 1,000-token conversations; 16-row
-decode steps alternated between the two (docs/BENCHMARKS.md, issue 7). `idle_kv_tokens`
+decode steps alternated between the two (docs/benchmarks/speculation.md, issue 7). `idle_kv_tokens`
 comes from this: a step attends over the cache's whole used range, idle cells included.
 
     .venv/bin/python scripts/measure-idle-cells.py

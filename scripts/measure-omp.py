@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A/B of llama.cpp's thread waiting (docs/BENCHMARKS.md, "spinning or passive waiting"):
+"""A/B of llama.cpp's thread waiting (docs/benchmarks/threads.md, "spinning or passive waiting"):
 the real appliance (8 slots, drafts off) under each waiting setting, one and then eight
 concurrent streams of 96 greedy tokens, tokens/s over all streams; each setting on a quiet
 machine and with another process busy on core 0, alternating, twice.

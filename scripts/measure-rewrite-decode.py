@@ -1,6 +1,6 @@
 """Rewriting at one client without HTTP: the bench's rewrite prompts through `Engine` one
 after another (one client, greedy, 160 tokens), and the time from each answer's first token
-to its last, where speculation acts (docs/BENCHMARKS.md, "Draft rows in whole tiles"), and
+to its last, where speculation acts (docs/benchmarks/speculation.md, "Draft rows in whole tiles"), and
 how much of that was inside llama_decode, by the step's rows.
 
     .venv/bin/python scripts/measure-rewrite-decode.py [N_PROMPTS]

@@ -1,6 +1,6 @@
 """What one stream's decode step costs beyond llama_decode, without HTTP: the defaults with
 speculation off, one greedy stream of 128 tokens through `Engine`, three times
-(docs/BENCHMARKS.md, "Rewriting at one client, re-run").
+(docs/benchmarks/speculation.md, "Rewriting at one client, re-run").
 
     .venv/bin/python scripts/measure-step-overhead.py [MODEL]
     SPEC_BUDGET=16 .venv/bin/python scripts/measure-step-overhead.py    speculation on (the default)

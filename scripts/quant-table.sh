@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quantization table of docs/BENCHMARKS.md, through the appliance itself, in one go:
+# The quantization table of docs/benchmarks/memory.md, through the appliance itself, in one go:
 # requantize the bundled file to Q8_0, IQ4_NL and Q4_0 (llama-quantize --allow-requantize),
 # measure size, prompt speed, perplexity and greedy agreement (scripts/measure-quant.py), then
 # serve each file in turn with the appliance's defaults and run `appliance bench` at 1, 8 and 16

@@ -25,7 +25,7 @@ wait_ok() {  # PORT [PATH]: until the server on 127.0.0.1:PORT answers PATH (def
 start_peer() {  # PORT LOG [llama-server flags]: llama-server on $model in the background
   local port=$1 log=$2; shift 2
   # Weight repacking as the appliance's repack = "auto" does it: off only where the CPU
-  # advertises Intel AMX, which some VMs' kernels do not enable (docs/BENCHMARKS.md, "AMX").
+  # advertises Intel AMX, which some VMs' kernels do not enable (docs/benchmarks/setup.md, "AMX").
   local repack=()
   grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && repack=(--no-repack)
   "$peer_script" "$model" -c 16384 "${repack[@]}" --port "$port" "$@" >"$log" 2>&1 &

@@ -1,7 +1,7 @@
 """How far drafting from the conversation can go on this machine: the bench's rewrite (and
 chat) prompts answered greedily, then each answer replayed against the step costs measured
 here, under the appliance's own draft rule and under two bounds no drafter can beat
-(docs/BENCHMARKS.md, "How far speculation can go here").
+(docs/benchmarks/speculation.md, "How far speculation can go here").
 
     .venv/bin/python scripts/spec-bound.py            (about 5 minutes on 2 cores)
 

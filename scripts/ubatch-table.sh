@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ubatch_tokens table of docs/BENCHMARKS.md in one go: for n_ubatch 64/128/256/512, the
+# The ubatch_tokens table of docs/benchmarks/memory.md in one go: for n_ubatch 64/128/256/512, the
 # appliance (--ubatch-tokens N, otherwise its defaults) beside llama-server (-ub N, -np 16
 # --kv-unified -c 16384), resident memory of both at idle and at their peak (VmHWM) after
 # `appliance bench --compare` at 1 and 8 clients with ~200-token documents in the prompts (so

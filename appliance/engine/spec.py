@@ -76,7 +76,7 @@ class DraftState:
     # cost hardly grows with its rows (1/4/8/16 rows 23/67/101/117 ms on a Zen 4 VM), and an
     # armed lookup mostly holds. Replayed against the bench's rewrite answers
     # (scripts/spec-bound.py's costs from three VMs), 16 after three right guesses beat
-    # 4 after two by 1-5% in the decode phase, chat unchanged (docs/BENCHMARKS.md).
+    # 4 after two by 1-5% in the decode phase, chat unchanged (docs/benchmarks/speculation.md).
     start: int = 16
     max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
     min_len: int = 1

@@ -4,7 +4,7 @@ llama.cpp's threads wait for each other hundreds of times per step. Spinning whi
 (libgomp's default, ~300k rounds) is what a quiet machine wants: one stream decodes 1.2-1.3x
 faster than with 600 rounds, eight 1.1-1.2x. But when another process keeps one of those
 cores busy, the thread that shares it runs in time slices and its partner spins through each
-of them: one stream fell to a third of its quiet speed (docs/BENCHMARKS.md, "llama.cpp's
+of them: one stream fell to a third of its quiet speed (docs/benchmarks/threads.md, "llama.cpp's
 threads"). Giving that core up does better than any waiting policy: one thread has no
 barriers at all, and on the free core it decoded a lone stream 1.5x faster than two threads
 sleeping after 600 rounds beside the busy process.

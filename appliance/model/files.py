@@ -25,11 +25,11 @@ OFFICIAL_REPO = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
 OFFICIAL_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"
 # The official repository's other files, made from the original weights, and what each costs
 # here. Measured on 2 x86-64 cores through the appliance on files requantized from the bundled
-# one (docs/BENCHMARKS.md, "Quantization"); an official file pays the quality cost once, so
+# one (docs/benchmarks/memory.md, "Quantization"); an official file pays the quality cost once, so
 # its perplexity is lower than the requantized file's.
 QUANTS = {
     # Measured through the appliance on 2 x86-64 cores against the bundled q4_k_m, on files
-    # requantized from it (docs/BENCHMARKS.md, "Quantization"); an official file loses less.
+    # requantized from it (docs/benchmarks/memory.md, "Quantization"); an official file loses less.
     "q4_k_m": "the default; for Qwen2.5-0.5B mostly Q5_0 and Q8_0 inside, which few fast CPU kernels cover",
     "q4_0": "~1.4x faster decode for 1 user (1.5-1.8x for 8-16), ~1.6x faster prompts, 60 MiB smaller file "
             "but ~100 MiB more RSS than q4_k_m; perplexity +43% requantized",

@@ -271,7 +271,7 @@ class KVStore:
         IDLE_PARK_AFTER_S. Every decode step attends over the KV cache's whole used range,
         so idle cells slow every stream (12k idle cells: a 16-row step 24% slower), while
         parking and later restoring a 512-token conversation costs ~20 ms of the engine
-        thread, a pause for every stream (docs/BENCHMARKS.md)."""
+        thread, a pause for every stream (docs/benchmarks/speculation.md)."""
         cap = self.policy.idle_kv_tokens
         if not cap or self.cache.park_budget <= 0:
             return
