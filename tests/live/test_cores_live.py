@@ -1,6 +1,6 @@
 """share_cores on the real server: while another process keeps one of its cores busy, the
 engine decodes on one llama.cpp thread fewer, and takes the core back once it is free
-(docs/BENCHMARKS.md, "Giving a busy core up instead"). Every answer comes back whole."""
+(docs/benchmarks/threads.md, "Giving a busy core up instead"). Every answer comes back whole."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_cgroup_memory_limit_v1_and_v2(tmp_path: Path) -> None:
 # -- the choice ------------------------------------------------------------------------------
 def two_core_x86() -> Measured:
     """`appliance tune --dry-run` on this 2-core x86-64 VM, as scripts/ubatch-table.sh ran it
-    (docs/BENCHMARKS.md, the ubatch_tokens table)."""
+    (docs/benchmarks/memory.md, the ubatch_tokens table)."""
     return Measured(threads=2, model_mb=468.6, kv_bytes_per_token=12309,
                     prompt_tps={64: 103.7, 128: 102.2, 256: 123.1, 512: 122.9},
                     rss_mb={64: 635.8, 128: 640.4, 256: 649.3, 512: 667.2},
