@@ -345,10 +345,6 @@ class LLM:
             top = part[np.argsort(-x[part], kind="stable")].tolist()
         return float(x[token]) - lse, [(t, float(x[t]) - lse) for t in top]
 
-    def logits(self, row: int) -> np.ndarray:
-        ptr = C.llama_get_logits_ith(self.ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.tokenizer.n_vocab,)).copy()
-
     def new_sampler(self, params: SamplingParams) -> Sampler:
         return Sampler(params, self.tokenizer.n_vocab, self.tokenizer.vocab)
 
