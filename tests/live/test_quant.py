@@ -16,7 +16,7 @@ import pytest
 from appliance.model import bundled, hub, requant
 from appliance.model import files as mf
 from appliance.model.gguf import ModelFileError
-from appliance.ops import tune
+from appliance.ops import quality
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -130,7 +130,7 @@ def test_find_tool_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_perplexity_through_the_appliance(bundled_model: Path) -> None:
     """One 512-token chunk of Debian's GPL-3 (as llama-perplexity -c 512 scores it): the
     bundled model's perplexity is low on licence text, and agreement with itself is total."""
-    q = tune.perplexity(bundled_model, Path(tune.PPL_TEXT), chunks=1, threads=2, repack=False)
-    assert 2 < q.ppl < 10 and len(q.top) == tune.PPL_CTX // 2
-    assert tune.agreement(q, q) == 1.0
+    q = quality.perplexity(bundled_model, Path(quality.PPL_TEXT), chunks=1, threads=2, repack=False)
+    assert 2 < q.ppl < 10 and len(q.top) == quality.PPL_CTX // 2
+    assert quality.agreement(q, q) == 1.0
     assert json.dumps(round(q.ppl, 1))
