@@ -29,6 +29,7 @@ ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "
             "minLength", "maxLength", "format"}
 _STRING_ONLY = ("pattern", "minLength", "maxLength", "format")
 
+
 def _bad(where: str, what: str, param: str) -> BadRequest:
     return BadRequest(f"{param}: {what} at {where} cannot be enforced here; supported keywords: "
                       f"{', '.join(sorted(ENFORCED))} (plus annotations such as title and description)", param=param)

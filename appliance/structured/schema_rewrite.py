@@ -10,7 +10,6 @@ from appliance.structured.pattern import json_pattern
 from appliance.structured.schema_budget import CONVERT_NS_PER_VISIT, MAX_CONVERT_NS, too_large
 from appliance.structured.schema_check import ANNOTATIONS, resolve
 
-# -- schemas rewritten into what the converter reads right --------------------------------------
 # Three of the converter's readings are silent and wrong, so a checked schema is rewritten
 # before it gets there. (1) It names a $ref's rule by the ref's last segment and reuses any
 # rule already of that name: `#/$defs/x` beside a property `x`, or `#/definitions/x`, or a
