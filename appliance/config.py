@@ -234,28 +234,42 @@ def load(
     config_file: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> tuple[Config, dict[str, str]]:
-    """Build the effective Config and, per key, where its value came from."""
+    """Build the effective Config and, per key, where its value came from (the file, then
+    APPLIANCE_* variables, then the command line: each later one wins)."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     sources = {name: "default" for name in FIELDS}
-
     path = Path(config_file) if config_file else (SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None)
     if path is not None:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"config file {path}: {e.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"config file {path}: {e}") from None
-        # Accept a flat file or an [appliance] table.
-        if set(data) == {"appliance"} and isinstance(data["appliance"], dict):
-            data = data["appliance"]
-        for key, raw in data.items():
-            if key not in FIELDS:
-                raise ConfigError(f"config file {path}: unknown key '{key}'")
-            values[key] = _coerce(key, raw, from_text=False)
-            sources[key] = f"file {path}"
+        _read_file(path, values, sources)
+    _read_environ(environ, values, sources)
+    _read_cli(cli or {}, values, sources)
+    cfg = Config(**values)
+    if "ubatch_tokens" not in values and cfg.ubatch_tokens > cfg.batch_tokens:
+        # The default fits the default batch; a smaller batch takes the default down with it.
+        cfg = dataclasses.replace(cfg, ubatch_tokens=cfg.batch_tokens)
+    _check_together(cfg)
+    return cfg, sources
 
+
+def _read_file(path: Path, values: dict[str, Any], sources: dict[str, str]) -> None:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    # Accept a flat file or an [appliance] table.
+    if set(data) == {"appliance"} and isinstance(data["appliance"], dict):
+        data = data["appliance"]
+    for key, raw in data.items():
+        if key not in FIELDS:
+            raise ConfigError(f"config file {path}: unknown key '{key}'")
+        values[key] = _coerce(key, raw, from_text=False)
+        sources[key] = f"file {path}"
+
+
+def _read_environ(environ: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
     for env_key, raw in environ.items():
         if not env_key.startswith(ENV_PREFIX) or env_key in NOT_SETTINGS:
             continue
@@ -265,7 +279,9 @@ def load(
         values[key] = _coerce(key, raw, from_text=True)
         sources[key] = f"env {env_key}"
 
-    for key, raw in (cli or {}).items():
+
+def _read_cli(cli: Mapping[str, Any], values: dict[str, Any], sources: dict[str, str]) -> None:
+    for key, raw in cli.items():
         if raw is None:
             continue
         if key not in FIELDS:
@@ -273,25 +289,23 @@ def load(
         values[key] = _coerce(key, raw, from_text=isinstance(raw, str))
         sources[key] = "command line"
 
-    cfg = Config(**values)
-    if "ubatch_tokens" not in values and cfg.ubatch_tokens > cfg.batch_tokens:
-        # The default fits the default batch; a smaller batch takes the default down with it.
-        cfg = dataclasses.replace(cfg, ubatch_tokens=cfg.batch_tokens)
+
+def _check_together(cfg: Config) -> None:
+    """The rules between keys (each key's own rules are checked as it is read)."""
     for key, ok, why in (
         ("default_max_tokens", cfg.default_max_tokens <= cfg.max_tokens_limit, "must be <= max_tokens_limit"),
         ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),
         ("batch_tokens", cfg.batch_tokens >= cfg.slots, "must be >= slots (one decode token per slot)"),
         ("ubatch_tokens", cfg.ubatch_tokens <= cfg.batch_tokens, "must be <= batch_tokens"),
         ("ctx_per_slot", cfg.ctx_per_slot >= 64, "must be >= 64"),
-        # llama.cpp allows at most 256 sequence ids in one context.
         ("tls_key", bool(cfg.tls_cert) == bool(cfg.tls_key), "tls_cert and tls_key go together"),
         ("parse_per_client", cfg.parse_per_client <= cfg.parse_concurrency, "must be <= parse_concurrency"),
+        # llama.cpp allows at most 256 sequence ids in one context.
         ("cached_sessions", cfg.slots + cfg.cached_sessions + 1 + len(cfg.system_prompts) <= 256,
          "slots + cached_sessions + system prompt presets must be < 256"),
     ):
         if not ok:
             raise ConfigError(f"config key '{key}': {why} (got {getattr(cfg, key)})")
-    return cfg, sources
 
 
 def describe(cfg: Config, sources: Mapping[str, str]) -> str:

@@ -104,10 +104,6 @@ def use_repack(cfg: Config) -> bool:
     return not amx_advertised()
 
 
-def available_memory() -> int:
-    return read_memory().available
-
-
 # -- memory and temperature (read by the engine's parking budget, /health and /metrics) --------
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ def run(model: Path, kv_type: str) -> tuple[list[list[int]], float, float, list[
     t0 = time.perf_counter()
     for step in range(N_GEN):
         for s, r in enumerate(rows):
-            lg = m.logits(int(r))
+            lg = m.logits_rows(int(r), 1)[0].copy()  # a view until the next decode: kept, so copied
             logits[s].append(lg)
             out[s].append(int(np.argmax(lg)))
         m.decode([o[-1] for o in out], [len(p) + step for p in prompts], list(range(8)), [True] * 8)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from appliance import config, cpu
 from appliance.model.llm import LLM, ContextSpec
-from appliance.ops import tune
+from appliance.ops import quality, tune
 
 
 def prompt_tps(path: Path, threads: int, repack: bool, ubatch: int) -> float:
@@ -49,11 +49,11 @@ def main() -> None:
     ref = None
     for f in args.files:
         t0 = time.monotonic()
-        q = tune.perplexity(f, Path(tune.PPL_TEXT), args.chunks, threads=threads, repack=repack)
+        q = quality.perplexity(f, Path(quality.PPL_TEXT), args.chunks, threads=threads, repack=repack)
         ref = ref or q
         row = {"file": f.name, "mib": round(f.stat().st_size / 2**20),
                "prompt_tps": round(prompt_tps(f, threads, repack, cfg.ubatch_tokens)),
-               "ppl": round(q.ppl, 3), "agreement": round(tune.agreement(ref, q), 4),
+               "ppl": round(q.ppl, 3), "agreement": round(quality.agreement(ref, q), 4),
                "positions": len(q.top), "seconds": round(time.monotonic() - t0)}
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -76,6 +76,15 @@ def _compare(text: str) -> tuple[str | None, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_servers(parser)
+    _add_workload(parser)
+    _add_requests(parser)
+    _add_soak(parser)
+    _add_output(parser)
+
+
+def _add_servers(parser: argparse.ArgumentParser) -> None:
+    """The servers measured and their names in the report."""
     a = parser.add_argument
     a("--url", default="http://127.0.0.1:8080", help="server base URL (…/v1 also accepted)")
     a("--compare", metavar="[LABEL=]URL", type=_compare, action="append", default=[],
@@ -83,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(LABEL=URL names it, else --compare-label)")
     a("--label", default="appliance", help="name of --url in the report")
     a("--compare-label", default="peer", help="name of an unlabelled --compare in the report")
+
+
+def _add_workload(parser: argparse.ArgumentParser) -> None:
+    """How many clients, how many requests, and what they ask."""
+    a = parser.add_argument
     a("--concurrency", type=_concurrency_list, default=None,
       help="comma-separated concurrency levels (default 1,4,8,16; burst: its size, "
            f"{BURST_SIZE}; soak: 8)")
@@ -110,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "user i with --turns), N = N[i %% len] (0 = none), e.g. 20,60,150,300,600: with --arrival together and "
            "--concurrency 8 this measures TTFT for users arriving at once with prompts of mixed "
            "lengths (reported per size too). Default off")
+
+
+def _add_requests(parser: argparse.ArgumentParser) -> None:
+    """What each request and conversation is like, and how levels are run."""
+    a = parser.add_argument
     a("--max-tokens", type=_positive_int, default=64)
     a("--temperature", type=float, default=0.0)
     a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
@@ -130,6 +149,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--no-session-id", dest="session_ids", action="store_false",
       help="send no X-Session-Id, as most OpenAI clients do (users are then told apart "
            "by source address: on loopback each simulated user has its own 127.0.0.N)")
+
+
+def _add_soak(parser: argparse.ArgumentParser) -> None:
+    """The soak workload's duration and RSS sampling."""
+    a = parser.add_argument
     a("--duration-s", type=_positive_float, default=180.0,
       help="soak: seconds of steady load per server and level (default 180)")
     a("--warmup-s", type=_non_negative_float, default=30.0,
@@ -138,6 +162,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="soak: seconds between RSS samples (default 5)")
     a("--pid", type=_positive_int, default=None,
       help="soak: pid of the --url server (default: the process listening on its loopback port)")
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    """Where the results go besides the printed report."""
+    a = parser.add_argument
     a("--json", metavar="PATH", help="also write the results as JSON")
     a("--jsonl", metavar="PATH",
       help="append one JSON line per level per server, so several runs can share a file "
@@ -175,18 +204,7 @@ def run(args: argparse.Namespace) -> int:
     (what was measured is still printed).
     """
     if args.plot_from:
-        if not args.plot:
-            print("bench: --from goes with --plot", file=sys.stderr)
-            return 2
-        try:
-            records = read_jsonl(args.plot_from)
-        except (OSError, ValueError) as e:
-            print(f"bench: {e}", file=sys.stderr)
-            return 2
-        if args.tag:
-            tags = set(args.tag.split(","))
-            records = [r for r in records if r.get("tag") in tags]
-        return _plot(records, args.plot)
+        return _plot_from(args)
     targets = _targets(args)
     labels = [lb for lb, _ in targets]
     if len(set(labels)) < len(labels):
@@ -205,6 +223,34 @@ def run(args: argparse.Namespace) -> int:
         progress.end()
         print("\ninterrupted; results so far:")
     print(format_report(done, labels, workload=args.workload, markdown=args.markdown))
+    records = _write_results(args, targets, models, done, rounds)
+    if args.plot and (code := _plot(records, args.plot)):
+        return code
+    if interrupted:
+        return 130
+    return _exit_code(args, labels, done)
+
+
+def _plot_from(args: argparse.Namespace) -> int:
+    """--plot --from: draw JSONL files of earlier runs, measuring nothing."""
+    if not args.plot:
+        print("bench: --from goes with --plot", file=sys.stderr)
+        return 2
+    try:
+        records = read_jsonl(args.plot_from)
+    except (OSError, ValueError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    if args.tag:
+        tags = set(args.tag.split(","))
+        records = [r for r in records if r.get("tag") in tags]
+    return _plot(records, args.plot)
+
+
+def _write_results(args: argparse.Namespace, targets: list[tuple[str, str]], models: dict[str, str],
+                   done: dict[int, dict[str, LevelResult]],
+                   rounds: dict[int, dict[str, list[LevelResult]]]) -> list[dict[str, Any]]:
+    """--json and --jsonl written; the JSONL records returned (what --plot draws)."""
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(json_report(args, targets, models, done, rounds), f, indent=2)
@@ -213,10 +259,10 @@ def run(args: argparse.Namespace) -> int:
     if args.jsonl:
         with open(args.jsonl, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-    if args.plot and (code := _plot(records, args.plot)):
-        return code
-    if interrupted:
-        return 130
+    return records
+
+
+def _exit_code(args: argparse.Namespace, labels: list[str], done: dict[int, dict[str, LevelResult]]) -> int:
     levels = [lv[lb] for lv in done.values() for lb in labels if lb in lv]
     if args.workload == "burst" and any(len(lv.completed) < len(lv.results) for lv in levels):
         return 1  # every answer of a burst must come back

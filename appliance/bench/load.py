@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
@@ -106,86 +108,73 @@ async def measure(
     if multi_turn:
         requests = concurrency
     expected = concurrency * workload.turns if multi_turn else requests
-    endpoint = base_url(url) + "/v1/chat/completions"
-    results: list[RequestResult] = []
-    long_results: list[RequestResult] = []
-    gate, first_token = asyncio.Event(), asyncio.Event()
-    next_index = 0  # shared counter; safe without a lock: only awaits switch tasks
-    deadline: float | None = None  # perf_counter() time a soak ends; set when the clock starts
+    level = _Level(base_url(url) + "/v1/chat/completions", workload, timeout, requests, multi_turn,
+                   arrival, stagger_s, progress)
     local = is_loopback(url)
     # One TLS context for all users: building one loads the CA bundle (~10 ms of CPU each).
     tls = httpx.create_ssl_context()
-
-    def user_client(i: int) -> httpx.AsyncClient:
-        # One client per simulated user: its own connection and, on loopback, its own source
-        # address, so the server sees an office of users rather than one very busy one.
-        address = user_address(0 if workload.one_address else i) if local else None
-        transport = httpx.AsyncHTTPTransport(
-            verify=tls, local_address=address,
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=2))
-        return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
-
     async with contextlib.AsyncExitStack() as stack:
         # Made before the clock starts: users 0..concurrency-1 are the workers, the last
         # one pastes the long document.
-        clients = [await stack.enter_async_context(user_client(i))
-                   for i in range(concurrency + (1 if workload.long_prompt_tokens else 0))]
+        level.clients = [await stack.enter_async_context(_user_client(workload, timeout, tls, local, i))
+                         for i in range(concurrency + (1 if workload.long_prompt_tokens else 0))]
+        wall = await level.run(concurrency, label, expected, duration_s)
+    return LevelResult(label, concurrency, wall, level.results, level.long_results,
+                       _gaps_during(level.long_results, level.results))
 
-        async def conversation(client: httpx.AsyncClient, k: int) -> None:
-            # One session id for the whole conversation, so per-session caches can reuse it.
-            session = f"bench-{uuid.uuid4()}"
-            # Texts go by k, not by worker, so a run sends the same requests every time.
-            prompt, pad = first_prompt(workload, k)
-            messages = opening(workload.system, prompt)
-            for turn in range(1, workload.turns + 1):
-                res = await _request(client, endpoint, workload, messages, timeout, session,
-                                     first_token)
-                res.turn, res.pad_tokens = turn, pad
-                results.append(res)
-                if progress is not None:
-                    progress.update(results)
-                if not res.ok or turn == workload.turns:
-                    return  # done, or no answer to follow up on: this user gives up
-                await asyncio.sleep(workload.think_s)
-                if deadline is not None and time.perf_counter() >= deadline:
-                    return  # the soak is over: no new turn
-                messages += [{"role": "assistant", "content": res.text},
-                             {"role": "user", "content": follow_up(workload, k, turn)}]
 
-        async def worker(i: int) -> None:
-            nonlocal next_index
-            await gate.wait()
-            if arrival == "staggered":
-                await asyncio.sleep(i * stagger_s)
-            while (next_index < requests if deadline is None else time.perf_counter() < deadline):
-                k, next_index = next_index, next_index + 1
-                await conversation(clients[i], k)
-                if multi_turn and deadline is None:
-                    return  # one user, one conversation: no worker takes a second one
+def _user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int) -> httpx.AsyncClient:
+    # One client per simulated user: its own connection and, on loopback, its own source
+    # address, so the server sees an office of users rather than one very busy one.
+    address = user_address(0 if workload.one_address else i) if local else None
+    transport = httpx.AsyncHTTPTransport(
+        verify=tls, local_address=address,
+        limits=httpx.Limits(max_connections=2, max_keepalive_connections=2))
+    return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
-        async def long_client() -> None:
-            # Paste once the short streams are decoding, so the prefill lands mid-output.
-            await first_token.wait()
-            doc = long_document(workload.long_prompt_tokens)
-            prompt = "Summarise the following document in three sentences.\n\n" + doc
-            long_results.append(await _request(clients[-1], endpoint, workload,
-                                               opening(workload.system, prompt), timeout))
 
-        async def ticker() -> None:
-            # A soak's bar moves with the clock, not only when a request ends.
-            while True:
-                await asyncio.sleep(0.5)
-                if progress is not None:
-                    progress.update(results)
+def _gaps_during(long_results: list[RequestResult], results: list[RequestResult]) -> list[float]:
+    """The short streams' gaps between tokens while a long paste was in flight."""
+    during: list[float] = []
+    for lr in long_results:
+        # A gap belongs to the long request's flight if the stalled token arrived within it.
+        for r in results:
+            if r.ok:
+                t = r.token_times
+                during += [b - a for a, b in zip(t, t[1:], strict=False) if lr.t_start < b <= lr.t_end]
+    return during
 
-        workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
-        paster = asyncio.create_task(long_client()) if workload.long_prompt_tokens else None
+
+@dataclass(slots=True)
+class _Level:
+    """One level in flight: the workers, the long paste, and what they share."""
+    endpoint: str
+    workload: Workload
+    timeout: float
+    requests: int
+    multi_turn: bool
+    arrival: Arrival
+    stagger_s: float
+    progress: Progress | None
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
+    results: list[RequestResult] = field(default_factory=list)
+    long_results: list[RequestResult] = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    first_token: asyncio.Event = field(default_factory=asyncio.Event)
+    next_index: int = 0  # shared counter; safe without a lock: only awaits switch tasks
+    deadline: float | None = None  # perf_counter() time a soak ends; set when the clock starts
+
+    async def run(self, concurrency: int, label: str, expected: int, duration_s: float | None) -> float:
+        """Let the workers go, wait for them and the paste; the wall time in seconds."""
+        workers = [asyncio.create_task(self.worker(i)) for i in range(concurrency)]
+        paster = asyncio.create_task(self.long_client()) if self.workload.long_prompt_tokens else None
+        progress = self.progress
         if progress is not None:
             progress.begin(f"{label} c={concurrency}", duration_s or expected, timed=duration_s is not None)
-        tick = asyncio.create_task(ticker()) if progress is not None and duration_s else None
+        tick = asyncio.create_task(self.ticker()) if progress is not None and duration_s else None
         t0 = time.perf_counter()
-        deadline = t0 + duration_s if duration_s else None
-        gate.set()
+        self.deadline = t0 + duration_s if duration_s else None
+        self.gate.set()
         try:
             await asyncio.gather(*workers)
         finally:
@@ -194,18 +183,57 @@ async def measure(
             if progress is not None:
                 progress.end()
         wall = time.perf_counter() - t0
-        first_token.set()  # all short requests failed: let the paste run anyway, then finish
+        self.first_token.set()  # all short requests failed: let the paste run anyway, then finish
         if paster is not None:
             await paster
+        return wall
 
-    during: list[float] = []
-    for lr in long_results:
-        # A gap belongs to the long request's flight if the stalled token arrived within it.
-        for r in results:
-            if r.ok:
-                t = r.token_times
-                during += [b - a for a, b in zip(t, t[1:], strict=False) if lr.t_start < b <= lr.t_end]
-    return LevelResult(label, concurrency, wall, results, long_results, during)
+    async def conversation(self, client: httpx.AsyncClient, k: int) -> None:
+        workload = self.workload
+        # One session id for the whole conversation, so per-session caches can reuse it.
+        session = f"bench-{uuid.uuid4()}"
+        # Texts go by k, not by worker, so a run sends the same requests every time.
+        prompt, pad = first_prompt(workload, k)
+        messages = opening(workload.system, prompt)
+        for turn in range(1, workload.turns + 1):
+            res = await _request(client, self.endpoint, workload, messages, self.timeout, session,
+                                 self.first_token)
+            res.turn, res.pad_tokens = turn, pad
+            self.results.append(res)
+            if self.progress is not None:
+                self.progress.update(self.results)
+            if not res.ok or turn == workload.turns:
+                return  # done, or no answer to follow up on: this user gives up
+            await asyncio.sleep(workload.think_s)
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                return  # the soak is over: no new turn
+            messages += [{"role": "assistant", "content": res.text},
+                         {"role": "user", "content": follow_up(workload, k, turn)}]
+
+    async def worker(self, i: int) -> None:
+        await self.gate.wait()
+        if self.arrival == "staggered":
+            await asyncio.sleep(i * self.stagger_s)
+        while (self.next_index < self.requests if self.deadline is None else time.perf_counter() < self.deadline):
+            k, self.next_index = self.next_index, self.next_index + 1
+            await self.conversation(self.clients[i], k)
+            if self.multi_turn and self.deadline is None:
+                return  # one user, one conversation: no worker takes a second one
+
+    async def long_client(self) -> None:
+        # Paste once the short streams are decoding, so the prefill lands mid-output.
+        await self.first_token.wait()
+        doc = long_document(self.workload.long_prompt_tokens)
+        prompt = "Summarise the following document in three sentences.\n\n" + doc
+        self.long_results.append(await _request(self.clients[-1], self.endpoint, self.workload,
+                                                opening(self.workload.system, prompt), self.timeout))
+
+    async def ticker(self) -> None:
+        # A soak's bar moves with the clock, not only when a request ends.
+        while True:
+            await asyncio.sleep(0.5)
+            if self.progress is not None:
+                self.progress.update(self.results)
 
 
 async def soak(url: str, concurrency: int, workload: Workload, duration_s: float, *,

@@ -1,4 +1,4 @@
-"""A thin wrapper over llama.cpp's low-level C API (the only llama_cpp user).
+"""A thin wrapper over llama.cpp's low-level C API (with schema_gbnf.py, the only llama_cpp users).
 
 One model, one context with a unified KV cache shared by many sequences. Everything but
 `Tokenizer` must be called from the engine thread, which owns the context.
@@ -345,10 +345,6 @@ class LLM:
             top = part[np.argsort(-x[part], kind="stable")].tolist()
         return float(x[token]) - lse, [(t, float(x[t]) - lse) for t in top]
 
-    def logits(self, row: int) -> np.ndarray:
-        ptr = C.llama_get_logits_ith(self.ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.tokenizer.n_vocab,)).copy()
-
     def new_sampler(self, params: SamplingParams) -> Sampler:
         return Sampler(params, self.tokenizer.n_vocab, self.tokenizer.vocab)
 
@@ -390,11 +386,3 @@ class LLM:
             C.llama_model_free(self.model)
             self.ctx = None
             self.model = None
-
-
-def json_schema_gbnf(schema_json: str, prop_order: list[str]) -> str:
-    """llama-cpp-python's JSON-schema-to-GBNF converter (pure Python, safe on any thread;
-    grammar.py decides first which schemas it may see)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    return str(json_schema_to_gbnf(schema_json, prop_order))

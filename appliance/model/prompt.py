@@ -207,31 +207,9 @@ def build_prompt(
     def encode(msgs: list[dict[str, Any]]) -> list[int]:
         return template.encode(msgs, tokenize, tools)
 
-    n_sys = 0
-    while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
-        n_sys += 1
-    system, rest = messages[:n_sys], messages[n_sys:]
-
-    def keep_from(k: int) -> list[dict[str, Any]]:
-        # Drop rest[:k], then keep dropping until the history starts with a user turn.
-        while k < len(rest) - 1 and rest[k]["role"] != "user":
-            k += 1
-        return system + rest[k:]
-
-    # Tools are rendered into every candidate prompt: ones that cannot fit by characters alone
-    # are refused before anything is rendered or tokenized.
-    tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
-    if tools_chars > limit * MAX_CHARS_PER_TOKEN:
-        raise ContextLengthExceeded(
-            f"the tool definitions alone ({tools_chars} characters) are longer than the {limit} prompt tokens "
-            "this server allows per conversation", param="tools")
-    # The fewest turns to drop by characters alone (the last message is always tokenized).
-    budget = limit * MAX_CHARS_PER_TOKEN - _chars(system) - tools_chars
-    k0, tail = len(rest) - 1, _chars(rest[-1:])
-    while k0 > 0 and tail + _chars(rest[k0 - 1:k0]) <= budget:
-        k0 -= 1
-        tail += _chars(rest[k0:k0 + 1])
-
+    system, rest = _split_system(messages)
+    tools_chars = _tools_chars(tools, limit)
+    k0 = _fewest_dropped_by_chars(system, rest, limit * MAX_CHARS_PER_TOKEN - _chars(system) - tools_chars)
     if k0 == 0:
         tokens = encode(messages)
         if len(tokens) <= limit:
@@ -242,14 +220,55 @@ def build_prompt(
         raise ContextLengthExceeded(
             f"the last message does not fit: with the system prompt it is {len(last_only)} tokens, "
             f"and this server allows {limit} prompt tokens per conversation")
-    # Fewest dropped messages that fit; token count shrinks as k grows, so binary search.
+    kept = _fewest_dropped_by_tokens(system, rest, k0, lambda msgs: len(encode(msgs)) <= limit)
+    tokens = encode(kept)
+    return Prompt(tokens, len(messages) - len(kept), _public_len(kept, tokens, template, tokenize, presets))
+
+
+def _split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The leading system (and developer) messages, and the rest (never empty: the last message)."""
+    n_sys = 0
+    while n_sys < len(messages) - 1 and messages[n_sys]["role"] in ("system", "developer"):
+        n_sys += 1
+    return messages[:n_sys], messages[n_sys:]
+
+
+def _tools_chars(tools: list[dict[str, Any]] | None, limit: int) -> int:
+    """The tools' size in characters. Tools are rendered into every candidate prompt: ones that
+    cannot fit by characters alone are refused before anything is rendered or tokenized."""
+    tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
+    if tools_chars > limit * MAX_CHARS_PER_TOKEN:
+        raise ContextLengthExceeded(
+            f"the tool definitions alone ({tools_chars} characters) are longer than the {limit} prompt tokens "
+            "this server allows per conversation", param="tools")
+    return tools_chars
+
+
+def _fewest_dropped_by_chars(system: list[dict[str, Any]], rest: list[dict[str, Any]], budget: int) -> int:
+    """The fewest turns to drop by characters alone (the last message is always tokenized)."""
+    k0, tail = len(rest) - 1, _chars(rest[-1:])
+    while k0 > 0 and tail + _chars(rest[k0 - 1:k0]) <= budget:
+        k0 -= 1
+        tail += _chars(rest[k0:k0 + 1])
+    return k0
+
+
+def _keep_from(system: list[dict[str, Any]], rest: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Drop rest[:k], then keep dropping until the history starts with a user turn."""
+    while k < len(rest) - 1 and rest[k]["role"] != "user":
+        k += 1
+    return system + rest[k:]
+
+
+def _fewest_dropped_by_tokens(system: list[dict[str, Any]], rest: list[dict[str, Any]], k0: int,
+                              fits: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """The messages kept with the fewest dropped (at least max(1, k0)) that fit; the token
+    count shrinks as more are dropped, so binary search."""
     lo, hi = max(1, k0), len(rest) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(encode(keep_from(mid))) <= limit:
+        if fits(_keep_from(system, rest, mid)):
             hi = mid
         else:
             lo = mid + 1
-    kept = keep_from(lo)
-    tokens = encode(kept)
-    return Prompt(tokens, len(messages) - len(kept), _public_len(kept, tokens, template, tokenize, presets))
+    return _keep_from(system, rest, lo)

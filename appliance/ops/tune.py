@@ -9,7 +9,6 @@ and `choose()`, a pure function of the two that tests drive with simulated machi
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import statistics
@@ -135,120 +134,83 @@ def measure(model_path: Path, machine: Machine, repack: bool, quick: bool = Fals
     """Load the model a few times (one context per thread count and micro-batch size) and time
     prompts and decode steps. About 30 s on 2 x86-64 cores, a few minutes on a Raspberry Pi."""
     from appliance import cpu
-    from appliance.model.llm import LLM, ContextSpec
 
     cpu.pin_current_thread(machine.cpus)
-    n_cells = 2048
-    reps = 2 if quick else 3
-    prompt = [1000 + (i * 7919) % 20000 for i in range(256 if quick else PROMPT_TOKENS)]
+    probe = _Probe(model_path, repack, reps=2 if quick else 3,
+                   prompt=[1000 + (i * 7919) % 20000 for i in range(256 if quick else PROMPT_TOKENS)])
+    size_mb = model_path.stat().st_size / MiB
+    m = Measured(threads=0, model_mb=size_mb, kv_bytes_per_token=0, kv_cells=probe.n_cells)
+    for t in _thread_candidates(len(machine.cpus)):
+        llm = probe.open(t, 128)
+        try:
+            m.by_threads[t] = probe.steps(llm, (8,))[8]
+        finally:
+            llm.close()
+        log(f"  {t} threads: a decode step of 8 streams takes {m.by_threads[t]:.0f} ms")
+    m.threads = min(m.by_threads, key=lambda t: (m.by_threads[t], t))
+    for ub in UBATCHES:
+        _measure_ubatch(probe, m, ub)
+        log(f"  ubatch {ub}: prompt {m.prompt_tps[ub]:.0f} tokens/s, RSS {m.rss_mb[ub]:.0f} MiB")
+    log("  decode step: " + ", ".join(f"{r} streams {ms:.0f} ms" for r, ms in m.step_ms.items()))
+    return m
 
-    def open_llm(threads: int, ubatch: int) -> Any:
-        return LLM(model_path, ContextSpec(n_ctx=n_cells, n_seq_max=17, n_batch=512, threads=threads,
-                                           repack=repack, n_ubatch=ubatch))
 
+def _measure_ubatch(probe: _Probe, m: Measured, ub: int) -> None:
+    """Prompt speed and resident memory at micro-batch `ub`; at the first one also the KV
+    bytes a token and the decode step times."""
+    llm = probe.open(m.threads, ub)
+    try:
+        probe.prefill(llm, probe.prompt[:ub])  # warm-up: first touch of the weights and buffers
+        llm.seq_rm(0)
+        m.prompt_tps[ub] = probe.prefill(llm, probe.prompt)
+        m.rss_mb[ub] = _rss_mb()
+        if ub == UBATCHES[0]:
+            llm.seq_rm(0)
+            llm.decode(probe.prompt[:64], list(range(64)), [0] * 64, [False] * 64)
+            m.kv_bytes_per_token = len(llm.seq_state(0)) // 64
+            llm.seq_rm(0)
+            m.step_ms = probe.steps(llm, STEP_ROWS)
+    finally:
+        llm.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """How the model is loaded for measuring, and the timed decodes run on it."""
+    model_path: Path
+    repack: bool
+    reps: int  # timings per measured step (their median is kept)
+    prompt: list[int]
+    n_cells: int = 2048
+
+    def open(self, threads: int, ubatch: int) -> Any:
+        from appliance.model.llm import LLM, ContextSpec
+
+        return LLM(self.model_path, ContextSpec(n_ctx=self.n_cells, n_seq_max=17, n_batch=512, threads=threads,
+                                                repack=self.repack, n_ubatch=ubatch))
+
+    @staticmethod
     def prefill(llm: Any, tokens: list[int]) -> float:
         t0 = time.perf_counter()
         llm.decode(tokens, list(range(len(tokens))), [0] * len(tokens), [False] * (len(tokens) - 1) + [True])
         return len(tokens) / (time.perf_counter() - t0)
 
-    def steps(llm: Any, rows_list: tuple[int, ...]) -> dict[int, float]:
+    def steps(self, llm: Any, rows_list: tuple[int, ...]) -> dict[int, float]:
         # 16 sequences of 32 tokens, then one token for each of `rows` of them per step.
-        n = 32
+        n, prompt = 32, self.prompt
         toks = [t for s in range(16) for t in prompt[s:s + n]]
         llm.decode(toks, [p for _ in range(16) for p in range(n)], [s for s in range(16) for _ in range(n)],
                    [False] * len(toks))
         pos, out = [n] * 16, {}  # each sequence's next position (llama.cpp wants them consecutive)
         for rows in rows_list:
             times = []
-            for _ in range(reps):
+            for _ in range(self.reps):
                 t0 = time.perf_counter()
                 llm.decode([prompt[rows]] * rows, pos[:rows], list(range(rows)), [True] * rows)
                 times.append((time.perf_counter() - t0) * 1000)
                 pos[:rows] = [p + 1 for p in pos[:rows]]
             out[rows] = statistics.median(times)
         return out
-
-    size_mb = model_path.stat().st_size / MiB
-    m = Measured(threads=0, model_mb=size_mb, kv_bytes_per_token=0, kv_cells=n_cells)
-    for t in _thread_candidates(len(machine.cpus)):
-        llm = open_llm(t, 128)
-        try:
-            m.by_threads[t] = steps(llm, (8,))[8]
-        finally:
-            llm.close()
-        log(f"  {t} threads: a decode step of 8 streams takes {m.by_threads[t]:.0f} ms")
-    m.threads = min(m.by_threads, key=lambda t: (m.by_threads[t], t))
-    for ub in UBATCHES:
-        llm = open_llm(m.threads, ub)
-        try:
-            prefill(llm, prompt[:ub])  # warm-up: first touch of the weights and buffers
-            llm.seq_rm(0)
-            m.prompt_tps[ub] = prefill(llm, prompt)
-            m.rss_mb[ub] = _rss_mb()
-            if ub == UBATCHES[0]:
-                llm.seq_rm(0)
-                llm.decode(prompt[:64], list(range(64)), [0] * 64, [False] * 64)
-                m.kv_bytes_per_token = len(llm.seq_state(0)) // 64
-                llm.seq_rm(0)
-                m.step_ms = steps(llm, STEP_ROWS)
-        finally:
-            llm.close()
-        log(f"  ubatch {ub}: prompt {m.prompt_tps[ub]:.0f} tokens/s, RSS {m.rss_mb[ub]:.0f} MiB")
-    log("  decode step: " + ", ".join(f"{r} streams {ms:.0f} ms" for r, ms in m.step_ms.items()))
-    return m
-
-
-# -- quality ---------------------------------------------------------------------------------
-PPL_TEXT = "/usr/share/common-licenses/GPL-3"  # in every Debian and Raspberry Pi OS (base-files)
-PPL_CTX = 512  # as `llama-perplexity -c 512`
-
-
-@dataclass(slots=True)
-class Quality:
-    ppl: float
-    top: list[int]  # the model's top token at every scored position, for agreement()
-
-
-def perplexity(model_path: Path, text_path: Path, chunks: int = 0, threads: int = 0, repack: bool = True) -> Quality:
-    """Perplexity the way llama-perplexity computes it: the text in chunks of PPL_CTX tokens,
-    each scored on its second half (the first half is context). Through the appliance's own
-    llama.cpp, so it measures what would be served."""
-    import numpy as np
-
-    from appliance import cpu
-    from appliance.model.llm import LLM, ContextSpec
-
-    threads = threads or len(pick_cpus(cpu.allowed_cpus())[0])
-    llm = LLM(model_path, ContextSpec(n_ctx=PPL_CTX, n_seq_max=1, n_batch=PPL_CTX, threads=threads,
-                                      repack=repack, n_ubatch=128))
-    try:
-        tokens = llm.tokenizer.tokenize(text_path.read_text(encoding="utf-8"), add_special=True, parse_special=False)
-        n_chunks = len(tokens) // PPL_CTX
-        n_chunks = min(n_chunks, chunks) if chunks else n_chunks
-        first = PPL_CTX // 2
-        nll, count, top = 0.0, 0, []
-        for c in range(n_chunks):
-            chunk = tokens[c * PPL_CTX:(c + 1) * PPL_CTX]
-            llm.seq_rm(0)
-            llm.decode(chunk, list(range(PPL_CTX)), [0] * PPL_CTX, [i >= first - 1 for i in range(PPL_CTX)])
-            rows = np.asarray(llm.logits_rows(first - 1, PPL_CTX - first), dtype=np.float64)
-            mx = rows.max(axis=1)
-            logz = mx + np.log(np.exp(rows - mx[:, None]).sum(axis=1))
-            nxt = np.asarray(chunk[first:])
-            nll += float((logz - rows[np.arange(len(nxt)), nxt]).sum())
-            count += len(nxt)
-            top += rows.argmax(axis=1).tolist()
-    finally:
-        llm.close()
-    if not count:
-        raise ValueError(f"{text_path} is shorter than {PPL_CTX} tokens")
-    return Quality(math.exp(nll / count), top)
-
-
-def agreement(a: Quality, b: Quality) -> float:
-    """Share of positions where both models' top token is the same (teacher-forced greedy agreement)."""
-    n = min(len(a.top), len(b.top))
-    return sum(x == y for x, y in zip(a.top[:n], b.top[:n])) / max(1, n)
 
 
 # -- the choice ------------------------------------------------------------------------------
@@ -277,8 +239,38 @@ def choose(machine: Machine, m: Measured) -> Choice:
     why.append(f"memory: plan for {budget:.0f} MiB, {MEM_SHARE:.0%} of {machine.mem_why}")
     why.append(f"cores: {','.join(map(str, machine.cpus))} ({machine.cpus_why}); {m.threads} threads "
                "(fastest 8-stream step: " + ", ".join(f"{t}: {ms:.0f} ms" for t, ms in sorted(m.by_threads.items())) + ")")
+    slots = _choose_slots(m, why)
+    want_kv = max(4096, min(16384, slots * 1024))
+    ubatch = _choose_ubatch(m, want_kv, budget, why)
+    left = budget - _fixed_mb(m, ubatch)
+    kv_type, kv_tokens = _choose_kv(m, want_kv, left, why)
+    kv_mb = _kv_mb(m)
+    ctx = min(4096, kv_tokens)
+    park = int(max(0.0, min(left - kv_tokens * kv_mb[kv_type], machine.mem_bytes / MiB / 8, 1024)))
+    why.append(f"ctx_per_slot {ctx}; park_ram_mb {park}: what is left of the plan, at most 1/8 of memory")
+    rss = _fixed_mb(m, ubatch) + kv_tokens * kv_mb[kv_type] + park
+    ttft = QUESTION_TOKENS / m.prompt_tps[ubatch] * 1000 + _step(m, 1)
+    expected = {"tps_1": 1000 / _step(m, 1), "tps_all": slots * 1000 / _step(m, slots), "ttft_ms": ttft}
+    settings: dict[str, Any] = {
+        "threads": m.threads, "cpus": ",".join(map(str, machine.cpus)), "slots": slots,
+        "ctx_per_slot": ctx, "kv_tokens": kv_tokens, "kv_type": kv_type, "ubatch_tokens": ubatch,
+        "park_ram_mb": park,
+    }
+    return Choice(settings, why, expected, rss, budget)
 
-    # Slots: as many streams per step as still give each user MIN_STREAM_TPS.
+
+def _kv_mb(m: Measured) -> dict[str, float]:
+    """MiB of KV cache a token, by kv_type."""
+    return {"f16": m.kv_bytes_per_token / MiB, "q8_0": m.kv_bytes_per_token * KV_Q8_RATIO / MiB}
+
+
+def _fixed_mb(m: Measured, ub: int) -> float:
+    """MiB of everything but the KV cache and parked sessions, at micro-batch `ub`."""
+    return m.rss_mb[ub] - m.kv_cells * _kv_mb(m)["f16"] + SERVER_MB
+
+
+def _choose_slots(m: Measured, why: list[str]) -> int:
+    """As many streams per step as still give each user MIN_STREAM_TPS."""
     slots = 1
     for r in (16, 8, 4, 2):
         if 1000 / _step(m, r) >= MIN_STREAM_TPS:
@@ -287,24 +279,24 @@ def choose(machine: Machine, m: Measured) -> Choice:
     why.append(f"slots {slots}: a step of {slots} streams takes {_step(m, slots):.0f} ms, "
                f"{1000 / _step(m, slots):.1f} tokens/s each (at least {MIN_STREAM_TPS:.0f} wanted)"
                + ("" if slots == 16 else f"; 16 would give {1000 / _step(m, 16):.1f}"))
+    return slots
 
-    kv_mb = {"f16": m.kv_bytes_per_token / MiB, "q8_0": m.kv_bytes_per_token * KV_Q8_RATIO / MiB}
-    small_kv_mb = m.kv_cells * kv_mb["f16"]
 
-    def fixed(ub: int) -> float:  # everything but the KV cache and parked sessions
-        return m.rss_mb[ub] - small_kv_mb + SERVER_MB
-
-    # ubatch: the smallest whose prompt speed is within 10% of the best; smaller if memory is short.
+def _choose_ubatch(m: Measured, want_kv: int, budget: float, why: list[str]) -> int:
+    """The smallest micro-batch whose prompt speed is within 10% of the best; smaller if memory is short."""
     best = max(m.prompt_tps.values())
     ubatch = min(ub for ub in m.prompt_tps if m.prompt_tps[ub] >= 0.9 * best)
-    want_kv = max(4096, min(16384, slots * 1024))
-    if fixed(ubatch) + want_kv * kv_mb["f16"] > budget * 0.9:  # memory is short: the smallest buffer
+    if _fixed_mb(m, ubatch) + want_kv * _kv_mb(m)["f16"] > budget * 0.9:  # memory is short: the smallest buffer
         ubatch = min(m.prompt_tps)
     why.append(f"ubatch_tokens {ubatch}: prompt {m.prompt_tps[ubatch]:.0f} tokens/s against the best "
                f"{best:.0f}; " + ", ".join(f"{ub}: {m.rss_mb[ub]:.0f} MiB" for ub in sorted(m.rss_mb))
                + " resident after a prompt")
+    return ubatch
 
-    left = budget - fixed(ubatch)
+
+def _choose_kv(m: Measured, want_kv: int, left: float, why: list[str]) -> tuple[str, int]:
+    """The KV cache's type and size in the `left` MiB: f16 when it fits in 3/4 of it, else q8_0."""
+    kv_mb = _kv_mb(m)
     if want_kv * kv_mb["f16"] <= left * 0.75:
         kv_type, kv_tokens = "f16", want_kv
     else:
@@ -319,18 +311,7 @@ def choose(machine: Machine, m: Measured) -> Choice:
                f"({m.kv_bytes_per_token * (1 if kv_type == 'f16' else KV_Q8_RATIO):.0f} bytes a token)"
                + (" ; q8_0 because f16 would not leave room (output close to f16's, not token-identical)"
                   if kv_type == "q8_0" else ""))
-    ctx = min(4096, kv_tokens)
-    park = int(max(0.0, min(left - kv_tokens * kv_mb[kv_type], machine.mem_bytes / MiB / 8, 1024)))
-    why.append(f"ctx_per_slot {ctx}; park_ram_mb {park}: what is left of the plan, at most 1/8 of memory")
-    rss = fixed(ubatch) + kv_tokens * kv_mb[kv_type] + park
-    ttft = QUESTION_TOKENS / m.prompt_tps[ubatch] * 1000 + _step(m, 1)
-    expected = {"tps_1": 1000 / _step(m, 1), "tps_all": slots * 1000 / _step(m, slots), "ttft_ms": ttft}
-    settings: dict[str, Any] = {
-        "threads": m.threads, "cpus": ",".join(map(str, machine.cpus)), "slots": slots,
-        "ctx_per_slot": ctx, "kv_tokens": kv_tokens, "kv_type": kv_type, "ubatch_tokens": ubatch,
-        "park_ram_mb": park,
-    }
-    return Choice(settings, why, expected, rss, budget)
+    return kv_type, kv_tokens
 
 
 # -- writing the config file -----------------------------------------------------------------

@@ -10,6 +10,7 @@ JSON writes as themselves.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from functools import lru_cache
 
 from appliance.errors import BadRequest
@@ -172,48 +173,58 @@ def _json_safe(pattern: str, param: str) -> str:
     while i < len(p):
         c = p[i]
         if c == "\\":
-            e = p[i + 1]
-            n = _HEX_ESCAPES.get(e, 0)
-            if e in _CLASS_OF:
-                out.append(_CLASS_OF[e])
-            elif n and all(h in string.hexdigits for h in p[i + 2:i + 2 + n]) and len(p[i + 2:i + 2 + n]) == n:
-                code = int(p[i + 2:i + 2 + n], 16)
-                if not _safe([(code, code)]):
-                    raise refuse(f"the character {_hex(code)}")
-                out.append(f"[{_hex(code)}]")
-                i += n
-            elif e.isalnum():  # \n \t \b \B \1 ...: control characters, boundaries, backreferences
-                raise BadRequest(f"{param}: the escape {p[i:i + 2]!r} in the pattern cannot be enforced here "
-                                 r"(\d, \w, \s, \D, \W, \S, \xHH, \uHHHH and escaped punctuation can)", param=param)
-            elif not _safe([(ord(e), ord(e))]):
-                raise refuse(f"{e!r}")
-            else:
-                out.append(f"[{_hex(ord(e))}]")
-            i += 2
+            text, i = _safe_escape(p, i, param, refuse)
+            out.append(text)
         elif c == "[":
-            end, _ = _class(p, i)
-            negated = p.startswith("^", i + 1)
-            j, ranges = i + 1 + negated, []
-            while j < end - 1:
-                read = _class_char(p, j)
-                assert read is not None  # _class read it already
-                lo, j = read
-                hi = lo
-                if p.startswith("-", j) and p[j + 1:j + 2] not in ("", "]"):
-                    read = _class_char(p, j + 1)
-                    assert read is not None
-                    hi, j = read
-                ranges.append((lo, hi))
-            if negated:
-                ranges += _NOT_JSON
-            elif not (ranges := _safe(ranges)):
-                raise refuse(f"only the class {p[i:end][:32]!r}")
-            out.append("[" + "^" * negated + "".join(_hex(lo) + (f"-{_hex(hi)}" if hi > lo else "")
-                                                      for lo, hi in ranges) + "]")
-            i = end
+            text, i = _safe_class(p, i, refuse)
+            out.append(text)
         elif c == '"' or ord(c) < 0x20 or c == "\x7f":
             raise refuse(repr(c))
         else:
             out.append(c)
             i += 1
     return "".join(out) + "$"
+
+
+def _safe_escape(p: str, i: int, param: str, refuse: Callable[[str], BadRequest]) -> tuple[str, int]:
+    """The escape at p[i] as a JSON-safe class, and where the pattern goes on."""
+    e = p[i + 1]
+    n = _HEX_ESCAPES.get(e, 0)
+    if e in _CLASS_OF:
+        text = _CLASS_OF[e]
+    elif n and all(h in string.hexdigits for h in p[i + 2:i + 2 + n]) and len(p[i + 2:i + 2 + n]) == n:
+        code = int(p[i + 2:i + 2 + n], 16)
+        if not _safe([(code, code)]):
+            raise refuse(f"the character {_hex(code)}")
+        text = f"[{_hex(code)}]"
+        i += n
+    elif e.isalnum():  # \n \t \b \B \1 ...: control characters, boundaries, backreferences
+        raise BadRequest(f"{param}: the escape {p[i:i + 2]!r} in the pattern cannot be enforced here "
+                         r"(\d, \w, \s, \D, \W, \S, \xHH, \uHHHH and escaped punctuation can)", param=param)
+    elif not _safe([(ord(e), ord(e))]):
+        raise refuse(f"{e!r}")
+    else:
+        text = f"[{_hex(ord(e))}]"
+    return text, i + 2
+
+
+def _safe_class(p: str, i: int, refuse: Callable[[str], BadRequest]) -> tuple[str, int]:
+    """The class at p[i] with only JSON-safe characters, and where the pattern goes on."""
+    end, _ = _class(p, i)
+    negated = p.startswith("^", i + 1)
+    j, ranges = i + 1 + negated, []
+    while j < end - 1:
+        read = _class_char(p, j)
+        assert read is not None  # _class read it already
+        lo, j = read
+        hi = lo
+        if p.startswith("-", j) and p[j + 1:j + 2] not in ("", "]"):
+            read = _class_char(p, j + 1)
+            assert read is not None
+            hi, j = read
+        ranges.append((lo, hi))
+    if negated:
+        ranges += _NOT_JSON
+    elif not (ranges := _safe(ranges)):
+        raise refuse(f"only the class {p[i:end][:32]!r}")
+    return "[" + "^" * negated + "".join(_hex(lo) + (f"-{_hex(hi)}" if hi > lo else "") for lo, hi in ranges) + "]", end

