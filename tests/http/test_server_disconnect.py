@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 from helpers.fakes import FakeModel
-from test_server import CHAT, USER, Served, is_idle
+from helpers.inprocess import CHAT, USER, Served, is_idle
 
 
 def test_a_whole_answer_given_up_logs_no_traceback(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers.fakes import FakeModel
-from test_server import CHAT, USER, dicts, events_of, serving
+from helpers.inprocess import CHAT, USER, dicts, events_of, serving
 
 from appliance.bench import sse
 from appliance.structured.tools import CLOSE, MAX_DEPTH, OPEN, ToolCallParser, split_answer
