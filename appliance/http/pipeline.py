@@ -138,6 +138,15 @@ async def read_body(request: Request) -> bytes:
     return bytes(body)
 
 
+async def templated(app: App, messages: list[dict[str, Any]], params: SamplingParams,
+                    tools: list[dict[str, Any]] | None) -> Prompt:
+    """Messages through the chat template (cut to leave room for max_tokens), and the answer's
+    grammar checked, before anything is queued."""
+    prompt = await app.engine.prepare(messages, params.max_tokens, tools)
+    await app.engine.check_grammar(params.grammar)
+    return prompt
+
+
 # -- submitting ------------------------------------------------------------------------------
 def submit(app: App, job: Job) -> list[Handle]:
     """One engine request per choice. They are submitted together with one prompt, so the

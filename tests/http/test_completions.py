@@ -1,4 +1,4 @@
-"""completions.py over the fake model, through HTTP: /v1/completions (text and token prompts,
+"""api/completions.py and api/llama.py over the fake model, through HTTP: /v1/completions (text and token prompts,
 echo, stop, streaming, fill-in-the-middle), /infill, /tokenize, /detokenize and the context
 in /v1/models, with every refusal, in-process."""
 

@@ -1,4 +1,4 @@
-"""ollama.py over the fake model, through HTTP: Ollama's shapes (NDJSON streams by default,
+"""api/ollama.py over the fake model, through HTTP: Ollama's shapes (NDJSON streams by default,
 durations in ns, load calls, {"error": "..."}), its options mapped onto our sampling, and
 the `ollama` client itself against the app on a socket."""
 

@@ -1,4 +1,4 @@
-"""Tests for appliance.http.openai_api: request parsing/validation and response builders."""
+"""Tests for the request parsers (validate.py, messages.py, api/chat.py) and the response builders."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from appliance.engine.events import Delta, Done
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.choices import Choice
 from appliance.http.messages import message_chars, parse_messages, parse_tools
-from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond
+from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
 from appliance.http.state import App
 from appliance.http.validate import (
     SESSION_RULE,
@@ -183,8 +183,7 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
-        await app.engine.check_grammar(req.params.grammar)
+        prompt = await templated(app, req.messages, req.params, req.tools)
     job = Job(caller, prompt, choices(req.params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None)
     return await respond(app, request, job, ChatShape(app, req, job.session, prompt.dropped_messages))

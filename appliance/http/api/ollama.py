@@ -20,7 +20,7 @@ from appliance.errors import ApplianceError, BadRequest, ContextLengthExceeded, 
 from appliance.http.api.fim import fim_ids, fim_prompt
 from appliance.http.api.ollama_wire import NDJSON, error_line, error_response, line, model_name, ollama_errors, stamp
 from appliance.http.messages import parse_messages, parse_tools
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond, templated
 from appliance.http.state import App
 from appliance.http.validate import (
     RequestBounds,
@@ -229,9 +229,11 @@ def _entries(parts: list[list[TokenLogprob]]) -> list[TokenLogprob]:
     return [e for part in parts for e in part]
 
 
-def _ready(engine: Engine) -> None:
+def _loaded(engine: Engine, common: Common, part: dict[str, Any]) -> Response:
+    """Ollama's load call (no messages, no prompt): nothing to generate once the model is up."""
     if engine.state is not EngineState.READY:
         raise Unavailable(f"the model is not ready ({engine.status})", retry_after=5)
+    return JSONResponse({**part, "done_reason": "unload" if common.unload else "load"})
 
 
 class _Ndjson:
@@ -328,10 +330,8 @@ async def chat(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_chat(data, app.bounds)) as (caller, req):
         common = req.common
         if not req.messages:
-            _ready(app.engine)
-            return JSONResponse({**chat_part(common.model, "", True), "done_reason": "unload" if common.unload else "load"})
-        prompt = await app.engine.prepare(req.messages, common.params.max_tokens, req.tools)
-        await app.engine.check_grammar(common.params.grammar)
+            return _loaded(app.engine, common, chat_part(common.model, "", True))
+        prompt = await templated(app, req.messages, common.params, req.tools)
     return await respond(app, request, Job(caller, prompt, (common.params,), common.stream), ChatShape(req))
 
 
@@ -340,9 +340,7 @@ async def generate(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_generate(data, app.bounds)) as (caller, req):
         common = req.common
         if not req.prompt:
-            _ready(app.engine)
-            part = generate_part(common.model, "", True)
-            return JSONResponse({**part, "done_reason": "unload" if common.unload else "load"})
+            return _loaded(app.engine, common, generate_part(common.model, "", True))
         tokens, with_context = await generate_prompt(app.engine, req)
         await app.engine.check_grammar(common.params.grammar)
     shape = GenerateShape(app.engine, common, tokens if with_context else None)
