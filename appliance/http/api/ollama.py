@@ -18,7 +18,7 @@ from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailable
 from appliance.http.api.fim import fim_ids, fim_prompt
-from appliance.http.api.ollama_wire import NDJSON, error_line, error_response, line, model_name, ollama_errors, stamp
+from appliance.http.api.ollama_wire import NDJSON, error_line, line, model_name, ollama_error, ollama_errors, stamp
 from appliance.http.messages import parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond, templated
 from appliance.http.state import App
@@ -255,7 +255,7 @@ class _Ndjson:
         return error_line(err)
 
     def failed(self, err: ApplianceError) -> Response:
-        return error_response(err)
+        return ollama_error(err)
 
 
 class ChatShape(_Ndjson):

@@ -21,7 +21,7 @@ from appliance.http.wire import SEPARATORS
 NDJSON = "application/x-ndjson"
 
 
-def error_response(err: ApplianceError) -> JSONResponse:
+def ollama_error(err: ApplianceError) -> JSONResponse:
     """Ollama's error shape, with our status and Retry-After."""
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
     return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
@@ -37,7 +37,7 @@ def ollama_errors(route: Route) -> Route:
         try:
             return await route(app, request)
         except ApplianceError as e:
-            return error_response(e)
+            return ollama_error(e)
 
     return wrapped
 
