@@ -1,5 +1,5 @@
 """One choice of a chat answer as OpenAI shapes it: text deltas, tool calls found in the
-text (tools.py), token logprobs, and how it finished. Used for streamed chunks and for the
+text (tools.CallStream, with its untagged-call rescue), token logprobs, and how it finished. Used for streamed chunks and for the
 whole message alike; pure, no I/O.
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.engine.events import Delta, Done, TokenLogprob
-from appliance.structured.tools import ToolCall, ToolCallParser
+from appliance.structured.tools import CallStream, ToolCall
 
 
 def _entry(token: bytes, logprob: float) -> dict[str, Any]:
@@ -29,21 +29,20 @@ class Choice:
     text: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    _parser: ToolCallParser | None = None
+    _calls: CallStream[list[TokenLogprob]] = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.tool_names:
-            self._parser = ToolCallParser(self.tool_names)
+        self._calls = CallStream(self.tool_names)
 
     def delta(self, ev: Delta) -> list[dict[str, Any]]:
         """The chunk `choices` entries for one engine delta (none while text is held back)."""
-        shown, calls = self._parser.feed(ev.text) if self._parser else (ev.text, [])
-        return self._entries(shown, calls, ev.logprobs)
+        shown, calls, lps = self._calls.feed(ev.text, ev.logprobs)
+        return self._entries(shown, calls, [e for part in lps for e in part])
 
     def finish(self, done: Done) -> tuple[list[dict[str, Any]], str]:
-        """Entries for the held-back rest, and the finish reason."""
-        rest = self._parser.flush() if self._parser else ""
-        out = self._entries(rest, [], [])
+        """Entries for the held-back rest (a call without its tags included), and the finish reason."""
+        rest, calls, lps = self._calls.finish()
+        out = self._entries(rest, calls, [e for part in lps for e in part])
         return out, self.reason(done)
 
     def reason(self, done: Done) -> str:

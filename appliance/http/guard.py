@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from appliance.errors import ApplianceError, Forbidden, MisdirectedRequest, QueueFull, Unauthorized, UnsupportedMediaType
 from appliance.http.identity import Network, client_identity, is_trusted
 from appliance.http.keys import Key, KeyRing, bearer
-from appliance.http.limits import RateLimiter
+from appliance.http.throttle import RateLimiter
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",

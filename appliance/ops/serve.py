@@ -21,12 +21,13 @@ from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.engine.threads import CoreShare
 from appliance.http import conn
+from appliance.http.app import create_app
 from appliance.http.guard import GuardPolicy
 from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing, KeysFileError
 from appliance.http.metrics import Metrics
-from appliance.http.openai_api import ServerLimits
-from appliance.http.server import App, create_app
+from appliance.http.state import App
+from appliance.http.validate import RequestBounds
 from appliance.ops.notify import Notifier, Watchdog
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def serve(cfg: Config, model_path: Path) -> int:
     # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
     faulthandler.enable()
     notifier = Notifier.from_env()
-    limits = ServerLimits(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
+    limits = RequestBounds(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
                           ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
     web = Path(cfg.web_dir) if cfg.web_dir else None
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,

@@ -2,7 +2,8 @@
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; these become OpenAI
 `tool_calls`, whole answers and streams alike. A block that is not valid JSON naming a
 function with an object of arguments (strict JSON: no NaN or Infinity) stays text: a client
-gets the model's words, never a 500.
+gets the model's words, never a 500. CallStream is the one streamed parser every API uses:
+it also takes an answer that is nothing but one call's JSON (its tags left out) as that call.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +141,51 @@ def split_answer(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]
     p = ToolCallParser(names)
     shown, calls = p.feed(text)
     return (shown + p.flush()).strip() if calls else shown + p.flush(), calls
+
+
+def answer_calls(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
+    """A whole answer -> (its text, its tool calls). Besides Qwen's tagged blocks, an answer
+    that is nothing but one call's JSON is that call: the 0.5B model often leaves the tags
+    out (measured: "What is the weather like in Paris?" with a get_weather tool, greedy)."""
+    if not names:
+        return text, []
+    shown, calls = split_answer(text, names)
+    if not calls and text.strip().startswith("{"):
+        bare, calls = split_answer(f"{OPEN}{text.strip()}{CLOSE}", names)
+        if calls and not bare.strip():
+            return "", calls
+        return text, []
+    return shown, calls
+
+
+class CallStream(Generic[T]):
+    """An answer as it streams, with tool calls taken out (ToolCallParser). With tools, an
+    answer that starts with "{" is held until it ends: it may be a call without its tags.
+    Each piece of text comes with a payload (its tokens' logprobs), released with its text."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.parser = ToolCallParser(names) if names else None
+        self.held: list[tuple[str, T]] | None = [] if names else None  # undecided: could be a bare call
+
+    def feed(self, text: str, payload: T) -> tuple[str, list[ToolCall], list[T]]:
+        """(text to show, whole calls, the payloads released with the text)."""
+        if self.parser is None:
+            return text, [], [payload]
+        shown, calls = self.parser.feed(text)
+        if self.held is None:
+            return shown, calls, [payload]
+        self.held.append((shown, payload))
+        so_far = "".join(t for t, _ in self.held).lstrip()
+        if calls or (so_far and not so_far.startswith("{")):
+            held, self.held = self.held, None  # decided: not a bare call
+            return "".join(t for t, _ in held), calls, [p for _, p in held]
+        return "", [], []
+
+    def finish(self) -> tuple[str, list[ToolCall], list[T]]:
+        """At the end: the held-back rest, the calls found in it, the payloads still held."""
+        rest = self.parser.flush() if self.parser else ""
+        if self.held is None:
+            return rest, [], []
+        text, calls = answer_calls("".join(t for t, _ in self.held) + rest, self.names)
+        return text, calls, [p for _, p in self.held]

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from helpers.fakes import FakeModel
-from test_server import CHAT, USER, dicts, events_of, serving
+from helpers.inprocess import CHAT, USER, dicts, events_of, serving
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

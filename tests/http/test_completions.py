@@ -1,4 +1,4 @@
-"""completions.py over the fake model, through HTTP: /v1/completions (text and token prompts,
+"""api/completions.py and api/llama.py over the fake model, through HTTP: /v1/completions (text and token prompts,
 echo, stop, streaming, fill-in-the-middle), /infill, /tokenize, /detokenize and the context
 in /v1/models, with every refusal, in-process."""
 
@@ -12,35 +12,40 @@ from typing import Any
 import httpx
 import pytest
 from helpers.fakes import FakeModel, FakeTokenizer
+from helpers.inprocess import (
+    CONTROL,
+    CTL,
+    CTX,
+    MID,
+    MODEL_ID,
+    PRE,
+    REPLY,
+    SUF,
+    FimTokenizer,
+    dicts,
+    error_of,
+    events_of,
+    is_idle,
+    is_ready,
+    sent,
+    serving,
+    user,
+    wait_health,
+)
 from starlette.testclient import TestClient
-from test_server import CTX, MODEL_ID, REPLY, dicts, error_of, events_of, is_idle, is_ready, serving, user, wait_health
 
 from appliance.bench import sse
 from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
-from appliance.http.completions import MAX_TOKENS, fim_prompt, parse_completion_request, parse_prompt
-from appliance.http.limits import ParseGate
-from appliance.http.openai_api import ServerLimits
-from appliance.http.server import App, create_app
-
-PRE, SUF, MID = 0xE000, 0xE001, 0xE002  # the fake's fill-in-the-middle tokens
-CONTROL, CTL = "<|ctl|>", 0xE010  # a control token's text, and its id when parsed
-
-
-class FimTokenizer(FakeTokenizer):
-    """The fake tokenizer with FIM tokens and one control token, parsed only when asked."""
-
-    fim = (PRE, SUF, MID)
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        if not parse_special:
-            return [ord(c) for c in text]
-        out: list[int] = []
-        for i, part in enumerate(text.split(CONTROL)):
-            out += [CTL] * bool(i) + [ord(c) for c in part]
-        return out
+from appliance.http.api.completions import parse_completion_request, parse_prompt
+from appliance.http.api.fim import fim_prompt
+from appliance.http.api.llama import MAX_TOKENS
+from appliance.http.app import create_app
+from appliance.http.state import App
+from appliance.http.throttle import ParseGate
+from appliance.http.validate import RequestBounds
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +65,6 @@ def complete(client: httpx.Client, i: int = 0, **body: Any) -> httpx.Response:
     return client.post("/v1/completions", json=body, headers=user(i))
 
 
-def sent(client: TestClient, model: FakeModel, send: Any) -> tuple[httpx.Response, list[int]]:
-    """The response to send() and the prompt tokens the engine decoded for it (one request
-    from a user who has nothing cached)."""
-    wait_health(client.get, is_idle)
-    since = len(model.calls)
-    r = send()
-    assert r.status_code == 200, r.text
-    body = r.json()
-    # The prompt's length as OpenAI, llama-server and Ollama report it.
-    n = body["usage"]["prompt_tokens"] if "usage" in body else body.get("tokens_evaluated", body.get("prompt_eval_count"))
-    tokens = [t for call in model.calls[since:] for t in call[0]]
-    return r, tokens[:n]
-
-
 # -- parsing ---------------------------------------------------------------------------------
 def test_a_prompt_is_text_or_token_ids_and_one_per_request() -> None:
     assert parse_prompt("hi") == "hi"
@@ -88,7 +79,7 @@ def test_a_prompt_is_text_or_token_ids_and_one_per_request() -> None:
 
 
 def test_request_fields_map_onto_sampling_and_text_is_capped() -> None:
-    limits = ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX, max_chars=10)
+    limits = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX, max_chars=10)
     req = parse_completion_request({"prompt": "x", "suffix": "y", "max_tokens": 999 % CTX, "temperature": 0,
                                     "top_k": 5, "stop": ["\n"], "seed": 7, "repeat_last_n": -1, "stream": True,
                                     "stream_options": {"include_usage": True}, "user": "ignored"}, limits)
@@ -353,7 +344,7 @@ def test_pieces_and_text_are_made_off_the_event_loop_under_the_parse_gate() -> N
     limits = Limits(slots=1, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0, max_queue=8,
                     queue_timeout_s=30.0)
     app = App(Engine(lambda: FakeModel(reply=REPLY, tokenizer=tok), EngineOptions(limits, CachePolicy(n_seq=3))), MODEL_ID,
-              ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX))
+              RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX))
     tok.gate = app.gate
     with TestClient(create_app(app), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
         wait_health(client.get, is_ready)

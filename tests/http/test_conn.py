@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from helpers.polling import until
 
 from appliance.http.conn import ABORT_AFTER_S, ConnLimits, GuardedH11Protocol, http_protocol
 from appliance.http.identity import parse_networks
@@ -154,13 +155,6 @@ def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 30))  # type: ignore[arg-type]
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 2) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end
-        await asyncio.sleep(0.01)
-
-
 # -- the deadline ----------------------------------------------------------------------------
 def test_a_silent_connection_is_closed_after_the_deadline_without_a_response() -> None:
     async def main() -> None:
@@ -169,7 +163,7 @@ def test_a_silent_connection_is_closed_after_the_deadline_without_a_response() -
             t0 = time.monotonic()
             assert await c.until_closed() == b""  # nothing was asked, nothing is answered
             assert DEADLINE - 0.05 <= time.monotonic() - t0 <= DEADLINE + SLACK
-            await wait_for(lambda: srv.limits.stats().open == 0)
+            await until(lambda: srv.limits.stats().open == 0, 2)
             assert srv.limits.stats().timed_out == 1
 
     run(main())
@@ -206,7 +200,7 @@ def test_a_trickled_body_is_dropped_and_the_app_sees_a_disconnect() -> None:
             trickler.cancel()
             assert status_and_error(data)[0] == 408
             assert DEADLINE - 0.05 <= elapsed <= DEADLINE + SLACK
-            await wait_for(lambda: srv.seen.disconnects == ["/upload"])
+            await until(lambda: srv.seen.disconnects == ["/upload"], 2)
 
     run(main())
 
@@ -306,8 +300,8 @@ def test_a_client_that_does_not_read_its_answer_is_still_let_go() -> None:
         async with serving() as srv:
             c = await srv.connect()
             await c.send(request("/big"))  # 16 MiB that it never reads: close() alone would wait
-            await wait_for(lambda: srv.limits.stats().timed_out == 1, DEADLINE + SLACK)
-            await wait_for(lambda: srv.limits.stats().open == 0, ABORT_AFTER_S + SLACK)
+            await until(lambda: srv.limits.stats().timed_out == 1, DEADLINE + SLACK)
+            await until(lambda: srv.limits.stats().open == 0, ABORT_AFTER_S + SLACK)
             c.close()
 
     run(main())
@@ -342,7 +336,7 @@ def test_connections_beyond_the_cap_from_one_address_are_refused_at_once() -> No
     async def main() -> None:
         async with serving(deadline=10, cap=3) as srv:
             held = [await srv.connect("127.0.0.2") for _ in range(3)]
-            await wait_for(lambda: srv.limits.stats().open == 3)
+            await until(lambda: srv.limits.stats().open == 3, 2)
             t0 = time.monotonic()
             extra = await srv.connect("127.0.0.2")
             status, err = status_and_error(await extra.until_closed())
@@ -359,14 +353,14 @@ def test_connections_beyond_the_cap_from_one_address_are_refused_at_once() -> No
 
             # A closed connection frees its place.
             held.pop().close()
-            await wait_for(lambda: srv.limits.stats().open == 3)  # 2 held + `other`
+            await until(lambda: srv.limits.stats().open == 3, 2)  # 2 held + `other`
             again = await srv.connect("127.0.0.2")
             await again.send(request("/", b"ok"))
             assert (await again.response())[0] == 200
             assert srv.limits.stats().refused == 1
             for c in [*held, other, again]:
                 c.close()
-            await wait_for(lambda: srv.limits.stats().open == 0)
+            await until(lambda: srv.limits.stats().open == 0, 2)
 
     run(main())
 
@@ -392,7 +386,7 @@ def test_no_cap_when_zero() -> None:
     async def main() -> None:
         async with serving(deadline=10, cap=0) as srv:
             conns = [await srv.connect("127.0.0.2") for _ in range(20)]
-            await wait_for(lambda: srv.limits.stats().open == 20)
+            await until(lambda: srv.limits.stats().open == 20, 2)
             await conns[-1].send(request("/", b"ok"))
             assert (await conns[-1].response())[0] == 200
             assert srv.limits.stats().refused == 0

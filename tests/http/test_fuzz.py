@@ -14,13 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.errors import ApplianceError
-from appliance.http import completions, ollama
-from appliance.http import openai_api as api
+from appliance.http import messages as msgs
+from appliance.http import validate as v
+from appliance.http.api import chat as chat_api
+from appliance.http.api import completions, llama, ollama
 
 # Part of the reliability suite (bad input), in-process: no server, so not integration.
 pytestmark = pytest.mark.reliability
 
-LIMITS = api.ServerLimits(default_max_tokens=256, max_tokens_limit=512, ctx_limit=2048, max_messages=64,
+LIMITS = v.RequestBounds(default_max_tokens=256, max_tokens_limit=512, ctx_limit=2048, max_messages=64,
                           max_chars=20_000)
 # derandomize: the same examples every run, so a failure in CI is one anyone can repeat.
 FUZZ = settings(derandomize=True, max_examples=200, deadline=None, database=None,
@@ -161,22 +163,22 @@ def refused_or_parsed(parse: Callable[[], object]) -> None:
 
 def via_json(data: dict[str, Any]) -> dict[str, Any]:
     """As the server gets it: through json.dumps/loads (a lone surrogate survives as \\udxxx)."""
-    return api.parse_json(json.dumps(data).encode())
+    return v.parse_json(json.dumps(data).encode())
 
 
 @FUZZ
 @given(st.binary(max_size=300) | st.text(max_size=200).map(lambda s: s.encode("utf-8", "surrogatepass")))
 def test_raw_bodies(raw: bytes) -> None:
     def parse() -> object:
-        api.precheck(raw, LIMITS.max_messages)
-        return api.parse_chat_request(api.parse_json(raw), LIMITS, None)
+        v.precheck(raw, LIMITS.max_messages)
+        return chat_api.parse_chat_request(v.parse_json(raw), LIMITS, None)
     refused_or_parsed(parse)
 
 
 @FUZZ
 @given(bodies(CHAT_KEYS) | bodies(CHAT_KEYS, "chat"), st.none() | st.text(max_size=40))
 def test_chat_requests(data: dict[str, Any], session_header: str | None) -> None:
-    refused_or_parsed(lambda: api.parse_chat_request(via_json(data), LIMITS, session_header))
+    refused_or_parsed(lambda: chat_api.parse_chat_request(via_json(data), LIMITS, session_header))
 
 
 @FUZZ
@@ -188,7 +190,7 @@ def test_completion_requests(data: dict[str, Any]) -> None:
 @FUZZ
 @given(bodies(COMPLETION_KEYS) | bodies(COMPLETION_KEYS, "infill"))
 def test_infill_requests(data: dict[str, Any]) -> None:
-    refused_or_parsed(lambda: completions.parse_infill_request(via_json(data), LIMITS))
+    refused_or_parsed(lambda: llama.parse_infill_request(via_json(data), LIMITS))
 
 
 @FUZZ
@@ -205,7 +207,7 @@ def test_ollama_generate_requests(data: dict[str, Any]) -> None:
 
 def test_valid_requests_still_parse() -> None:
     """The strategies above can reach a parsed request: the parsers are not refusing everything."""
-    req = api.parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "temperature": 0}, LIMITS)
+    req = chat_api.parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "temperature": 0}, LIMITS)
     assert req.messages[0]["content"] == "hi"
     assert completions.parse_completion_request({"prompt": "x", "max_tokens": 4}, LIMITS).params.max_tokens == 4
     assert ollama.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, LIMITS)
@@ -216,12 +218,12 @@ def test_lone_surrogates_in_schemas_and_tools_are_400s() -> None:
     bad_schema = {"type": "string", "description": "\ud800"}
     cases: list[Callable[[], object]] = [
         lambda: ollama.parse_format(bad_schema),
-        lambda: api.parse_response_format({"response_format": {"type": "json_schema",
+        lambda: chat_api.parse_response_format({"response_format": {"type": "json_schema",
                                                                "json_schema": {"schema": bad_schema}}}),
-        lambda: api.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad_schema}}],
+        lambda: msgs.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad_schema}}],
                                  "tool_choice": "required"}),
-        lambda: api.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "description": "\udfff"}}]}),
-        lambda: api.parse_messages([{"role": "assistant", "content": None, "tool_calls": [
+        lambda: msgs.parse_tools({"tools": [{"type": "function", "function": {"name": "f", "description": "\udfff"}}]}),
+        lambda: msgs.parse_messages([{"role": "assistant", "content": None, "tool_calls": [
             {"type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}]),
     ]
     for case in cases:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from helpers.fakes import FakeModel, FakeSystemd
+from helpers.polling import wait_until
 from starlette.testclient import TestClient
 
 from appliance.config import ConfigError
@@ -21,9 +22,10 @@ from appliance.engine import faults
 from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
+from appliance.http.app import create_app
 from appliance.http.metrics import Metrics
-from appliance.http.openai_api import ServerLimits
-from appliance.http.server import App, create_app
+from appliance.http.state import App
+from appliance.http.validate import RequestBounds
 from appliance.ops.notify import Notifier, Watchdog
 from appliance.ops.serve import supervise
 
@@ -35,13 +37,6 @@ def systemd() -> Iterator[FakeSystemd]:
     fake = FakeSystemd()
     yield fake
     fake.close()
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 # -- the protocol ------------------------------------------------------------------------
@@ -151,7 +146,7 @@ def app_with(fault: faults.Fault | None, stall_s: float, notifier: Notifier | No
     engine = Engine(lambda: FakeModel(reply="hello"), EngineOptions(limits, CachePolicy(n_seq=6), stall_s=stall_s, fault=fault))
     metrics = Metrics()
     metrics.attach(engine)
-    app = create_app(App(engine, "fake-model", ServerLimits(default_max_tokens=32, max_tokens_limit=64, ctx_limit=512),
+    app = create_app(App(engine, "fake-model", RequestBounds(default_max_tokens=32, max_tokens_limit=64, ctx_limit=512),
                          metrics=metrics))
     dog = supervise(engine, notifier) if notifier is not None else None
     with TestClient(app, base_url="http://localhost", client=("127.0.0.1", 50000)) as client:

@@ -1,4 +1,4 @@
-"""ollama.py over the fake model, through HTTP: Ollama's shapes (NDJSON streams by default,
+"""api/ollama.py over the fake model, through HTTP: Ollama's shapes (NDJSON streams by default,
 durations in ns, load calls, {"error": "..."}), its options mapped onto our sampling, and
 the `ollama` client itself against the app on a socket."""
 
@@ -13,16 +13,31 @@ import httpx
 import ollama as ollama_client
 import pytest
 from helpers.fakes import FakeModel
+from helpers.inprocess import (
+    CTX,
+    MID,
+    MODEL_ID,
+    PRE,
+    REPLY,
+    SUF,
+    FimTokenizer,
+    Served,
+    failing_after,
+    is_idle,
+    sent,
+    serving,
+    user,
+    wait_health,
+)
 from starlette.testclient import TestClient
-from test_completions import MID, PRE, SUF, FimTokenizer, sent
-from test_server import CTX, MODEL_ID, REPLY, Served, failing_after, is_idle, serving, user, wait_health
 
 from appliance.errors import BadRequest
-from appliance.http.ollama import parse_common, parse_options, stamp
-from appliance.http.openai_api import ServerLimits
+from appliance.http.api.ollama import parse_common, parse_options
+from appliance.http.api.ollama_wire import stamp
+from appliance.http.validate import RequestBounds
 from appliance.structured.grammar import JSON_OBJECT
 
-LIMITS = ServerLimits(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX)
+LIMITS = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX)
 HI = [{"role": "user", "content": "hi"}]
 NAME = "qwen2.5-coder:0.5b"  # what an Ollama client asks for: any name is this server's model
 

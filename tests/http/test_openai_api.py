@@ -1,4 +1,4 @@
-"""Tests for appliance.http.openai_api: request parsing/validation and response builders."""
+"""Tests for the request parsers (validate.py, messages.py, api/chat.py) and the response builders."""
 
 from __future__ import annotations
 
@@ -7,13 +7,19 @@ import re
 from typing import Any
 
 import pytest
+from helpers import shapes
 
-from appliance.errors import BadRequest
-from appliance.http import openai_api as api
-from appliance.http.openai_api import ServerLimits, parse_chat_request, parse_json
+from appliance.errors import BadRequest, PayloadTooLarge
+from appliance.http import messages as msgs
+from appliance.http import validate as v
+from appliance.http import wire
+from appliance.http.api import chat as chat_api
+from appliance.http.api import operator
+from appliance.http.api.chat import parse_chat_request
+from appliance.http.validate import RequestBounds, parse_json
 from appliance.sampling import SamplingParams
 
-LIMITS = ServerLimits(default_max_tokens=512, max_tokens_limit=2048, ctx_limit=4096)
+LIMITS = RequestBounds(default_max_tokens=512, max_tokens_limit=2048, ctx_limit=4096)
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -281,7 +287,7 @@ def test_a_huge_json_integer_is_a_400_not_an_overflow(key: str, sign: int) -> No
 
 
 def test_top_k_is_bounded_by_the_c_int_llama_cpp_takes() -> None:
-    assert parse_chat_request(req(top_k=api.MAX_TOP_K), LIMITS).params.top_k == 2**31 - 1
+    assert parse_chat_request(req(top_k=v.MAX_TOP_K), LIMITS).params.top_k == 2**31 - 1
     for value in (2**31, 2**32 + 1, 10**400):  # ctypes would have wrapped 2**32 + 1 to 1 (greedy)
         bad(req(top_k=value), "top_k")
 
@@ -307,7 +313,7 @@ def test_n() -> None:
     assert parse_chat_request(req(n=1), LIMITS).messages == USER
     assert parse_chat_request(req(), LIMITS).n == 1
     assert parse_chat_request(req(n=3), LIMITS).n == 3
-    bad(req(n=api.MAX_N + 1), "n")
+    bad(req(n=v.MAX_N + 1), "n")
     bad(req(n=0), "n")
     bad(req(n="1"), "n")
 
@@ -398,23 +404,23 @@ def test_call_arguments_nest_far_less_than_the_recursion_limit() -> None:
         args = '{"a": ' * depth + "1" + "}" * depth
         call = {"type": "function", "function": {"name": "f", "arguments": args}}
         return {"messages": [USER[0], {"role": "assistant", "tool_calls": [call]}]}
-    assert parse_chat_request(body(api.MAX_ARGUMENTS_DEPTH), LIMITS)
-    err = bad(body(api.MAX_ARGUMENTS_DEPTH + 1), "messages[1].tool_calls")
-    assert f"more than {api.MAX_ARGUMENTS_DEPTH} levels" in err.message
+    assert parse_chat_request(body(msgs.MAX_ARGUMENTS_DEPTH), LIMITS)
+    err = bad(body(msgs.MAX_ARGUMENTS_DEPTH + 1), "messages[1].tool_calls")
+    assert f"more than {msgs.MAX_ARGUMENTS_DEPTH} levels" in err.message
     bad(body(900), "messages[1].tool_calls")  # json.loads manages it; a deeper json.dumps may not
 
 
 def test_tool_definitions_and_calls_count_toward_max_chars(monkeypatch: pytest.MonkeyPatch) -> None:
-    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=1000)
+    limits = v.RequestBounds(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=1000)
     tool = {"type": "function", "function": {"name": "f", "description": "d" * 900}}
     assert parse_chat_request({"messages": [{"role": "user", "content": "x" * 50}], "tools": [tool]}, limits)
-    monkeypatch.setattr(api, "tool_call_grammar", lambda *_: pytest.fail("a grammar was built first"))
-    with pytest.raises(api.PayloadTooLarge) as e:  # 900 + 150: refused before any grammar or template
+    monkeypatch.setattr(msgs, "tool_call_grammar", lambda *_: pytest.fail("a grammar was built first"))
+    with pytest.raises(PayloadTooLarge) as e:  # 900 + 150: refused before any grammar or template
         parse_chat_request({"messages": [{"role": "user", "content": "x" * 150}], "tools": [tool],
                             "tool_choice": "required"}, limits)
     assert e.value.param == "tools" and e.value.code == "too_many_characters" and "1000" in e.value.message
     call = {"type": "function", "function": {"name": "f", "arguments": json.dumps({"a": "y" * 990})}}
-    with pytest.raises(api.PayloadTooLarge) as e:
+    with pytest.raises(PayloadTooLarge) as e:
         parse_chat_request({"messages": [{"role": "assistant", "content": None, "tool_calls": [call]},
                                          {"role": "user", "content": "hi"}]}, limits)
     assert e.value.param == "messages" and e.value.code == "too_many_characters"
@@ -423,8 +429,8 @@ def test_tool_definitions_and_calls_count_toward_max_chars(monkeypatch: pytest.M
 def test_a_huge_tools_list_is_refused_by_its_size() -> None:
     desc = "Returns the weather for a city, in a short sentence. " * 570  # ~30 KB per tool, 3.7 MiB in all
     tools = [{"type": "function", "function": {"name": f"f{i}", "description": desc}} for i in range(128)]
-    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096)  # 1,000,000 chars
-    with pytest.raises(api.PayloadTooLarge) as e:
+    limits = v.RequestBounds(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096)  # 1,000,000 chars
+    with pytest.raises(PayloadTooLarge) as e:
         parse_chat_request(req(tools=tools), limits)
     assert e.value.param == "tools"
 
@@ -513,13 +519,13 @@ def test_session_id_must_be_header_safe(value: str) -> None:
 
 # -- response builders -----------------------------------------------------------------------
 def test_usage() -> None:
-    assert api.usage(10, 5) == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+    assert wire.usage(10, 5) == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
                                 "prompt_tokens_details": {"cached_tokens": 0}}
-    assert api.usage(10, 5, cached_tokens=8)["prompt_tokens_details"] == {"cached_tokens": 8}
+    assert wire.usage(10, 5, cached_tokens=8)["prompt_tokens_details"] == {"cached_tokens": 8}
 
 
 def test_chunk() -> None:
-    c = api.chunk("chatcmpl-1", 1700000000, "m", {"content": "hi"})
+    c = shapes.chunk("chatcmpl-1", 1700000000, "m", {"content": "hi"})
     assert c == {
         "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m",
         "choices": [{"index": 0, "delta": {"content": "hi"}, "logprobs": None,
@@ -528,22 +534,22 @@ def test_chunk() -> None:
 
 
 def test_chunk_finish_and_extra() -> None:
-    c = api.chunk("id", 1, "m", {}, "stop", dropped_messages=2)
+    c = shapes.chunk("id", 1, "m", {}, "stop", dropped_messages=2)
     assert c["choices"][0]["finish_reason"] == "stop"
     assert c["choices"][0]["delta"] == {}
     assert c["dropped_messages"] == 2
 
 
 def test_usage_chunk() -> None:
-    use = api.usage(3, 4)
-    assert api.usage_chunk("id", 1, "m", use) == {
+    use = wire.usage(3, 4)
+    assert chat_api.usage_chunk("id", 1, "m", use) == {
         "id": "id", "object": "chat.completion.chunk", "created": 1, "model": "m",
         "choices": [], "usage": use}
 
 
 def test_completion() -> None:
-    use = api.usage(3, 4)
-    c = api.completion("id", 1, "m", "Hello", "length", use, dropped_messages=1)
+    use = wire.usage(3, 4)
+    c = shapes.completion("id", 1, "m", "Hello", "length", use, dropped_messages=1)
     assert c == {
         "id": "id", "object": "chat.completion", "created": 1, "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
@@ -553,7 +559,7 @@ def test_completion() -> None:
 
 
 def test_models_list() -> None:
-    assert api.models_list("qwen", 123) == {"object": "list", "data": [
+    assert operator.models_list("qwen", 123) == {"object": "list", "data": [
         {"id": "qwen", "object": "model", "created": 123, "owned_by": "appliance"}]}
 
 
@@ -561,35 +567,35 @@ def test_models_list_default_created_is_now() -> None:
     import time
 
     before = int(time.time())
-    created = api.models_list("qwen")["data"][0]["created"]
+    created = operator.models_list("qwen")["data"][0]["created"]
     assert before <= created <= int(time.time())
 
 
 def test_sse_json() -> None:
-    out = api.sse({"a": 1, "b": [1, 2]})
+    out = wire.sse({"a": 1, "b": [1, 2]})
     assert out == b'data: {"a":1,"b":[1,2]}\n\n'
     assert isinstance(out, bytes)
 
 
 def test_sse_keeps_non_ascii() -> None:
-    out = api.sse({"content": "你好 😀 é"})
+    out = wire.sse({"content": "你好 😀 é"})
     assert out == 'data: {"content":"你好 😀 é"}\n\n'.encode()
     assert b"\\u" not in out
 
 
 def test_sse_escapes_newlines_in_json() -> None:
     # A newline inside the JSON would end the SSE event early.
-    out = api.sse({"content": "a\n\nb"})
+    out = wire.sse({"content": "a\n\nb"})
     assert out.count(b"\n") == 2 and out.endswith(b"\n\n")
     assert json.loads(out[len(b"data: "):]) == {"content": "a\n\nb"}
 
 
 def test_sse_done() -> None:
-    assert api.sse("[DONE]") == b"data: [DONE]\n\n"
+    assert wire.sse("[DONE]") == b"data: [DONE]\n\n"
 
 
 def test_new_session_id() -> None:
-    ids = {api.new_session_id() for _ in range(100)}
+    ids = {v.new_session_id() for _ in range(100)}
     assert len(ids) == 100
     for sid in ids:
         assert re.fullmatch(r"[0-9a-f]{32}", sid)
@@ -600,26 +606,26 @@ def test_new_session_id() -> None:
 
 
 def test_new_id() -> None:
-    a, b = api.new_id(), api.new_id()
+    a, b = chat_api.new_id(), chat_api.new_id()
     assert a != b
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", a)
 
 
 # -- bounded input -----------------------------------------------------------------------------
 def test_lone_surrogate_is_a_400_not_a_500() -> None:
-    data = api.parse_json(b'{"messages":[{"role":"user","content":"\\ud800"}]}')
+    data = v.parse_json(b'{"messages":[{"role":"user","content":"\\ud800"}]}')
     err = bad(data, "messages[0].content")
     assert "surrogate" in err.message
-    err = bad(api.parse_json(b'{"messages":[{"role":"user","content":"hi"}],"stop":"\\udfff"}'), "stop")
+    err = bad(v.parse_json(b'{"messages":[{"role":"user","content":"hi"}],"stop":"\\udfff"}'), "stop")
 
 
 def test_lone_surrogate_in_content_parts() -> None:
-    data = api.parse_json(b'{"messages":[{"role":"user","content":[{"type":"text","text":"a\\ud83d"}]}]}')
+    data = v.parse_json(b'{"messages":[{"role":"user","content":[{"type":"text","text":"a\\ud83d"}]}]}')
     bad(data, "messages[0].content")
 
 
 def test_message_count_is_capped() -> None:
-    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_messages=10)
+    limits = v.RequestBounds(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_messages=10)
     ok = {"messages": [{"role": "user", "content": ""}] * 10}
     assert len(parse_chat_request(ok, limits).messages) == 10
     with pytest.raises(BadRequest) as e:
@@ -628,15 +634,15 @@ def test_message_count_is_capped() -> None:
 
 
 def test_characters_are_capped() -> None:
-    limits = api.ServerLimits(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=100)
+    limits = v.RequestBounds(default_max_tokens=16, max_tokens_limit=64, ctx_limit=4096, max_chars=100)
     assert parse_chat_request({"messages": [{"role": "user", "content": "x" * 100}]}, limits)
-    with pytest.raises(api.PayloadTooLarge) as e:
+    with pytest.raises(PayloadTooLarge) as e:
         parse_chat_request({"messages": [{"role": "user", "content": "x" * 60}] * 2}, limits)
     assert e.value.status == 413 and e.value.code == "too_many_characters"
 
 
 def test_content_parts_are_capped() -> None:
-    parts = [{"type": "text", "text": "a"}] * (api.MAX_PARTS + 1)
+    parts = [{"type": "text", "text": "a"}] * (msgs.MAX_PARTS + 1)
     bad({"messages": [{"role": "user", "content": parts}]}, "messages[0].content")
 
 
@@ -648,12 +654,12 @@ def test_errors_do_not_echo_message_text() -> None:
 
 def test_precheck_refuses_a_body_of_countless_messages_without_parsing() -> None:
     tiny = b'{"role":"user","content":""}'
-    api.precheck(b'{"messages":[' + b",".join([tiny] * 100) + b"]}", 50)  # up to twice the cap: parse decides
+    v.precheck(b'{"messages":[' + b",".join([tiny] * 100) + b"]}", 50)  # up to twice the cap: parse decides
     with pytest.raises(BadRequest) as e:
-        api.precheck(b'{"messages":[' + b",".join([tiny] * 101) + b"]}", 50)
+        v.precheck(b'{"messages":[' + b",".join([tiny] * 101) + b"]}", 50)
     assert e.value.code == "too_many_messages"
     # "role" inside a string is escaped, so message text cannot trip it.
-    api.precheck(b'{"messages":[{"role":"user","content":"' + b'\\"role\\" ' * 1000 + b'"}]}', 50)
+    v.precheck(b'{"messages":[{"role":"user","content":"' + b'\\"role\\" ' * 1000 + b'"}]}', 50)
 
 
 def test_a_lone_surrogate_in_a_schema_or_tool_is_a_400() -> None:

@@ -1,5 +1,5 @@
 """A client that gives up on a whole (non-streamed) answer leaves nothing in the log: the
-request is cancelled quietly (server.py's _complete), with no asyncio "exception was never
+request is cancelled quietly (pipeline.collect), with no asyncio "exception was never
 retrieved" traceback for the gathered choices. Found by the reliability suite
 (tests/live/test_reliability_live.py), checked here over the fake model in a second."""
 
@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 from helpers.fakes import FakeModel
-from test_server import CHAT, USER, Served, is_idle
+from helpers.inprocess import CHAT, USER, Served, is_idle
 
 
 def test_a_whole_answer_given_up_logs_no_traceback(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 from helpers.fakes import FakeModel
-from test_completions import FimTokenizer
-from test_server import CHAT, USER, dicts, events_of, is_idle, serving, wait_health
+from helpers.inprocess import CHAT, USER, FimTokenizer, dicts, events_of, is_idle, serving, wait_health
 
 from appliance.bench import sse
-from appliance.http import choices, completions, ollama, openai_api
+from appliance.http import choices, wire
+from appliance.http.api import completions, ollama
 
 LONG = "x" * 300  # 1.5 s of answer at 5 ms a step: the failure comes long before its end
 SSE_ROUTES = {
     "chat": (choices.Choice, "delta", CHAT, {"messages": USER, "max_tokens": 256}),
     "completions": (completions, "completion_chunk", "/v1/completions", {"prompt": "hi", "max_tokens": 256}),
-    "infill": (openai_api, "sse", "/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 256}),
+    "infill": (wire, "sse", "/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 256}),
 }
 NDJSON_ROUTES = {
     "ollama chat": (ollama, "chat_part", "/api/chat", {"messages": USER}),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers.fakes import FakeModel
-from test_server import CHAT, USER, dicts, events_of, serving
+from helpers.inprocess import CHAT, USER, dicts, events_of, serving
 
 from appliance.bench import sse
 from appliance.structured.tools import CLOSE, MAX_DEPTH, OPEN, ToolCallParser, split_answer
@@ -105,3 +105,38 @@ def test_the_model_gets_its_words_back_on_every_route(reply: str) -> None:
         *parts, final = [strict(s) for s in r.text.splitlines()]
         assert "".join(p["message"]["content"] for p in parts) == reply
         assert not any("tool_calls" in p["message"] for p in parts) and final["done"] is True
+
+
+# -- a call written without its tags ---------------------------------------------------------
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # the 0.5B model often leaves the tags out
+BARE_CASES = {
+    "a call": (BARE, None, [("get_weather", {"city": "Paris"})], "tool_calls"),
+    "JSON that is no call": ('{"city": "Paris"}', '{"city": "Paris"}', [], "stop"),
+    "text": ("It is sunny.", "It is sunny.", [], "stop"),
+}
+
+
+@pytest.mark.parametrize("reply,content,calls,reason", BARE_CASES.values(), ids=BARE_CASES.keys())
+def test_an_openai_call_without_its_tags_is_still_a_call(reply: str, content: str | None,
+                                                         calls: list[tuple[str, Any]], reason: str) -> None:
+    # The same rescue as Ollama's /api/chat (tools.CallStream): only with tools given, and
+    # only when the whole answer is one JSON call naming one of them.
+    with serving(lambda: FakeModel(reply=reply)) as client:
+        body = {"messages": USER, "tools": TOOLS, "max_tokens": 200}
+        (choice,) = strict(client.post(CHAT, json=body).text)["choices"]
+        message = choice["message"]
+        assert message["content"] == content and choice["finish_reason"] == reason
+        got = [(c["function"]["name"], strict(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
+        assert got == calls
+        events = events_of(client.post(CHAT, json={**body, "stream": True}))
+        assert events[-1] == sse.DONE
+        entries = [c for e in dicts(events) for c in e.get("choices", [])]
+        streamed = [(c["function"]["name"], strict(c["function"]["arguments"]))
+                    for e in entries for c in e["delta"].get("tool_calls", [])]
+        assert streamed == calls and "".join(sse.content(e) for e in events) == (content or "")
+        assert [e["finish_reason"] for e in entries if e["finish_reason"]] == [reason]
+        if not reply.startswith("{"):
+            assert sum(bool(e["delta"].get("content")) for e in entries) == len(reply)  # plain text is not held back
+        # Without tools the same text is just text.
+        (choice,) = client.post(CHAT, json={"messages": USER, "max_tokens": 200}).json()["choices"]
+        assert choice["message"] == {"role": "assistant", "content": reply}

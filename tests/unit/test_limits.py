@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from appliance.http.limits import ParseGate, RateLimiter
+from appliance.http.throttle import ParseGate, RateLimiter
 
 
 def test_parse_gate_caps_each_client_and_all_together() -> None:

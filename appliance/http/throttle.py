@@ -1,6 +1,5 @@
-"""Per-client limits taken before any real work: a request rate, and how many requests
+"""Per-client throttles taken before any real work: a request rate, and how many requests
 each client (and all together) may have being read, parsed and tokenized at once.
-
 Both run on the event loop only (no locks); both forget clients that went quiet.
 """
 

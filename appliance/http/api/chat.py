@@ -1,0 +1,189 @@
+"""The OpenAI chat front-end: the body parsed into one job (messages templated, tools, one
+sampling set per choice, the session), and the shape its chunks and answers take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.engine.events import Delta, Done
+from appliance.errors import ApplianceError, BadRequest
+from appliance.http.choices import Choice
+from appliance.http.messages import message_chars, parse_messages, parse_tools
+from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
+from appliance.http.state import App
+from appliance.http.validate import (
+    SESSION_RULE,
+    RequestBounds,
+    json_text,
+    new_session_id,
+    parse_choices,
+    parse_model,
+    parse_sampling,
+    parse_stream,
+    valid_session_id,
+)
+from appliance.http.wire import SSE, SSE_HEADERS, openai_error, sse, sse_error, usage
+from appliance.sampling import SamplingParams
+from appliance.structured.grammar import JSON_OBJECT, schema_grammar
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    model: str | None
+    session_id: str | None
+    n: int = 1
+    tools: list[dict[str, Any]] | None = None  # rendered by the chat template
+    tool_names: frozenset[str] = frozenset()  # non-empty: the answer is parsed for tool calls
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def parse_response_format(data: dict[str, Any]) -> str | None:
+    """response_format -> the grammar the answer must follow, or None for free text."""
+    rf = data.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise BadRequest("'response_format' must be an object with a 'type'", param="response_format")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
+            raise BadRequest("'response_format.json_schema' must be an object with a 'schema'",
+                             param="response_format.json_schema")
+        return schema_grammar(json_text(js.get("schema", {}), "response_format.json_schema.schema"))
+    raise BadRequest(f"'response_format.type' must be text, json_object or json_schema, got {kind[:32]!r}",
+                     param="response_format.type")
+
+
+def parse_chat_request(data: dict[str, Any], bounds: RequestBounds, session_header: str | None = None) -> ChatRequest:
+    messages = parse_messages(data.get("messages"), bounds.max_messages, bounds.max_chars)
+    model = parse_model(data)
+
+    n, logprobs = parse_choices(data)
+    tools, tool_names, forced = parse_tools(data, bounds.max_chars, message_chars(messages))
+    grammar = forced or parse_response_format(data)
+    params = dataclasses.replace(parse_sampling(data, bounds), grammar=grammar, logprobs=logprobs)
+    stream, include_usage = parse_stream(data)
+
+    session = session_header if session_header else data.get("session_id")
+    # It is echoed in a response header and named in logs by digest: a safe alphabet only.
+    if session is not None and not valid_session_id(session):
+        raise BadRequest(SESSION_RULE, param="session_id")
+    return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names)
+
+
+# -- responses -------------------------------------------------------------------------
+def new_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def chunks(cid: str, created: int, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A chunk carrying ready `choices` entries (choices.py), for n >= 1 and tool calls."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices, **extra}
+
+
+def completion_of(cid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any],
+                  **extra: Any) -> dict[str, Any]:
+    """A whole chat completion from ready `choices` entries (choices.py)."""
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": use, **extra}
+
+
+def usage_chunk(cid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": use}
+
+
+def models_list(model_id: str, created: int | None = None) -> dict[str, Any]:
+    return {"object": "list", "data": [
+        {"id": model_id, "object": "model", "created": created or int(time.time()), "owned_by": "appliance"}]}
+
+
+
+
+def _usage(ends: list[Done]) -> dict[str, Any]:
+    """One prompt (computed once for all choices), every choice's completion tokens."""
+    first = ends[0]
+    return usage(first.prompt_tokens, sum(d.completion_tokens for d in ends), first.cached_tokens)
+
+
+class ChatShape:
+    """OpenAI's chat answer: chunks of `choices` entries (choices.py) as SSE, or one body."""
+
+    media_type = SSE
+    notes = True
+
+    def __init__(self, app: App, req: ChatRequest, session: str, dropped: int) -> None:
+        self.model = app.model_id
+        self.req = req
+        self.cid, self.created = new_id(), int(time.time())
+        self.choices = [Choice(i, req.tool_names, req.params.logprobs is not None) for i in range(req.n)]
+        self._headers = {"X-Session-Id": session}
+        self.extra: dict[str, Any] = {}
+        if dropped:
+            self._headers["X-Dropped-Messages"] = str(dropped)
+            self.extra["dropped_messages"] = dropped
+
+    def headers(self, stream: bool) -> dict[str, str]:
+        return {**self._headers, **SSE_HEADERS} if stream else self._headers
+
+    def _chunk(self, entries: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(chunks(self.cid, self.created, self.model, entries, **extra))
+
+    def start(self) -> list[bytes]:
+        return [self._chunk([c.entry({"role": "assistant", "content": ""}) for c in self.choices], **self.extra)]
+
+    def delta(self, i: int, ev: Delta) -> list[bytes]:
+        return [self._chunk([entry]) for entry in self.choices[i].delta(ev)]
+
+    async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
+        entries, reason = self.choices[i].finish(done)
+        entries.append({**self.choices[i].entry({}), "finish_reason": reason})
+        return [self._chunk([entry]) for entry in entries]
+
+    def close(self, ends: list[Done]) -> list[bytes]:
+        use = [sse(usage_chunk(self.cid, self.created, self.model, _usage(ends)))] if self.req.include_usage else []
+        return [*use, sse("[DONE]")]
+
+    def error(self, err: ApplianceError) -> bytes:
+        return sse_error(err)
+
+    def failed(self, err: ApplianceError) -> Response:
+        return openai_error(err)
+
+    async def whole(self, answer: Answer, timing: Timing) -> Response:
+        messages = []
+        for choice, (deltas, done) in zip(self.choices, answer):
+            for d in deltas:
+                choice.delta(d)
+            messages.append(choice.message(done))
+        body = completion_of(self.cid, self.created, self.model, messages, _usage([d for _, d in answer]), **self.extra)
+        return JSONResponse(body, headers=self._headers)
+
+
+# -- the route -------------------------------------------------------------------------------
+async def chat(app: App, request: Request) -> Response:
+    """OpenAI's /v1/chat/completions."""
+    header = request.headers.get("x-session-id")
+    async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
+        prompt = await templated(app, req.messages, req.params, req.tools)
+    job = Job(caller, prompt, choices(req.params, req.n), req.stream, req.session_id or new_session_id(),
+              named=req.session_id is not None)
+    return await respond(app, request, job, ChatShape(app, req, job.session, prompt.dropped_messages))

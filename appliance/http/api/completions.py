@@ -1,0 +1,212 @@
+"""OpenAI's /v1/completions: text completion without a chat template (a prompt string or
+tokens; fill-in-the-middle through `suffix`), parsed into one job, and its shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.engine.engine import Engine
+from appliance.engine.events import Delta, Done, TokenLogprob
+from appliance.errors import ApplianceError, BadRequest
+from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.state import App
+from appliance.http.validate import (
+    MAX_TOP_LOGPROBS,
+    RequestBounds,
+    boolean,
+    check_chars,
+    integer,
+    is_tokens,
+    parse_model,
+    parse_sampling,
+    parse_stream,
+    text,
+)
+from appliance.http.wire import SSE, SSE_HEADERS, openai_error, sse, sse_error, usage
+from appliance.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    prompt: str | list[int]
+    suffix: str  # "" = a plain completion; else fill in the middle between prompt and suffix
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo: bool
+    model: str | None
+
+
+# -- parsing ----------------------------------------------------------------------------------
+def parse_prompt(raw: Any, param: str = "prompt") -> str | list[int]:
+    """A string or a list of token ids; a list holding one of them is that one. Several
+    prompts in one request are refused: send them as separate requests, which are batched
+    together anyway."""
+    if isinstance(raw, list) and len(raw) == 1 and (isinstance(raw[0], str) or is_tokens(raw[0])):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return text(raw, param)
+    if is_tokens(raw):
+        if not raw:
+            raise BadRequest(f"'{param}' must not be empty", param=param)
+        return list(raw)
+    if isinstance(raw, list) and all(isinstance(p, str) or is_tokens(p) for p in raw):
+        raise BadRequest(f"'{param}' holds {len(raw)} prompts; this server takes one per request "
+                         "(send them as separate requests: they are decoded together)", param=param)
+    if raw is None:
+        raise BadRequest(f"'{param}' is required", param=param)
+    raise BadRequest(f"'{param}' must be a string or an array of token ids", param=param)
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    """Fields that would change the answer and are not supported: a 400 naming them."""
+    n = integer(data, "n")
+    if n is not None and n != 1:
+        raise BadRequest("only 'n': 1 is supported", param="n")
+    best_of = integer(data, "best_of")
+    if best_of is not None and best_of != 1:
+        raise BadRequest("only 'best_of': 1 is supported", param="best_of")
+    if data.get("logit_bias"):
+        raise BadRequest("'logit_bias' is not supported", param="logit_bias")
+
+
+def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> CompletionRequest:
+    prompt = parse_prompt(data.get("prompt"))
+    suffix = data.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise BadRequest("'suffix' must be a string", param="suffix")
+    suffix = text(suffix or "", "suffix")
+    check_chars(bounds, prompt, suffix)
+    _refuse_unsupported(data)
+    echo = boolean(data, "echo")
+    if echo and suffix:
+        raise BadRequest("'echo' cannot be combined with 'suffix'", param="echo")
+    logprobs = integer(data, "logprobs")  # completions': how many alternatives per token
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+    if logprobs is not None and echo:
+        raise BadRequest("'logprobs' with 'echo' would need the prompt's log-probabilities, which are not computed",
+                         param="logprobs")
+    params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs)
+    stream, include_usage = parse_stream(data)
+    return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data))
+
+
+async def completion_prompt(engine: Engine, req: CompletionRequest) -> tuple[list[int], bool]:
+    """The prompt's tokens and whether they were cut to fit. A raw prompt is the client's own
+    text, so its control-token text is parsed; fill-in-the-middle text never is (the FIM
+    tokens come from us only)."""
+    limit = engine.prompt_limit(req.params.max_tokens)
+    if req.suffix:
+        fim = fim_ids(engine)
+        prefix = await tokens_of(engine, req.prompt, special=False)
+        suffix = await engine.tokenize(req.suffix, False)
+        return fim_prompt(fim, prefix, suffix, limit)
+    return fit(await tokens_of(engine, req.prompt, special=True), limit), False
+
+
+# -- responses -------------------------------------------------------------------------------
+def new_id() -> str:
+    return "cmpl-" + secrets.token_hex(12)
+
+
+def finish_reason(done: Done) -> str:
+    return "stop" if done.finish_reason == "cancelled" else done.finish_reason
+
+
+def legacy_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """Completions' logprobs: parallel lists of tokens, their log-probabilities, the likeliest
+    alternatives and each token's character offset in the text (from `offset`)."""
+    tokens = [e.token.decode("utf-8", "replace") for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.decode("utf-8", "replace"): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def completion_body(cid: str, created: int, model: str, text: str, finish: str, use: dict[str, Any],
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": cid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}], "usage": use}
+
+
+def completion_chunk(cid: str, created: int, model: str, text: str, finish: str | None = None,
+                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": cid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+def usage_chunk(cid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
+    return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": use}
+
+
+def _usage(done: Done) -> dict[str, Any]:
+    return usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+
+
+class CompletionShape:
+    """OpenAI's text completion: SSE chunks of text, or one body."""
+
+    media_type = SSE
+    notes = True
+
+    def __init__(self, app: App, req: CompletionRequest, echo: str) -> None:
+        self.model, self.req, self.echo = app.model_id, req, echo
+        self.cid, self.created = new_id(), int(time.time())
+        self.offset = 0  # characters of the answer so far (logprobs' text_offset)
+
+    def headers(self, stream: bool) -> dict[str, str]:
+        return SSE_HEADERS if stream else {}
+
+    def start(self) -> list[bytes]:
+        return [sse(completion_chunk(self.cid, self.created, self.model, self.echo))] if self.echo else []
+
+    def delta(self, i: int, ev: Delta) -> list[bytes]:
+        lps = legacy_logprobs(ev.logprobs, self.offset) if self.req.params.logprobs is not None else None
+        self.offset += len(ev.text)
+        return [sse(completion_chunk(self.cid, self.created, self.model, ev.text, logprobs=lps))]
+
+    async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
+        out = [sse(completion_chunk(self.cid, self.created, self.model, "", finish_reason(done)))]
+        if self.req.include_usage:
+            out.append(sse(usage_chunk(self.cid, self.created, self.model, _usage(done))))
+        return out
+
+    def close(self, ends: list[Done]) -> list[bytes]:
+        return [sse("[DONE]")]
+
+    def error(self, err: ApplianceError) -> bytes:
+        return sse_error(err)
+
+    def failed(self, err: ApplianceError) -> Response:
+        return openai_error(err)
+
+    async def whole(self, answer: Answer, timing: Timing) -> Response:
+        [(deltas, done)] = answer
+        text = "".join(d.text for d in deltas)
+        lps = legacy_logprobs([e for d in deltas for e in d.logprobs]) if self.req.params.logprobs is not None else None
+        use = _usage(done)
+        return JSONResponse(completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done),
+                                            use, lps))
+
+
+async def completions(app: App, request: Request) -> Response:
+    async with intake(app, request, lambda data: parse_completion_request(data, app.bounds)) as (caller, req):
+        tokens, _ = await completion_prompt(app.engine, req)
+    echo = ""
+    if req.echo:
+        echo = req.prompt if isinstance(req.prompt, str) else app.engine.detokenize(req.prompt)
+    job = Job(caller, tokens, (req.params,), req.stream)
+    return await respond(app, request, job, CompletionShape(app, req, echo))

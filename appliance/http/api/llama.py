@@ -1,0 +1,268 @@
+"""llama-server's own routes: /infill (editor plugins' code completion: llama.vim,
+llama.vscode) parsed into one job with its shape, and /tokenize and /detokenize.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.engine.engine import Engine
+from appliance.engine.events import Delta, Done
+from appliance.errors import ApplianceError, BadRequest, PayloadTooLarge
+from appliance.http import wire
+from appliance.http.api.fim import fim_ids, fim_prompt
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.state import App
+from appliance.http.validate import (
+    RequestBounds,
+    boolean,
+    check_chars,
+    check_tokens,
+    integer,
+    is_tokens,
+    refuse_changed,
+    sampling_as,
+    text,
+)
+from appliance.sampling import SamplingParams
+
+MAX_EXTRA = 64  # input_extra chunks in one /infill request
+# Between input_extra chunks when the model has no file-separator token (llama-server's).
+CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
+# Neutral values of llama-server's sampling fields that the appliance does not have.
+LLAMA_UNSUPPORTED = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "dry_multiplier": 0.0,
+                     "xtc_probability": 0.0, "n_probs": 0, "ignore_eos": False, "grammar": "",
+                     "json_schema": None, "logit_bias": [], "n_cmpl": 1, "lora": []}
+# Tokens one /tokenize or /detokenize request may carry. Their work is per token and holds
+# the GIL (a piece each, then the JSON of the list: 1.6M tokens with pieces froze every
+# stream for 5 s), so the count is bounded. 100k is ~25 of the default 4,096-token contexts,
+# enough to count a long document before cutting it into prompts, and ~0.3 s of work in a
+# worker; a context configured larger than that still fits whole.
+MAX_TOKENS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class InfillRequest:
+    prefix: str
+    suffix: str
+    extra: list[tuple[str, str]]  # (filename, text)
+    middle: str  # text after the middle token (llama-server's `prompt`)
+    params: SamplingParams
+    stream: bool
+    warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
+    fields: list[str]  # response_fields: only these, "a/b" = b of a, named "a/b"
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def _n_predict(data: dict[str, Any], bounds: RequestBounds) -> tuple[dict[str, Any], bool]:
+    """The fields with llama-server's answer length mapped onto ours, and whether the request
+    only warms the cache. n_predict, or max_tokens when it is absent (as llama-server reads
+    its alias: given both, max_tokens is ignored): -1 = as many as allowed; 0 = only compute
+    the prompt into the cache (one token is generated and dropped, whatever max_tokens says)."""
+    key = "n_predict" if data.get("n_predict") is not None else "max_tokens"
+    n = integer(data, key)  # a bool or a float is a 400 naming the field, not 0 or -1
+    rest = {k: v for k, v in data.items() if k not in ("n_predict", "max_tokens")}
+    if n is None:
+        return rest, False
+    if n == -1:
+        n = bounds.max_tokens_limit
+    return {**rest, key: 1 if n == 0 else n}, n == 0
+
+
+def _texts(data: dict[str, Any]) -> dict[str, str]:
+    texts = {}
+    for key, required in (("input_prefix", True), ("input_suffix", True), ("prompt", False)):
+        v = data.get(key)
+        if v is None and not required:
+            v = ""
+        if not isinstance(v, str):
+            raise BadRequest(f"'{key}' must be a string" + (" and is required" if required else ""), param=key)
+        texts[key] = text(v, key)
+    return texts
+
+
+def _extra(raw_extra: Any) -> list[tuple[str, str]]:
+    if not isinstance(raw_extra, list) or len(raw_extra) > MAX_EXTRA:
+        raise BadRequest(f"'input_extra' must be an array of at most {MAX_EXTRA} {{\"filename\", \"text\"}} objects",
+                         param="input_extra")
+    extra = []
+    for i, chunk in enumerate(raw_extra):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) \
+                or not isinstance(chunk.get("filename", ""), str):
+            raise BadRequest(f"'input_extra[{i}]' must be {{\"filename\": string, \"text\": string}}",
+                             param="input_extra")
+        extra.append((text(chunk.get("filename", "") or "tmp", "input_extra"), text(chunk["text"], "input_extra")))
+    return extra
+
+
+def parse_infill_request(data: dict[str, Any], bounds: RequestBounds) -> InfillRequest:
+    texts = _texts(data)
+    extra = _extra(data.get("input_extra") or [])
+    check_chars(bounds, *texts.values(), *(t for _, t in extra))
+    refuse_changed(data, LLAMA_UNSUPPORTED)
+    fields = data.get("response_fields") or []
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
+    sampling, warm_only = _n_predict(data, bounds)
+    params = sampling_as(sampling, bounds, {"n_predict": "max_tokens"})
+    return InfillRequest(texts["input_prefix"], texts["input_suffix"], extra, texts["prompt"], params,
+                         boolean(data, "stream"), warm_only, fields)
+
+
+async def infill_prompt(engine: Engine, req: InfillRequest) -> tuple[list[int], bool]:
+    fim = fim_ids(engine, "input_suffix")
+    extra: list[int] = []
+    for filename, chunk in req.extra:
+        # No file-separator token is known here: llama-server's plain-text separator.
+        extra += await engine.tokenize(f"{CHUNK_SEPARATOR}{filename}\n{chunk}", False)
+    prefix = await engine.tokenize(req.prefix, False) if req.prefix else []
+    suffix = await engine.tokenize(req.suffix, False) if req.suffix else []
+    middle = await engine.tokenize(req.middle, False) if req.middle else []
+    return fim_prompt(fim, prefix, suffix, engine.prompt_limit(req.params.max_tokens), extra, middle)
+
+
+# -- responses -------------------------------------------------------------------------------
+def timings(done: Done, timing: Timing) -> dict[str, Any]:
+    """llama-server's timings, from wall-clock marks (the prompt's includes any queueing)."""
+    prompt_n, predicted_n = done.prompt_tokens - done.cached_tokens, done.completion_tokens
+    prompt_ms, predicted_ms = timing.prompt_s * 1000, timing.predict_s * 1000
+    return {
+        "cache_n": done.cached_tokens,
+        "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(prompt_n * 1000 / prompt_ms, 3) if prompt_ms else 0.0,
+        "predicted_n": predicted_n, "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
+        "predicted_per_second": round(predicted_n * 1000 / predicted_ms, 3) if predicted_ms else 0.0,
+    }
+
+
+def pick_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama-server's response_fields: "a/b" is body["a"]["b"], named "a/b"; missing ones are left out."""
+    if not fields:
+        return body
+    out = {}
+    for f in fields:
+        v: Any = body
+        for part in f.split("/"):
+            v = v.get(part) if isinstance(v, dict) else None
+        if v is not None:
+            out[f] = v
+    return out
+
+
+def infill_body(model: str, text: str, done: Done, timing: Timing, truncated: bool, ctx: int) -> dict[str, Any]:
+    stop_type = "limit" if done.finish_reason == "length" else "eos"
+    return {"index": 0, "content": text, "tokens": [], "stop": True, "model": model,
+            "tokens_predicted": done.completion_tokens, "tokens_evaluated": done.prompt_tokens,
+            "generation_settings": {"n_ctx": ctx}, "has_new_line": "\n" in text, "truncated": truncated,
+            "stop_type": stop_type, "stopping_word": "", "tokens_cached": done.cached_tokens,
+            "timings": timings(done, timing)}
+
+
+class InfillShape:
+    """llama-server's infill answer: SSE events of content, then the whole body's fields."""
+
+    media_type = wire.SSE
+    notes = True
+
+    def __init__(self, app: App, req: InfillRequest, truncated: bool) -> None:
+        self.model, self.ctx, self.req, self.truncated = app.model_id, app.bounds.ctx_limit, req, truncated
+        self.n = 0
+
+    def headers(self, stream: bool) -> dict[str, str]:
+        return wire.SSE_HEADERS if stream else {}
+
+    def start(self) -> list[bytes]:
+        return []
+
+    def delta(self, i: int, ev: Delta) -> list[bytes]:
+        self.n += 1
+        if self.req.warm_only:
+            return []
+        return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "tokens_predicted": self.n})]
+
+    async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
+        body = infill_body(self.model, "", done, timing, self.truncated, self.ctx)
+        return [wire.sse(pick_fields(body, self.req.fields))]
+
+    def close(self, ends: list[Done]) -> list[bytes]:
+        return []
+
+    def error(self, err: ApplianceError) -> bytes:
+        return wire.sse_error(err)
+
+    def failed(self, err: ApplianceError) -> Response:
+        return wire.openai_error(err)
+
+    async def whole(self, answer: Answer, timing: Timing) -> Response:
+        [(deltas, done)] = answer
+        content = "" if self.req.warm_only else "".join(d.text for d in deltas)
+        body = infill_body(self.model, content, done, timing, self.truncated, self.ctx)
+        return JSONResponse(pick_fields(body, self.req.fields))
+
+
+async def infill(app: App, request: Request) -> Response:
+    """llama-server's /infill: editor plugins' code completion (llama.vim, llama.vscode)."""
+    async with intake(app, request, lambda data: parse_infill_request(data, app.bounds)) as (caller, req):
+        tokens, truncated = await infill_prompt(app.engine, req)
+    job = Job(caller, tokens, (req.params,), req.stream)
+    return await respond(app, request, job, InfillShape(app, req, truncated))
+
+
+# -- /tokenize, /detokenize ----------------------------------------------------------------
+def check_token_count(n: int, bounds: RequestBounds, param: str) -> None:
+    cap = max(MAX_TOKENS, bounds.ctx_limit)
+    if n > cap:
+        raise PayloadTooLarge(f"'{param}' holds {n} tokens; one request may carry at most {cap} (send it in parts)",
+                              param=param, code="too_many_tokens")
+
+
+def _tokenized(engine: Engine, tokens: list[int], pieces: bool) -> Response:
+    """/tokenize's answer, rendered here (in a worker: a long list takes a while)."""
+    if not pieces:
+        return JSONResponse({"tokens": tokens})
+    return JSONResponse({"tokens": [{"id": t, "piece": engine.detokenize([t])} for t in tokens]})
+
+
+def _detokenized(engine: Engine, tokens: Any) -> Response:
+    """/detokenize's answer: each id checked, then the text (in a worker, as _tokenized)."""
+    if not is_tokens(tokens):
+        raise BadRequest("'tokens' must be an array of token ids", param="tokens")
+    check_tokens(tokens, engine.n_vocab, "tokens")
+    return JSONResponse({"content": engine.detokenize(tokens)})
+
+
+def _body(data: dict[str, Any]) -> dict[str, Any]:
+    return data
+
+
+async def tokenize(app: App, request: Request) -> Response:
+    """llama-server's /tokenize: {"content", "parse_special" (default true), "with_pieces"}."""
+    async with intake(app, request, _body) as (_, data):
+        content = data.get("content", "")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string", param="content")
+        check_chars(app.bounds, text(content, "content"))
+        special = boolean(data, "parse_special", True)
+        pieces = boolean(data, "with_pieces")
+        boolean(data, "add_special")  # no BOS is ever added here: checked, then moot
+        tokens = await app.engine.tokenize(content, special) if content else []
+        check_token_count(len(tokens), app.bounds, "content")
+        # Under the gate, so that a client cannot start more of these at once than of anything
+        # else, and off the event loop, which every stream needs.
+        return await asyncio.to_thread(_tokenized, app.engine, tokens, pieces)
+
+
+async def detokenize(app: App, request: Request) -> Response:
+    """llama-server's /detokenize: {"tokens": [ids]} -> {"content": text}."""
+    async with intake(app, request, _body) as (_, data):
+        tokens = data.get("tokens", [])
+        if isinstance(tokens, list):
+            check_token_count(len(tokens), app.bounds, "tokens")  # before any per-id work
+        return await asyncio.to_thread(_detokenized, app.engine, tokens)

@@ -1,0 +1,104 @@
+"""The Starlette app: the routes of every front-end, the lifespan that starts the engine,
+and the exception handlers that turn errors into OpenAI's error bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from appliance.errors import ApplianceError, EngineFailure, NotFound
+from appliance.http.api import chat, completions, llama, ollama, ollama_info, operator
+from appliance.http.guard import Guard
+from appliance.http.state import App
+from appliance.http.wire import openai_error
+
+log = logging.getLogger(__name__)
+Handler = Callable[[App, Request], Awaitable[Response]]
+
+
+async def _appliance_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApplianceError)
+    return openai_error(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return openai_error(NotFound(f"no route {request.method} {request.url.path}"))
+    err = ApplianceError(str(exc.detail))
+    err.status, err.type = exc.status_code, "invalid_request_error"
+    response = openai_error(err)
+    response.headers.update(exc.headers or {})  # e.g. a 405's Allow
+    return response
+
+
+async def _client_left(request: Request, exc: Exception) -> Response:
+    # Mid-body (or dropped by conn.py's deadline): nobody to answer and nothing to log.
+    return Response(status_code=499)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return openai_error(EngineFailure("internal error; see the server log"))
+
+
+def routes(app: App) -> list[BaseRoute]:
+    def route(path: str, handler: Handler, methods: list[str] | None = None) -> Route:
+        return Route(path, partial(handler, app), methods=methods)
+
+    post = ["POST"]
+    return [
+        route("/health", operator.health),
+        route("/v1/models", operator.models),
+        route("/v1/system_prompts", operator.system_prompts),
+        route("/metrics", operator.prometheus),
+        route("/debug/steps", operator.steps),
+        route("/v1/chat/completions", chat.chat, post),
+        route("/v1/completions", completions.completions, post),
+        # llama-server's fill-in-the-middle and tokens.
+        route("/infill", llama.infill, post),
+        route("/tokenize", llama.tokenize, post),
+        route("/detokenize", llama.detokenize, post),
+        # Ollama's API.
+        route("/api/chat", ollama.chat, post),
+        route("/api/generate", ollama.generate, post),
+        route("/api/tags", ollama_info.tags),
+        route("/api/show", ollama_info.show, post),
+        route("/api/ps", ollama_info.ps),
+        route("/api/version", ollama_info.version),
+        route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
+        route("/", operator.index),
+        # Under /static so that no catch-all shadows the API's 405s and 404s.
+        Mount("/static", StaticFiles(directory=app.web_dir), name="web"),
+    ]
+
+
+def create_app(app: App) -> Starlette:
+    """The app behind its front door (guard.Guard): every route sees a checked caller."""
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # The HTTP server is up before the model loads: /health says "loading" meanwhile.
+        app.engine.start(asyncio.get_running_loop())
+        yield
+        await asyncio.to_thread(app.engine.stop)
+
+    return Starlette(
+        routes=routes(app),
+        lifespan=lifespan,
+        middleware=[Middleware(Guard, policy=app.guard, on_refuse=app.refused)],
+        exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error,
+                            ClientDisconnect: _client_left, Exception: _unexpected},
+    )

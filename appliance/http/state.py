@@ -1,0 +1,60 @@
+"""The state the routes share: the engine, what the API says about the model, the request
+bounds, the front door's policy and parse gate, and the wait estimates in queue notes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+
+from appliance.engine.engine import Engine
+from appliance.http.guard import GuardPolicy
+from appliance.http.keys import KeyRing
+from appliance.http.metrics import Metrics
+from appliance.http.throttle import ParseGate
+from appliance.http.validate import RequestBounds
+from appliance.http.wire import comment
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+class App:
+    """State shared by the routes: the engine and what the API says about the model."""
+
+    def __init__(self, engine: Engine, model_id: str, bounds: RequestBounds, web_dir: Path | None = None,
+                 metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
+                 guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.model_id = model_id
+        self.bounds = bounds
+        self.web_dir = web_dir or WEB_DIR
+        self.system_prompts = dict(system_prompts or {})
+        self.guard = guard or GuardPolicy.build(KeyRing())
+        self.gate = ParseGate(parse_concurrency, parse_per_client)
+        self.created = int(time.time())
+        self._served: deque[float] = deque(maxlen=32)  # seconds each recent request held a slot
+
+    def refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason).inc()
+
+    def wait_estimate(self, position: int) -> int | None:
+        """Seconds until queue position `position` gets a slot, from recent requests' times."""
+        if not self._served:
+            return None
+        return math.ceil(position * (sum(self._served) / len(self._served)) / max(1, self.engine.snapshot.slots))
+
+    def queue_note(self, position: int) -> bytes:
+        """The SSE comment a waiting stream hears: its place in the queue and the wait."""
+        if not position:
+            return comment("busy")
+        eta = self.wait_estimate(position)
+        return comment(f"queued {position} eta {eta}") if eta is not None else comment(f"queued {position}")
+
+    def note_served(self, started: float) -> None:
+        """A request that started answering at `started` (monotonic s) has finished."""
+        if started:
+            self._served.append(time.monotonic() - started)

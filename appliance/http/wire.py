@@ -1,0 +1,50 @@
+"""What the server writes on the wire besides the APIs' own bodies: SSE data events and
+comments, the event that ends a failed stream, OpenAI's error response and usage object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from appliance.errors import ApplianceError
+
+SSE = "text/event-stream"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Line separators that some clients split lines at (Python's str.splitlines, httpx's
+# iter_lines): escaped, so an answer containing one never cuts its SSE event in two.
+SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def sse(obj: dict[str, Any] | str) -> bytes:
+    """One SSE data event: a JSON object, or a ready string such as "[DONE]"."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data.translate(SEPARATORS)}\n\n".encode()
+
+
+def sse_error(err: ApplianceError) -> bytes:
+    """The event that ends a stream which failed after its 200: OpenAI's error body."""
+    return sse(err.body())
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment: ignored by OpenAI clients, shown by the chat page."""
+    return f": {text}\n\n".encode()
+
+
+def openai_error(err: ApplianceError) -> JSONResponse:
+    """OpenAI's error response, with our status and Retry-After."""
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
