@@ -12,12 +12,13 @@ MiB = 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class DocumentLimits:
     """Bounds on one extraction. The worker's rlimits come from cpu_s and memory; the parent
-    kills it at wall_s. A 3,000-token PDF or DOCX takes well under a second (see reader.py)."""
+    kills it at wall_s. A 3,000-token PDF or DOCX takes ~0.25 s (see reader.py)."""
 
     max_bytes: int = 20 * MiB  # the upload itself (413 above)
-    cpu_s: int = 8  # RLIMIT_CPU of the worker, whole seconds (startup and imports included: ~0.3 s)
-    memory: int = 512 * MiB  # RLIMIT_AS of the worker (Python with pypdf and lxml imported: ~52 MiB)
-    wall_s: float = 12.0  # the parent kills the worker after this, waiting for a worker not counted
+    cpu_s: int = 5  # RLIMIT_CPU of the worker, whole seconds (its start and imports included: ~0.15 s)
+    memory: int = 512 * MiB  # RLIMIT_AS of the worker (Python with pypdf and python-docx imported: ~52 MiB)
+    wall_s: float = 10.0  # the parent kills the worker after this (waiting for a worker not counted);
+    # above cpu_s, as the worker may get only part of a core beside the engine
     max_pages: int = 2000  # a PDF with more is refused before any page is read
     max_chars: int = 200_000  # text beyond this is cut (truncated: true); ~50k tokens, 12x a 4,096 context
     max_unzipped: int = 128 * MiB  # a DOCX's declared uncompressed total (zip bomb above)

@@ -58,7 +58,8 @@ def read_text(data: bytes, limits: DocumentLimits) -> Document:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise failure("invalid_text", f"the file is not UTF-8 text (invalid byte at offset {e.start:,})") from None
+        raise failure("invalid_text", f"the file is not UTF-8 text (invalid byte at offset {e.start:,}): "
+                                      "save it as UTF-8") from None
     if not text.strip():
         raise failure("no_text_found", "the text file holds only white space")
     sink = TextSink(limits.max_chars)
@@ -78,7 +79,8 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
             if text and not sink.add(text, "\n\n"):
                 break
     except (FileNotDecryptedError, DependencyError):
-        raise failure("encrypted_pdf", "the PDF is encrypted with a password: send an unprotected copy") from None
+        raise failure("encrypted_pdf", "the PDF is encrypted (it needs a password, or a cipher this reader lacks): "
+                                       "send an unprotected copy") from None
     except LimitReachedError as e:
         raise failure("zip_bomb", f"a compressed stream in the PDF expands beyond the reader's limit ({e})") from None
     except (MemoryError, ApplianceError):
@@ -86,7 +88,8 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
     except Exception as e:
         raise failure("broken_pdf", f"the PDF cannot be read: {type(e).__name__}: {e}"[:300]) from None
     if not sink.parts:
-        raise failure("no_text_found", f"the PDF's {count:,} pages hold no text layer: "
+        pages = f"{count:,} page" + ("s" if count != 1 else "")
+        raise failure("no_text_found", f"the PDF's {pages} hold no text layer: "
                                        "it may be a scan (text in images is not read)")
     return _done(Kind.PDF, sink, count)
 

@@ -35,7 +35,8 @@ BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xfe", "UTF-16 text (save it as UTF-8)"),
     (b"\xfe\xff", "UTF-16 text (save it as UTF-8)"),
 )
-PDF_MAGIC_WITHIN = 1024  # PDF readers accept the %PDF- header anywhere in the first KiB
+PDF_MAGIC_WITHIN = 1024  # PDF readers accept the %PDF- header anywhere in the first KiB...
+LEADING_SPACE = b"\xef\xbb\xbf \t\r\n"  # ...but a text about PDFs may quote it: unclaimed, it must lead
 ZIP_MAGIC = b"PK\x03\x04"
 
 TEXT_SUFFIXES = frozenset(
@@ -59,7 +60,7 @@ SUPPORTED = "PDF, DOCX and UTF-8 text files can be read"
 
 def sniff(data: bytes) -> Kind:
     """The kind the bytes say they are; a known binary format that is none of ours is refused."""
-    if b"%PDF-" in data[:PDF_MAGIC_WITHIN]:
+    if data[:PDF_MAGIC_WITHIN].lstrip(LEADING_SPACE).startswith(b"%PDF-"):
         return Kind.PDF
     if data.startswith(ZIP_MAGIC):
         return Kind.DOCX
@@ -96,6 +97,8 @@ def claimed(filename: str, content_type: str) -> Kind | None:
 def decide(data: bytes, filename: str, content_type: str) -> Kind:
     """The kind to parse the bytes as: what they are, if that is what the client claims."""
     claim = claimed(filename, content_type)
+    if claim is Kind.PDF and b"%PDF-" in data[:PDF_MAGIC_WITHIN]:
+        return Kind.PDF
     name = f"'{filename}'" if filename else "the file"
     try:
         kind = sniff(data)

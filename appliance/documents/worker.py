@@ -22,7 +22,7 @@ NOFILE = 16  # stdin, stdout, stderr and a few spare: parsing opens no file
 
 def apply_limits(limits: DocumentLimits) -> None:
     """Set before any byte of the document is read; hard limits too, so they cannot be raised."""
-    # SIGXCPU at the soft limit, SIGKILL a second later; both count startup (~0.3 s).
+    # SIGXCPU at the soft limit, SIGKILL a second later; both count its start (~0.15 s).
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file written (pipes are not files)

@@ -168,14 +168,16 @@ def test_claims() -> None:
     assert claimed("C:\\Users\\a\\notes.docx", "") is Kind.DOCX
     assert claimed("upload", "application/octet-stream") is None
     assert claimed("Makefile", "") is None
-    assert decide(b"  \n%PDF-1.7 ...", "", "") is Kind.PDF  # the header may follow a little junk
+    assert decide(b"  \n%PDF-1.7 ...", "", "") is Kind.PDF  # white space may lead the header
+    assert decide(b"junk\n%PDF-1.7 ...", "a.pdf", "") is Kind.PDF  # and junk, when the client says PDF
+    assert decide(b"The header is %PDF-1.7.", "notes.md", "") is Kind.TEXT  # a text about PDFs is text
 
 
 # --- refused by the worker ------------------------------------------------------------------------
 
 def test_encrypted_pdf() -> None:
     e = refused(pdf_bytes([FACT], user_password="secret"), "contract.pdf")
-    assert (e.status, e.code) == (422, "encrypted_pdf") and "password" in e.message
+    assert (e.status, e.code) == (422, "encrypted_pdf") and "needs a password" in e.message
 
 
 def test_truncated_pdf() -> None:
