@@ -89,7 +89,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         raise failure("broken_pdf", f"the PDF cannot be read: {type(e).__name__}: {e}"[:300]) from None
     if not sink.parts:
         pages = f"{count:,} page" + ("s" if count != 1 else "")
-        raise failure("no_text_found", f"the PDF's {pages} hold no text layer: "
+        raise failure("no_text_found", f"the PDF ({pages}) has no text layer: "
                                        "it may be a scan (text in images is not read)")
     return _done(Kind.PDF, sink, count)
 

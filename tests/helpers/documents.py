@@ -158,3 +158,17 @@ def big_docx(paragraphs: int) -> bytes:
            '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
            f"<w:body>{body}</w:body></w:document>")
     return replace_member(docx_bytes(["x"]), "word/document.xml", xml.encode())
+
+
+def raw_pdf(objects: list[bytes]) -> bytes:
+    """A PDF written by hand, object 1 the catalog, with a correct xref table: for structures
+    pypdf would never write (a page tree that holds itself)."""
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % at for at in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
