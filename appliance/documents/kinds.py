@@ -20,12 +20,14 @@ class Kind(Enum):
         return {Kind.PDF: "a PDF document", Kind.DOCX: "a DOCX document", Kind.TEXT: "text"}[self]
 
 
-# Magic numbers of formats people upload that we cannot read, so they get a message naming them.
+# Magic numbers of formats people upload that we cannot read, so they get a message naming them
+# (each of these files has a NUL byte in its first KiB; text has none).
 BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG", "a PNG image"),
     (b"\xff\xd8\xff", "a JPEG image"),
     (b"GIF8", "a GIF image"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "a legacy Office file (.doc, .xls, .ppt)"),
+    # Word also saves a password-protected .docx in this container.
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "a legacy Office file (.doc, .xls, .ppt) or a password-protected one"),
     (b"\x1f\x8b", "a gzip archive"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
     (b"Rar!", "a RAR archive"),
@@ -64,8 +66,9 @@ def sniff(data: bytes) -> Kind:
         return Kind.PDF
     if data.startswith(ZIP_MAGIC):
         return Kind.DOCX
+    binary = b"\x00" in data[:PDF_MAGIC_WITHIN]  # so a text that starts "MZ" or "GIF8" stays text
     for magic, what in BINARY_MAGIC:
-        if data.startswith(magic):
+        if binary and data.startswith(magic):
             raise failure("unsupported_type", f"the file is {what}: {SUPPORTED}")
     return Kind.TEXT
 

@@ -142,7 +142,7 @@ def test_empty_file() -> None:
     (b"just some text", "report.pdf", ""),  # a .pdf name on text
     (b"just some text", "report", "application/pdf"),  # a PDF content type on text
     (docx_bytes([FACT]), "notes.txt", "text/plain"),  # text claimed, a ZIP sent
-    (b"\x89PNG\r\n\x1a\n....", "scan.txt", ""),  # text claimed, a PNG sent
+    (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "scan.txt", ""),  # text claimed, a PNG sent
 ])
 def test_a_file_claiming_the_wrong_type(data: bytes, filename: str, content_type: str) -> None:
     e = refused(data, filename, content_type)
@@ -152,8 +152,8 @@ def test_a_file_claiming_the_wrong_type(data: bytes, filename: str, content_type
 
 @pytest.mark.parametrize(("data", "filename", "content_type", "says"), [
     (b"PK\x03\x04....", "budget.xlsx", "", "'.xlsx' files are not supported"),
-    (b"\x89PNG\r\n\x1a\n....", "", "", "a PNG image"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1....", "", "", "legacy Office file"),
+    (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "", "", "a PNG image"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\0\0\0\0", "", "", "legacy Office file"),
     (b"some bytes", "photo", "image/jpeg", "'image/jpeg' files are not supported"),
 ])
 def test_unsupported_types(data: bytes, filename: str, content_type: str, says: str) -> None:
@@ -170,6 +170,7 @@ def test_claims() -> None:
     assert decide(b"  \n%PDF-1.7 ...", "", "") is Kind.PDF  # white space may lead the header
     assert decide(b"junk\n%PDF-1.7 ...", "a.pdf", "") is Kind.PDF  # and junk, when the client says PDF
     assert decide(b"The header is %PDF-1.7.", "notes.md", "") is Kind.TEXT  # a text about PDFs is text
+    assert decide(b"MZ: the minutes of 3 May", "", "") is Kind.TEXT  # a binary's magic, but no NUL
 
 
 # --- refused by the worker ------------------------------------------------------------------------
