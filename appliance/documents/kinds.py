@@ -21,7 +21,7 @@ class Kind(Enum):
 
 
 # Magic numbers of formats people upload that we cannot read, so they get a message naming them
-# (each of these files has a NUL byte in its first KiB; text has none).
+# (such files nearly always have a NUL byte in their first KiB; text has none).
 BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG", "a PNG image"),
     (b"\xff\xd8\xff", "a JPEG image"),
