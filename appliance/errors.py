@@ -106,3 +106,10 @@ class UnsupportedMediaType(ApplianceError):
 
     status = 415
     type = "invalid_request_error"
+
+
+class UnprocessableEntity(ApplianceError):
+    """Well-formed request, content we cannot use: an encrypted or broken document, no text (422)."""
+
+    status = 422
+    type = "invalid_request_error"
