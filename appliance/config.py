@@ -8,12 +8,28 @@ validated once here; a bad one stops start-up with a ConfigError naming the key.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# Trusted proxies' addresses (http/identity.py reads client addresses through them).
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(items: Iterable[str]) -> tuple[Network, ...]:
+    """'10.0.0.1', '10.0.0.0/24' or '::1' -> networks; ValueError names a bad entry."""
+    nets = []
+    for item in items:
+        try:
+            nets.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"not an IP address or network: {item!r}") from None
+    return tuple(nets)
+
 
 SYSTEM_CONFIG = Path("/etc/appliance/appliance.toml")
 ENV_PREFIX = "APPLIANCE_"
@@ -49,7 +65,6 @@ def _cpus(v: str) -> str | None:
 
 
 def _networks(v: tuple[str, ...]) -> str | None:
-    from appliance.http.identity import parse_networks
 
     try:
         parse_networks(v)

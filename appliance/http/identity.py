@@ -9,21 +9,10 @@ written by the client and can be forged).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from appliance.config import Network, parse_networks
 
-
-def parse_networks(items: Iterable[str]) -> tuple[Network, ...]:
-    """'10.0.0.1', '10.0.0.0/24' or '::1' -> networks; ValueError names a bad entry."""
-    nets = []
-    for item in items:
-        try:
-            nets.append(ipaddress.ip_network(item.strip(), strict=False))
-        except ValueError:
-            raise ValueError(f"not an IP address or network: {item!r}") from None
-    return tuple(nets)
-
+__all__ = ["Network", "client_identity", "is_trusted", "parse_networks"]
 
 def is_trusted(addr: str, proxies: tuple[Network, ...]) -> bool:
     """Is addr one of our trusted proxies?"""
