@@ -24,7 +24,7 @@ class Submit:
 
 @dataclass(slots=True)
 class Cancel:
-    turn: Turn
+    rid: int  # the request's id: the HTTP side holds no Turn
 
 
 @dataclass(slots=True)

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from appliance.engine.events import TokenLogprob
+from appliance.engine.events import Event, TokenLogprob
 from appliance.sampling import SamplingParams
+
+Sink = Callable[[Event], None]  # where a turn's events go (called on the event loop)
 
 
 class State(Enum):
@@ -25,7 +27,7 @@ class Turn:
     prompt: list[int]
     params: SamplingParams
     arrival: float  # engine clock, s
-    sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
+    sink: Sink = field(repr=False, default=lambda ev: None)
     client: str = ""  # the client identity (address, forwarded address or key): KV reuse is per client
     session: str = ""  # the conversation this turn belongs to (X-Session-Id, or one the server made)
     named: bool = True  # the client sent the session id (False: the server made one up)

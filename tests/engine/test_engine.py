@@ -8,42 +8,13 @@ import time
 from typing import Any
 
 import pytest
+from helpers.engines import collect, limits, run, started
 from helpers.fakes import FakeModel
 
-from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
+from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.events import Delta, Done, Failed
-from appliance.engine.scheduler import Limits
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
-
-
-def limits(**kw: Any) -> Limits:
-    base: dict[str, Any] = dict(slots=4, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0,
-                                max_queue=8, queue_timeout_s=30.0)
-    base.update(kw)
-    return Limits(**base)
-
-
-async def started(model: FakeModel, **kw: Any) -> Engine:
-    eng = Engine(lambda: model, EngineOptions(limits(**kw)))
-    eng.start(asyncio.get_running_loop())
-    await asyncio.to_thread(eng.ready.wait, 5)
-    assert eng.state is EngineState.READY
-    return eng
-
-
-async def collect(h: Handle) -> tuple[str, Done | Failed]:
-    text = []
-    async for ev in h.events():
-        if isinstance(ev, Delta):
-            text.append(ev.text)
-        else:
-            return "".join(text), ev
-    raise AssertionError("stream ended without Done/Failed")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 def test_one_request_streams_reply_then_done() -> None:

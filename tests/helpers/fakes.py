@@ -27,11 +27,13 @@ class FakeClock:
 
 
 class FakeTokenizer:
-    """One token per character; token = ord(char). Token 0 ends the answer."""
+    """One token per character; token = ord(char). Token 0 ends the answer. Satisfies the
+    engine's Tokenizer protocol (engine/core.py)."""
 
-    chat_template = None  # the engine falls back to ChatML
+    chat_template: str | None = None  # the engine falls back to ChatML
     bos_text = ""
     eos_text = ""
+    control_texts: frozenset[str] = frozenset()  # no control tokens: no client text refused
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [ord(c) for c in text]
@@ -47,6 +49,9 @@ class FakeTokenizer:
 
     def detokenize(self, tokens: list[int]) -> str:
         return "".join(chr(t) for t in tokens if t)
+
+    def grammar_parses(self, gbnf: str) -> bool:
+        return True  # llama.cpp's own check needs a vocabulary; the fake's grammars all pass
 
 
 @dataclass
