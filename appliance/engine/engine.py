@@ -1,6 +1,7 @@
 """The engine: one thread that owns the llama context and the engine core, and the small
-API the HTTP side uses. They meet in two places only: the inbox (typed commands in) and
-the snapshot plus per-step events (results out). The HTTP side never touches llama.cpp.
+API the HTTP side uses. Commands go in through the inbox (Submit, Cancel by request id,
+DeleteSession); results come out as each request's events on its Handle and as the
+snapshot published after every iteration. The HTTP side never holds a Turn.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ class EngineOptions:
 
 
 class Engine:
+    """The engine thread and its API. The section headers say which thread calls what;
+    everything else here is the engine thread's."""
+
     def __init__(self, model_factory: Callable[[], Model], options: EngineOptions) -> None:
         self._factory = model_factory
         self._options = options

@@ -71,7 +71,8 @@ class Inbox:
     @property
     def n_open(self) -> int:
         """Requests submitted and not yet finished (queued or running)."""
-        return sum(self._open.values())
+        with self._cv:  # the engine thread changes the table meanwhile
+            return sum(self._open.values())
 
     # -- engine thread side --------------------------------------------------------------
     def take(self) -> list[Command]:
