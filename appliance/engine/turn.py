@@ -1,5 +1,6 @@
-"""One conversation turn inside the engine (a request: prompt in, tokens out). It never
-leaves the engine thread; what crosses to the HTTP side is in events.py."""
+"""One conversation turn inside the engine (a request: prompt in, tokens out). Engine.submit
+makes it and hands it to the engine thread through the inbox, keeping only its id; from
+then on only the engine thread touches it. What crosses back is in events.py."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class FakeModel:
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler()
 
-    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int | Exception]:
         return [self.sample(smp, row) for smp, row in picks]
 
     def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
@@ -173,7 +173,7 @@ class RuleModel(FakeModel):
         super().decode(tokens, pos, seq_ids, logits)
         self._row_tokens = list(tokens)
 
-    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int | Exception]:
         return [self.rule(self._row_tokens[row]) for _, row in picks]
 
     def greedy_rows(self, first: int, n: int) -> list[int]:
