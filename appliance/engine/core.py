@@ -1,55 +1,70 @@
 """The engine core: everything the engine thread owns (model, scheduler, session cache, KV
 store, counters) and what it does with it each loop iteration: take commands, expire,
-admit, then one decode step read as its phases (build the batch, decode, advance, sample,
-emit). Built whole inside the engine thread, after the model has loaded; nothing here is
-touched from another thread.
+admit, then one decode step read as its phases (build the batch (batch.py), decode,
+advance, sample, emit). Built whole inside the engine thread, after the model has loaded;
+nothing here is touched from another thread.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
 
-from appliance.engine.events import Delta, Done, Failed, TokenLogprob
+from appliance.engine.batch import Batch, build
+from appliance.engine.events import Delta, Done, Event, Failed, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.store import CachePolicy, KVStore
 from appliance.engine.names import log_name
 from appliance.engine.scheduler import Limits, Scheduler, Step
-from appliance.engine.snapshot import Counters, SessionView, Snapshot
-from appliance.engine.spec import (
-    ROW_TILE,
-    NgramIndex,
-    TurnDrafts,
-    accept_greedy,
-    accept_sampled,
-    allocate,
-    fit_tile,
-    sparse_row,
-    step_budget,
-)
+from appliance.engine.snapshot import SessionView, Snapshot, Stats
+from appliance.engine.spec import NgramIndex, TurnDrafts, accept_greedy, accept_sampled, sparse_row
 from appliance.engine.textstream import TextStream
 from appliance.engine.threads import CoreShare
-from appliance.engine.turn import State, Turn
+from appliance.engine.turn import Sink, State, Turn
 from appliance.errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
 from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-Events = list[tuple[Callable[[Any], None], Any]]
+Events = list[tuple[Sink, Event]]
+
+
+class Tokenizer(Protocol):
+    """What the engine needs from llm.Tokenizer: read-only vocabulary access, safe from any
+    thread (the event loop tokenizes and checks grammars while the engine thread decodes)."""
+
+    @property
+    def chat_template(self) -> str | None: ...  # the GGUF's Jinja template (None: ChatML)
+    @property
+    def bos_text(self) -> str: ...
+    @property
+    def eos_text(self) -> str: ...
+    @property
+    def control_texts(self) -> frozenset[str]: ...  # what client text must not contain
+    @property
+    def fim(self) -> tuple[int, int, int] | None: ...  # (prefix, suffix, middle), if the model has them
+    @property
+    def n_vocab(self) -> int: ...
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+    def grammar_parses(self, gbnf: str) -> bool: ...
 
 
 class Model(Protocol):
     """What the engine needs from llm.LLM; unit tests supply a fake."""
 
-    tokenizer: Any
     fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
 
     def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
     def sample_all(self, picks: list[tuple[Any, int]]) -> list[int | Exception]: ...
@@ -64,47 +79,6 @@ class Model(Protocol):
     def seq_state(self, seq_id: int) -> bytes: ...
     def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
     def close(self) -> None: ...
-
-
-@dataclass(slots=True)
-class Stats:
-    steps: int = 0
-    peak_seqs_per_step: int = 0
-    prompt_tokens_received: int = 0
-    prompt_tokens_computed: int = 0
-    generated_tokens: int = 0
-    draft_tokens: int = 0
-    draft_accepted: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-    # Recent steps as (decode seqs, prefill seqs, prefill tokens, draft tokens): shows that
-    # a long prefill never stalls the streams already generating.
-    step_log: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
-
-
-@dataclass(slots=True)
-class Batch:
-    """One llama_decode call: row i of the batch is token i."""
-
-    tokens: list[int] = field(default_factory=list)
-    pos: list[int] = field(default_factory=list)
-    seq_ids: list[int] = field(default_factory=list)
-    want: list[bool] = field(default_factory=list)  # logits for this row
-    # (turn, first logits row, draft tokens verified in the rows after it) to sample
-    picks: list[tuple[Turn, int, list[int]]] = field(default_factory=list)
-    n_drafts: int = 0
-
-    def add(self, turn: Turn, tokens: list[int], start: int, logits: bool, draft: list[int] | None = None) -> None:
-        """tokens at positions start...; with logits, the last 1 + len(draft) rows get them."""
-        draft = draft or []
-        n = len(tokens)
-        self.tokens.extend(tokens)
-        self.pos.extend(range(start, start + n))
-        self.seq_ids.extend([turn.seq_id] * n)
-        n_out = 1 + len(draft) if logits else 0
-        self.want.extend([False] * (n - n_out) + [True] * n_out)
-        if logits:
-            self.picks.append((turn, len(self.tokens) - n_out, draft))
-        self.n_drafts += len(draft)
 
 
 class EngineCore:
@@ -126,6 +100,7 @@ class EngineCore:
         self.stats = Stats()
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
+        self.taken = 0  # the highest request id taken from the inbox (queue positions)
 
     @property
     def ctx_cap(self) -> int:
@@ -160,9 +135,11 @@ class EngineCore:
         if isinstance(cmd, Submit):
             cmd.turn.continuing = cmd.turn.session in self.cache.entries
             self.sched.waiting.append(cmd.turn)
+            self.taken = max(self.taken, cmd.turn.rid)
         elif isinstance(cmd, Cancel):
-            if cmd.turn.state is not State.FINISHED:
-                cmd.turn.cancelled = True  # scheduler.expired() removes it below
+            turn = self.sched.find(cmd.rid)  # None: it has ended already
+            if turn is not None:
+                turn.cancelled = True  # scheduler.expired() removes it below
         elif isinstance(cmd, DeleteSession):
             try:
                 cmd.done.set_result(self.kv.drop_session(cmd.session))
@@ -181,7 +158,7 @@ class EngineCore:
         if not step.n_seqs:
             return False
         self._share_cores()
-        batch = self._build(step)
+        batch = build(step, self.spec_budget, self.limits.batch_tokens, self.ctx_cap)
         if self._decode(batch, step):
             self._advance(step, batch)
             self._sample(batch)
@@ -235,48 +212,6 @@ class EngineCore:
         return TurnDrafts(NgramIndex(turn.prompt), rng=np.random.default_rng(seed))
 
     # -- the step's phases ---------------------------------------------------------------
-    def _build(self, step: Step) -> Batch:
-        batch = Batch()
-        drafts = self._drafts(step.decode, sum(n for _, n in step.prefill))
-        for t, d in zip(step.decode, drafts):
-            batch.add(t, [t.last_token, *d], t.n_cached, True, d)
-        for t, n in step.prefill:
-            start = t.n_cached
-            batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
-        return batch
-
-    def _drafts(self, decode: list[Turn], n_prefill: int) -> list[list[int]]:
-        """Each generating turn's draft tokens for this step: within the step's budget, then
-        rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
-        if not self.spec_budget:
-            return [[] for _ in decode]
-        n_rows = len(decode) + n_prefill
-        # Never past batch_tokens (llama.cpp's n_batch): the prefill was planned without drafts.
-        budget = min(step_budget(len(decode), self.spec_budget), self.limits.batch_tokens - n_rows)
-        found: list[list[int]] = []
-        wants: list[int] = []
-        for t in decode:
-            d = t.drafts
-            # Never draft past max_tokens or the context: the KV reservation covers neither.
-            room = min(t.params.max_tokens - len(t.output), self.ctx_cap - t.n_cached) - 2
-            if d is None or room <= 0:
-                found.append([])
-                wants.append(0)
-                continue
-            want = d.state.want()  # 0 while disarmed: look up one token, as a free guess
-            # A few more than wanted, for rounding up to a whole tile.
-            draft = d.index.draft(min(want + ROW_TILE - 1 if want else 1, room))
-            d.state.guess = draft[0] if draft else -1  # checked by _sample if not drafted
-            found.append(draft)
-            wants.append(min(want, len(draft)))
-        got = allocate(wants, budget)
-        armed = [t.drafts is not None and t.drafts.state.armed for t in decode]
-        # Growing uses free rows only in steps without prefill: a prefill step's rows are
-        # the prompt's, and its length is not the drafts' to round.
-        got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, n_rows,
-                       grow=not n_prefill, max_rows=self.limits.batch_tokens)
-        return [f[:g] for f, g in zip(found, got)]
-
     def _decode(self, batch: Batch, step: Step) -> bool:
         """One llama_decode; "KV cache full" evicts idle sessions and retries. On failure
         only this step's turns fail (only the inconsistent ones, when some are fine)."""
@@ -478,12 +413,9 @@ class EngineCore:
         events = {**_fields(cache.events), **_fields(self.kv.stats)}
         return Snapshot(
             taken_at=self.clock(), slots=self.limits.slots, running=len(self.sched.running),
-            waiting=tuple(t.rid for t in self.sched.waiting),
+            waiting=tuple(t.rid for t in self.sched.waiting), taken=self.taken,
             sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
-            cores_others=self.cores.others if self.cores else 0.0,
-            counters=Counters(st.steps, st.peak_seqs_per_step, st.prompt_tokens_received,
-                              st.prompt_tokens_computed, st.generated_tokens, st.draft_tokens,
-                              st.draft_accepted, MappingProxyType(dict(st.finished))),
+            cores_others=self.cores.others if self.cores else 0.0, counters=st.counters(),
             cache_events=MappingProxyType(events), step_log=tuple(st.step_log))
 
 

@@ -1,6 +1,7 @@
 """The engine: one thread that owns the llama context and the engine core, and the small
-API the HTTP side uses. They meet in two places only: the inbox (typed commands in) and
-the snapshot plus per-step events (results out). The HTTP side never touches llama.cpp.
+API the HTTP side uses. Commands go in through the inbox (Submit, Cancel by request id,
+DeleteSession); results come out as each request's events on its Handle and as the
+snapshot published after every iteration. The HTTP side never holds a Turn.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from enum import Enum
 from itertools import count
 from typing import Any
 
-from appliance.engine.core import EngineCore, Events, Model
-from appliance.engine.events import Delta, Done, Failed
+from appliance.engine.core import EngineCore, Events, Model, Tokenizer
+from appliance.engine.events import Delta, Event
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
@@ -26,7 +27,7 @@ from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot
 from appliance.engine.threads import CoreShare
-from appliance.engine.turn import State, Turn
+from appliance.engine.turn import Turn
 from appliance.errors import ApplianceError, BadRequest, EngineFailure, Unavailable
 from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
 from appliance.sampling import SamplingParams
@@ -43,29 +44,31 @@ class EngineState(Enum):
 
 
 class Handle:
-    """The HTTP side of one request: an async stream of Delta, then Done or Failed."""
+    """The HTTP side of one request: an async stream of Delta, then Done or Failed; its place
+    in the queue, read from the published snapshot; and a cancel. It holds the request's id
+    and its event queue, never the engine's Turn."""
 
-    def __init__(self, engine: Engine, turn: Turn) -> None:
-        self._engine = engine
-        self.turn = turn
-        self._queue: asyncio.Queue[Delta | Done | Failed] = asyncio.Queue()
+    def __init__(self, rid: int, queue: asyncio.Queue[Event], inbox: Inbox, snapshot: Callable[[], Snapshot]) -> None:
+        self.rid = rid
+        self._queue = queue  # the engine's events, put on the loop thread (Engine._emit)
+        self._inbox = inbox
+        self._snapshot = snapshot
         self._ended = False  # saw Done or Failed: nothing left to cancel
-        turn.sink = self._queue.put_nowait  # called on the loop thread only
 
-    async def _get(self) -> Delta | Done | Failed:
+    async def _get(self) -> Event:
         ev = await self._queue.get()
         if not isinstance(ev, Delta):
             self._ended = True
         return ev
 
-    async def events(self) -> AsyncIterator[Delta | Done | Failed]:
+    async def events(self) -> AsyncIterator[Event]:
         while True:
             ev = await self._get()
             yield ev
             if not isinstance(ev, Delta):
                 return
 
-    async def next(self, timeout: float) -> Delta | Done | Failed | None:
+    async def next(self, timeout: float) -> Event | None:
         """The next event, or None after `timeout` seconds (cancelling a queue get is safe)."""
         try:
             return await asyncio.wait_for(self._get(), timeout)
@@ -74,12 +77,13 @@ class Handle:
 
     @property
     def position(self) -> int:
-        return self._engine.queue_position(self.turn)
+        """1-based place in the queue, 0 once running (from the last snapshot)."""
+        return self._snapshot().position(self.rid)
 
     def cancel(self) -> None:
         if not self._ended:
             self._ended = True
-            self._engine.inbox.put(Cancel(self.turn))
+            self._inbox.put(Cancel(self.rid))
 
 
 def _nothing() -> None:
@@ -106,33 +110,27 @@ class EngineOptions:
 
 
 class Engine:
+    """The engine thread and its API. The section headers say which thread calls what;
+    everything else here is the engine thread's."""
+
     def __init__(self, model_factory: Callable[[], Model], options: EngineOptions) -> None:
-        limits = options.limits
         self._factory = model_factory
-        self._pin = options.pin
-        self.limits = limits
-        self.policy = options.policy or CachePolicy(n_seq=limits.slots + 1)
-        assert self.policy.n_seq > limits.slots, "need more sequence ids than slots"
-        self.presets = options.presets
-        self.spec_budget = options.spec_budget
-        self.cores = options.cores
-        self.request_timeout_s = options.request_timeout_s
-        self.clock = options.clock
-        self.metrics = options.metrics
-        self.on_fatal = options.on_fatal
-        self.stall_s = options.stall_s
-        self.fault = options.fault
-        self.progress_at = 0.0  # time.monotonic() when the engine loop last made progress
-        self.park_budget = self.policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
-        self.inbox = Inbox(limits.max_queue, options.max_per_client)
+        self._options = options
+        self._limits = options.limits
+        self._policy = options.policy or CachePolicy(n_seq=options.limits.slots + 1)
+        assert self._policy.n_seq > self._limits.slots, "need more sequence ids than slots"
+        self._clock = options.clock
+        self._inbox = Inbox(self._limits.max_queue, options.max_per_client)
+        self._progress_at = 0.0  # time.monotonic() when the engine loop last made progress
+        self.park_budget = self._policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
         self.state = EngineState.LOADING
         self.load_error = ""
         self.ready = threading.Event()
-        self.snapshot = Snapshot(slots=limits.slots)  # replaced whole by the engine thread
+        self.snapshot = Snapshot(slots=self._limits.slots)  # replaced whole by the engine thread
         self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
         self._template: ChatTemplate | None = None
         self._tokenize: Tokenize | None = None
-        self._tokenizer: Any = None  # thread-safe vocabulary access, set once loaded
+        self._tokenizer: Tokenizer | None = None  # thread-safe vocabulary access, set once loaded
         self._stop = False
         self._ids = count(1)
         # Turns submitted without a session get one of their own. The HTTP side always names
@@ -156,14 +154,14 @@ class Engine:
     def stop(self, timeout: float | None = None) -> None:
         """Default wait: the time sessions may take to save, and some."""
         self._stop = True
-        self.inbox.wake()
+        self._inbox.wake()
         if self._thread.is_alive():
-            self._thread.join(timeout if timeout is not None else self.policy.save_timeout_s + 10)
+            self._thread.join(timeout if timeout is not None else self._policy.save_timeout_s + 10)
 
     @property
     def n_active(self) -> int:
         """Requests queued or running."""
-        return self.inbox.n_open
+        return self._inbox.n_open
 
     # -- liveness (any thread) -----------------------------------------------------------
     @property
@@ -172,8 +170,8 @@ class Engine:
         once that exceeds stall_s; 0.0 otherwise, and while loading or stopped."""
         if self.state not in (EngineState.READY, EngineState.DRAINING):
             return 0.0
-        idle = time.monotonic() - self.progress_at
-        return idle if idle > self.stall_s else 0.0
+        idle = time.monotonic() - self._progress_at
+        return idle if idle > self._options.stall_s else 0.0
 
     @property
     def status(self) -> str:
@@ -183,20 +181,19 @@ class Engine:
     # -- requests (loop thread) ----------------------------------------------------------
     def prompt_limit(self, max_tokens: int) -> int:
         """Prompt tokens allowed so that some room is left for the answer."""
-        ctx = self.limits.ctx_limit
+        ctx = self._limits.ctx_limit
         return ctx - min(max_tokens, ctx // 4)
 
     async def prepare(self, messages: list[dict[str, Any]], max_tokens: int,
                       tools: list[dict[str, Any]] | None = None) -> Prompt:
         self._check_accepting()
-        template, tokenize = self._template, self._tokenize
-        assert template is not None and tokenize is not None
-        controls = frozenset(getattr(self._tokenizer, "control_texts", ()))
+        template, tokenize, tokenizer = self._template, self._tokenize, self._tokenizer
+        assert template is not None and tokenize is not None and tokenizer is not None
+        presets = frozenset(self._options.presets)
 
         def build() -> Prompt:
-            refuse_control_text(messages, tools, controls)
-            return build_prompt(messages, template, tokenize, self.prompt_limit(max_tokens), frozenset(self.presets),
-                                tools)
+            refuse_control_text(messages, tools, tokenizer.control_texts)
+            return build_prompt(messages, template, tokenize, self.prompt_limit(max_tokens), presets, tools)
 
         # Templating and tokenizing a long paste takes milliseconds: off the event loop.
         return await asyncio.to_thread(build)
@@ -215,47 +212,44 @@ class Engine:
         if grammar is None:
             return
         self._check_accepting()
-        parses = getattr(self._tokenizer, "grammar_parses", None)
-        if parses is not None and not await asyncio.to_thread(parses, grammar):
+        assert self._tokenizer is not None
+        if not await asyncio.to_thread(self._tokenizer.grammar_parses, grammar):
             raise BadRequest("llama.cpp's grammar engine refuses the required format (most often a maxLength, "
                              "maxItems or repetition count above about 1,000)", code="grammar_refused")
 
     def detokenize(self, tokens: list[int]) -> str:
         self._check_accepting()
         assert self._tokenizer is not None
-        return str(self._tokenizer.detokenize(tokens))
+        return self._tokenizer.detokenize(tokens)
 
     @property
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """(prefix, suffix, middle) fill-in-the-middle tokens, or None if the model has none."""
-        return getattr(self._tokenizer, "fim", None)
+        return self._tokenizer.fim if self._tokenizer is not None else None
 
     @property
     def n_vocab(self) -> int:
-        return int(getattr(self._tokenizer, "n_vocab", 0))
+        return self._tokenizer.n_vocab if self._tokenizer is not None else 0
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
                session: str = "", named: bool = True) -> Handle:
+        """Queue one request (or refuse it: QueueFull, Unavailable). Loop thread only: the
+        ids are handed out in the order the inbox receives them (Snapshot.position)."""
         self._check_accepting()
         tokens, public = (prompt.tokens, prompt.public_len) if isinstance(prompt, Prompt) else (prompt, 0)
         rid = next(self._ids)
-        turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self.clock(), client=client,
-                    session=session or f"{self._anon}{rid}", public_len=public, named=named and bool(session))
-        handle = Handle(self, turn)
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        # The turn goes to the engine thread through the inbox; the handle keeps only its id.
+        turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
+                    client=client, session=session or f"{self._anon}{rid}", public_len=public,
+                    named=named and bool(session))
         try:
-            self.inbox.submit(turn)
+            self._inbox.submit(turn)
         except ApplianceError as e:
-            if self.metrics and e.code:
-                self.metrics.rejected.labels(e.code).inc()
+            if self._options.metrics and e.code:
+                self._options.metrics.rejected.labels(e.code).inc()
             raise
-        return handle
-
-    def queue_position(self, turn: Turn) -> int:
-        """1-based place in the queue, 0 once running (from the last snapshot)."""
-        if turn.state is not State.WAITING:
-            return 0
-        snap = self.snapshot
-        return snap.position(turn.rid) or len(snap.waiting) + 1  # not there yet: still in the inbox
+        return Handle(rid, queue, self._inbox, lambda: self.snapshot)
 
     def session_info(self, session: str) -> dict[str, Any] | None:
         """GET /v1/sessions/{id}, rendered from the last snapshot."""
@@ -271,7 +265,7 @@ class Engine:
         """Forget a session's cache, including what its turns in flight would leave; the
         engine answers whether there was anything to forget."""
         cmd = DeleteSession(session)
-        self.inbox.put(cmd)
+        self._inbox.put(cmd)
         return await asyncio.wrap_future(cmd.done)
 
     def _check_accepting(self) -> None:
@@ -292,15 +286,15 @@ class Engine:
             self.load_error = str(e)
             self.state = EngineState.FAILED
             self.ready.set()
-            self.on_fatal()
+            self._options.on_fatal()
             return
         self.core = core
         self.snapshot = core.snapshot()
-        self.progress_at = time.monotonic()
+        self._progress_at = time.monotonic()
         self.state = EngineState.READY
         self.ready.set()
         log.info("engine ready: %d slots, %d KV tokens, %d sequence ids",
-                 self.limits.slots, self.limits.kv_tokens, self.policy.n_seq)
+                 self._limits.slots, self._limits.kv_tokens, self._policy.n_seq)
         try:
             self._run(core)
         except Exception as e:  # noqa: BLE001
@@ -309,7 +303,7 @@ class Engine:
             self.load_error = f"engine crashed: {e}"
             self.state = EngineState.FAILED
             self._shut(core, EngineFailure("the engine stopped unexpectedly"))
-            self.on_fatal()  # let the process exit non-zero so a supervisor restarts it
+            self._options.on_fatal()  # let the process exit non-zero so a supervisor restarts it
         else:
             self._shut(core, Unavailable("the server is shutting down"))
             core.kv.save_sessions()
@@ -318,28 +312,29 @@ class Engine:
             core.model.close()
 
     def _build_core(self) -> EngineCore:
-        self._pin()  # before the context exists, so llama.cpp's workers inherit it
+        o = self._options
+        o.pin()  # before the context exists, so llama.cpp's workers inherit it
         model = self._factory()
         tok = model.tokenizer
         template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
-        core = EngineCore(model, self.limits, self.policy, self.inbox, clock=self.clock,
-                          metrics=self.metrics, request_timeout_s=self.request_timeout_s,
-                          spec_budget=self.spec_budget, cores=self.cores)
+        core = EngineCore(model, self._limits, self._policy, self._inbox, clock=self._clock, metrics=o.metrics,
+                          request_timeout_s=o.request_timeout_s, spec_budget=o.spec_budget, cores=o.cores)
         core.warm_up()
         # No BOS added per piece: a template that wants one writes it (Qwen's does not).
         tokenize: Tokenize = lambda text, special: tok.tokenize(text, False, special)
-        for tokens in public_prefixes(self.presets, template, tokenize):
+        for tokens in public_prefixes(o.presets, template, tokenize):
             core.add_public(tokens)
         core.kv.load_sessions()
         self._template, self._tokenize, self._tokenizer = template, tokenize, tok
-        if self.fault is not None:
-            inject(model, self.fault)  # after start-up's own decodes
+        if o.fault is not None:
+            inject(model, o.fault)  # after start-up's own decodes
         return core
 
     def _run(self, core: EngineCore) -> None:
+        stall_s = self._options.stall_s
         while not self._stop:
-            self.progress_at = time.monotonic()  # the watchdog's sign of life (notify.py)
-            for cmd in self.inbox.take():
+            self._progress_at = time.monotonic()  # the watchdog's sign of life (notify.py)
+            for cmd in self._inbox.take():
                 core.handle(cmd)
             busy = core.iterate()
             # Publish before handing out events: a client that sees its Done then reads
@@ -350,10 +345,10 @@ class Engine:
             if not busy:
                 closes = core.sched.window_open_until()
                 # Idle waits are short enough to never look like a stall.
-                self.inbox.wait(min(max(0.0, closes - self.clock()) if closes is not None else 1.0, self.stall_s / 4))
+                self._inbox.wait(min(max(0.0, closes - self._clock()) if closes is not None else 1.0, stall_s / 4))
 
     def _shut(self, core: EngineCore, error: ApplianceError) -> None:
-        core.fail_all(error, self.inbox.close())
+        core.fail_all(error, self._inbox.close())
         self.snapshot = core.snapshot()
         self._emit(core)
 

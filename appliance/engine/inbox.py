@@ -24,7 +24,7 @@ class Submit:
 
 @dataclass(slots=True)
 class Cancel:
-    turn: Turn
+    rid: int  # the request's id: the HTTP side holds no Turn
 
 
 @dataclass(slots=True)
@@ -71,7 +71,8 @@ class Inbox:
     @property
     def n_open(self) -> int:
         """Requests submitted and not yet finished (queued or running)."""
-        return sum(self._open.values())
+        with self._cv:  # the engine thread changes the table meanwhile
+            return sum(self._open.values())
 
     # -- engine thread side --------------------------------------------------------------
     def take(self) -> list[Command]:

@@ -199,6 +199,10 @@ class Scheduler:
             return min(room, max(self.limits.prefill_chunk, group))
         return min(room, group or room)
 
+    def find(self, rid: int) -> Turn | None:
+        """The waiting or running turn with this request id; None once it has ended."""
+        return next((t for t in (*self.running, *self.waiting) if t.rid == rid), None)
+
     def release(self, turn: Turn) -> None:
         """Finish a running sequence and give its slot back (idempotent)."""
         if turn.state is State.FINISHED:

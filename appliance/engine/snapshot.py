@@ -2,11 +2,13 @@
 slots, queue, sessions and counters, replaced whole after every loop iteration.
 
 /health, /metrics, GET /v1/sessions/{id} and the `: queued N` notes only render it, so no
-reader ever touches state the engine thread is changing.
+reader ever touches state the engine thread is changing. Stats are the running counts
+the engine thread keeps behind it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,12 +34,37 @@ class Counters:
     finished: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Stats:
+    """The engine thread's running counts; `counters()` is the frozen copy it publishes."""
+
+    steps: int = 0
+    peak_seqs_per_step: int = 0
+    prompt_tokens_received: int = 0
+    prompt_tokens_computed: int = 0
+    generated_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    # Recent steps as (decode seqs, prefill seqs, prefill tokens, draft tokens): shows that
+    # a long prefill never stalls the streams already generating.
+    step_log: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def counters(self) -> Counters:
+        return Counters(self.steps, self.peak_seqs_per_step, self.prompt_tokens_received, self.prompt_tokens_computed,
+                        self.generated_tokens, self.draft_tokens, self.draft_accepted,
+                        MappingProxyType(dict(self.finished)))
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     taken_at: float = 0.0  # engine clock, s
     slots: int = 0
     running: int = 0
     waiting: tuple[int, ...] = ()  # request ids in admission order
+    # The highest request id the engine thread has taken from the inbox. Ids are handed
+    # out in submit order on the event loop, so a higher one is still in the inbox.
+    taken: int = 0
     sessions: Mapping[str, SessionView] = field(default_factory=lambda: MappingProxyType({}))
     parked_bytes: int = 0
     threads: int = 0  # llama.cpp threads the last step ran with (0: not chosen here)
@@ -60,7 +87,10 @@ class Snapshot:
         return sum(1 for v in self.sessions.values() if v.state == "parked")
 
     def position(self, rid: int) -> int:
-        """1-based place in the queue; 0 when not waiting there."""
+        """Request `rid`'s 1-based place in the queue: behind everyone waiting while it is
+        still in the inbox; 0 once it runs or has ended."""
+        if rid > self.taken:
+            return len(self.waiting) + 1
         try:
             return self.waiting.index(rid) + 1
         except ValueError:

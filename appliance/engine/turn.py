@@ -1,5 +1,6 @@
-"""One conversation turn inside the engine (a request: prompt in, tokens out). It never
-leaves the engine thread; what crosses to the HTTP side is in events.py."""
+"""One conversation turn inside the engine (a request: prompt in, tokens out). Engine.submit
+makes it and hands it to the engine thread through the inbox, keeping only its id; from
+then on only the engine thread touches it. What crosses back is in events.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from appliance.engine.events import TokenLogprob
+from appliance.engine.events import Event, TokenLogprob
 from appliance.sampling import SamplingParams
+
+Sink = Callable[[Event], None]  # where a turn's events go (called on the event loop)
 
 
 class State(Enum):
@@ -25,7 +28,7 @@ class Turn:
     prompt: list[int]
     params: SamplingParams
     arrival: float  # engine clock, s
-    sink: Callable[[Any], None] = field(repr=False, default=lambda ev: None)
+    sink: Sink = field(repr=False, default=lambda ev: None)
     client: str = ""  # the client identity (address, forwarded address or key): KV reuse is per client
     session: str = ""  # the conversation this turn belongs to (X-Session-Id, or one the server made)
     named: bool = True  # the client sent the session id (False: the server made one up)

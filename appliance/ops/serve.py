@@ -16,6 +16,7 @@ import uvicorn
 from appliance import cpu
 from appliance.config import Config, ConfigError
 from appliance.engine import faults
+from appliance.engine.core import Model
 from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
@@ -53,7 +54,7 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                          save_timeout_s=cfg.save_timeout_s, memory=cpu.read_memory,
                          idle_kv_tokens=cfg.kv_tokens // 4 if cfg.idle_kv_tokens < 0 else cfg.idle_kv_tokens)
 
-    def load() -> Any:
+    def load() -> Model:
         from appliance.model.llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
         # Beyond the sessions' ids: one per public prefix (the default system prompt + presets).

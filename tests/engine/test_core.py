@@ -9,88 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from helpers.fakes import FakeClock, FakeModel, RuleModel
+from helpers.engines import make
+from helpers.fakes import FakeModel, RuleModel
 
-from appliance.engine.core import EngineCore
-from appliance.engine.events import Delta, Done, Failed
-from appliance.engine.inbox import Inbox
-from appliance.engine.kv.store import CachePolicy
-from appliance.engine.scheduler import Limits
-from appliance.engine.turn import Turn
+from appliance.engine.events import Done, Failed
 from appliance.errors import GrammarDeadEnd
 from appliance.sampling import SamplingParams
 
 ALPHA = "abcdefghijklmnopqrstuvwxyz"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def __call__(self, ev: Any) -> None:
-        self.events.append(ev)
-
-    @property
-    def text(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, Delta))
-
-    @property
-    def end(self) -> Done | Failed:
-        assert self.events and isinstance(self.events[-1], (Done, Failed)), self.events[-3:]
-        return self.events[-1]
-
-
-@dataclass
-class Core:
-    core: EngineCore
-    clock: FakeClock
-    rid: int = 0
-
-    def submit(self, prompt: list[int], max_tokens: int = 20, client: str = "c", session: str | None = None,
-               params: SamplingParams | None = None, public_len: int = 0) -> tuple[Turn, Recorder]:
-        self.rid += 1
-        rec = Recorder()
-        turn = Turn(rid=self.rid, prompt=list(prompt), params=params or SamplingParams(max_tokens=max_tokens,
-                                                                                       temperature=0.0),
-                    arrival=self.clock(), sink=rec, client=client, session=session or f"anon-{self.rid}",
-                    named=session is not None, public_len=public_len)
-        self.core.inbox.submit(turn)
-        return turn, rec
-
-    def step(self) -> bool:
-        """One iteration of Engine._run: commands, iterate, hand out the events."""
-        for cmd in self.core.inbox.take():
-            self.core.handle(cmd)
-        busy = self.core.iterate()
-        events, self.core.events = self.core.events, []
-        for sink, ev in events:
-            sink(ev)
-        return busy
-
-    def run(self) -> None:
-        for _ in range(10_000):
-            if not self.step() and not self.core.sched.waiting:
-                return
-        raise AssertionError("the engine did not go idle")
-
-    def leaked_ids(self) -> set[int]:
-        c = self.core.cache
-        held = {e.seq_id for e in c.entries.values() if e.seq_id >= 0}
-        held |= {t.seq_id for t in self.core.sched.running}
-        return set(range(self.core.kv.policy.n_seq)) - set(c.free_ids) - held
-
-
-def make(model: FakeModel, *, slots: int = 1, n_seq: int = 0, kv_tokens: int = 4096, ctx_limit: int = 1024,
-         batch_tokens: int = 256, spec_budget: int = 0, prefill_chunk: int = 0, prefill_group: int = 0,
-         **policy: Any) -> Core:
-    clock = FakeClock()
-    limits = Limits(slots=slots, batch_tokens=batch_tokens, kv_tokens=kv_tokens, ctx_limit=ctx_limit,
-                    max_wait_s=0.0, max_queue=64, queue_timeout_s=30.0, prefill_chunk=prefill_chunk,
-                    prefill_group=prefill_group)
-    core = EngineCore(model, limits, CachePolicy(n_seq=n_seq or slots + 1, **policy), Inbox(64, 0), clock=clock,
-                      spec_budget=spec_budget)
-    core.warm_up()
-    return Core(core, clock)
 
 
 def letters(text: str) -> list[int]:

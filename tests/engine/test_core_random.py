@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from helpers.engines import Core, Recorder, make
 from helpers.fakes import RuleModel
-from test_core import Core, Recorder, make
 
 from appliance.engine.events import Done, Failed
 from appliance.engine.inbox import Cancel, DeleteSession
@@ -133,7 +133,7 @@ def workload(seed: int) -> list[str]:
                 sent.setdefault(client, []).append(prompt)
         live = [t for t in turns if t.state is not State.FINISHED]
         if live and rng.random() < 0.05:
-            c.core.inbox.put(Cancel(rng.choice(live)))
+            c.core.inbox.put(Cancel(rng.choice(live).rid))
         if rng.random() < 0.01:
             c.core.inbox.put(DeleteSession(f"c{rng.randint(0, 3)}-s{rng.randint(0, 2)}"))
         c.clock.advance(rng.choice([0.01, 0.01, 0.5, 3.0]))

@@ -6,8 +6,8 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from helpers.engines import Core, make
 from helpers.fakes import FakeClock, FakeModel
-from test_core import Core, make
 
 from appliance.cpu import busy_seconds, cpu_seconds
 from appliance.engine.core import EngineCore

@@ -8,42 +8,14 @@ import time
 from typing import Any
 
 import pytest
+from helpers.engines import collect, limits, run, started
 from helpers.fakes import FakeModel
+from helpers.polling import until
 
-from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
+from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.events import Delta, Done, Failed
-from appliance.engine.scheduler import Limits
 from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
-
-
-def limits(**kw: Any) -> Limits:
-    base: dict[str, Any] = dict(slots=4, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0,
-                                max_queue=8, queue_timeout_s=30.0)
-    base.update(kw)
-    return Limits(**base)
-
-
-async def started(model: FakeModel, **kw: Any) -> Engine:
-    eng = Engine(lambda: model, EngineOptions(limits(**kw)))
-    eng.start(asyncio.get_running_loop())
-    await asyncio.to_thread(eng.ready.wait, 5)
-    assert eng.state is EngineState.READY
-    return eng
-
-
-async def collect(h: Handle) -> tuple[str, Done | Failed]:
-    text = []
-    async for ev in h.events():
-        if isinstance(ev, Delta):
-            text.append(ev.text)
-        else:
-            return "".join(text), ev
-    raise AssertionError("stream ended without Done/Failed")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 def test_one_request_streams_reply_then_done() -> None:
@@ -141,6 +113,33 @@ def test_cancel_while_queued() -> None:
         a.cancel()
         await collect(a)
         assert eng.n_active == 0
+        eng.stop()
+    run(main())
+
+
+def test_queue_positions_come_from_the_snapshot_and_a_handle_holds_no_turn() -> None:
+    async def main() -> None:
+        gate = threading.Event()
+        model = FakeModel(reply="p" * 100, delay=0.005)
+        eng = await started(model, slots=1)
+        a = eng.submit([1], SamplingParams(max_tokens=100))
+        await a.events().__anext__()  # a is running
+        assert eng.snapshot.taken == a.rid and a.position == 0
+        model.gate = gate  # the engine thread stops in a's next decode
+        b = eng.submit([2], SamplingParams(max_tokens=5))
+        c = eng.submit([3], SamplingParams(max_tokens=5))
+        assert not hasattr(b, "turn")
+        # Still in the inbox: behind everyone the snapshot shows waiting (nobody yet).
+        assert (b.position, c.position) == (1, 1)
+        gate.set()
+        await until(lambda: (a.position, b.position, c.position) == (0, 1, 2), what="b and c queued behind a")
+        c.cancel()
+        _, end_c = await collect(c)
+        assert isinstance(end_c, Done) and end_c.finish_reason == "cancelled"
+        assert c.position == 0
+        a.cancel()
+        await asyncio.gather(collect(a), collect(b))
+        assert (a.position, b.position) == (0, 0)
         eng.stop()
     run(main())
 

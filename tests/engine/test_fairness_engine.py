@@ -4,12 +4,11 @@ up another client's first request."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import pytest
+from helpers.engines import collect, limits, run, started, turns_of
 from helpers.fakes import FakeModel
-from test_engine import collect, limits, run, started
+from helpers.polling import until
 
 from appliance.engine.engine import Engine, EngineOptions, Handle
 from appliance.engine.events import Done
@@ -17,13 +16,6 @@ from appliance.errors import QueueFull
 from appliance.sampling import SamplingParams
 
 A, B = "10.0.0.1", "10.0.0.2"
-
-
-async def until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.001)
 
 
 async def finish_order(handles: list[Handle]) -> list[Handle]:
@@ -39,7 +31,7 @@ async def finish_order(handles: list[Handle]) -> list[Handle]:
 
 
 def waiting(eng: Engine, h: Handle) -> bool:
-    return h.turn.rid in eng.snapshot.waiting
+    return h.rid in eng.snapshot.waiting
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -47,20 +39,21 @@ def test_a_backlog_of_20_does_not_delay_another_clients_first_request(slots: int
     async def main() -> None:
         model = FakeModel(reply="x" * 200, delay=0.002)
         eng = await started(model, slots=slots, max_queue=32)
+        turns = turns_of(eng)
         # a's first ones run long enough (150 steps) for b to be seen queued behind them.
         a = [eng.submit([1, 2, 3], SamplingParams(max_tokens=150 if i < slots else 8), client=A)
              for i in range(20)]
-        await until(lambda: eng.snapshot.running == slots and len(eng.snapshot.waiting) == 20 - slots)
+        await until(lambda: eng.snapshot.running == slots and len(eng.snapshot.waiting) == 20 - slots, every=0.001)
         b = eng.submit([4, 5, 6], SamplingParams(max_tokens=8), client=B)
-        await until(lambda: waiting(eng, b))
+        await until(lambda: waiting(eng, b), every=0.001)
         assert b.position == 1  # `: queued 1`, not 20 - slots + 1
-        assert all(h.turn.state.name != "WAITING" for h in a[:slots])
+        assert all(turns[h.rid].state.name != "WAITING" for h in a[:slots])
         order = await finish_order([*a, b])
         # Every slot was busy with a's: b took the next one that freed, before any of a's
         # queued requests (with 2 slots both free in the same step: b first, a[2] with it).
         assert order[:slots] == a[:slots]
         assert order[slots] is b
-        assert b.turn.admitted_at <= a[slots].turn.admitted_at
+        assert turns[b.rid].admitted_at <= turns[a[slots].rid].admitted_at
         # No cap by default: every one of a's 20 got its answer, in a's own order.
         assert [h for h in order if h is not b] == a
         eng.stop()
@@ -72,7 +65,7 @@ def test_clients_take_turns_and_each_keeps_its_order() -> None:
         model = FakeModel(reply="y" * 20, delay=0.001)
         eng = await started(model, slots=1, max_queue=32)
         first = eng.submit([9], SamplingParams(max_tokens=20), client="z")
-        await until(lambda: eng.snapshot.running == 1)
+        await until(lambda: eng.snapshot.running == 1, every=0.001)
         a = [eng.submit([1], SamplingParams(max_tokens=3), client=A) for _ in range(4)]
         b = [eng.submit([2], SamplingParams(max_tokens=3), client=B) for _ in range(2)]
         order = await finish_order([first, *a, *b])

@@ -8,10 +8,10 @@ import asyncio
 import itertools
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.fakes import FakeModel
+from helpers.polling import until
 
 from appliance.cpu import Memory, Sensors, Thermal, read_memory, read_thermal
 from appliance.engine.engine import Engine, EngineOptions
@@ -169,13 +169,6 @@ def states(eng: Engine) -> dict[str, str | None]:
     return {s: (i["state"] if (i := eng.session_info(s)) else None) for s in "abcd"}
 
 
-async def until(cond: Any, timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 def test_parked_sessions_give_memory_back_when_it_runs_short() -> None:
     async def main() -> None:
         mem = FakeMemory()
@@ -184,7 +177,7 @@ def test_parked_sessions_give_memory_back_when_it_runs_short() -> None:
         assert eng.park_budget == 10**6  # plenty free: the ceiling
         # The machine runs short: less than the reserve (a tenth) is left.
         mem.now = Memory(total=GiB, available=GiB // 10 - 100, pressure=0.0)
-        await until(lambda: eng.snapshot.cache_events["parked_shed"] == 2)
+        await until(lambda: eng.snapshot.cache_events["parked_shed"] == 2, 3.0, "two parked sessions shed", every=0.02)
         assert states(eng) == {"a": None, "b": None, "c": "cached", "d": "cached"}
         assert eng.snapshot.parked_bytes == 0 and eng.park_budget < 100
         eng.stop()
@@ -197,7 +190,7 @@ def test_memory_pressure_halves_parking_at_most_every_ten_seconds() -> None:
         eng, _ = await parked_engine(mem)
         parked = eng.snapshot.parked_bytes
         mem.now = Memory(total=GiB, available=GiB, pressure=35.0)  # free memory, but reclaim stalls
-        await until(lambda: eng.snapshot.cache_events["parked_shed"] == 1)
+        await until(lambda: eng.snapshot.cache_events["parked_shed"] == 1, 3.0, "one parked session shed", every=0.02)
         assert states(eng)["a"] is None and states(eng)["b"] == "parked"  # the least recently used went
         assert eng.park_budget <= parked // 2
         await asyncio.sleep(1.5)  # still under pressure, but avg10 trails: no second cut yet

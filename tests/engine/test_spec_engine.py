@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from helpers.engines import collect, run
 from helpers.fakes import RuleModel
-from test_engine import collect, run
 
 from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.events import Delta, Done

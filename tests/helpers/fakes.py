@@ -27,11 +27,13 @@ class FakeClock:
 
 
 class FakeTokenizer:
-    """One token per character; token = ord(char). Token 0 ends the answer."""
+    """One token per character; token = ord(char). Token 0 ends the answer. Satisfies the
+    engine's Tokenizer protocol (engine/core.py)."""
 
-    chat_template = None  # the engine falls back to ChatML
+    chat_template: str | None = None  # the engine falls back to ChatML
     bos_text = ""
     eos_text = ""
+    control_texts: frozenset[str] = frozenset()  # no control tokens: no client text refused
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [ord(c) for c in text]
@@ -47,6 +49,9 @@ class FakeTokenizer:
 
     def detokenize(self, tokens: list[int]) -> str:
         return "".join(chr(t) for t in tokens if t)
+
+    def grammar_parses(self, gbnf: str) -> bool:
+        return True  # llama.cpp's own check needs a vocabulary; the fake's grammars all pass
 
 
 @dataclass
@@ -99,7 +104,7 @@ class FakeModel:
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler()
 
-    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int | Exception]:
         return [self.sample(smp, row) for smp, row in picks]
 
     def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
@@ -168,7 +173,7 @@ class RuleModel(FakeModel):
         super().decode(tokens, pos, seq_ids, logits)
         self._row_tokens = list(tokens)
 
-    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int]:
+    def sample_all(self, picks: list[tuple[FakeSampler, int]]) -> list[int | Exception]:
         return [self.rule(self._row_tokens[row]) for _, row in picks]
 
     def greedy_rows(self, first: int, n: int) -> list[int]:

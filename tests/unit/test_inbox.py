@@ -50,7 +50,7 @@ def test_take_returns_commands_in_order_and_empties() -> None:
     box = Inbox(max_queue=10)
     t = turn()
     box.submit(t)
-    box.put(Cancel(t))
+    box.put(Cancel(t.rid))
     d = DeleteSession("s")
     box.put(d)
     got = box.take()

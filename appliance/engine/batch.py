@@ -1,0 +1,82 @@
+"""One decode step as llama_decode gets it: each generating turn's last token and its draft
+tokens, each prefilling turn's next prompt chunk, and which rows are sampled afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.engine.scheduler import Step
+from appliance.engine.spec import ROW_TILE, allocate, fit_tile, step_budget
+from appliance.engine.turn import Turn
+
+
+@dataclass(slots=True)
+class Batch:
+    """One llama_decode call: row i of the batch is token i."""
+
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want: list[bool] = field(default_factory=list)  # logits for this row
+    # (turn, first logits row, draft tokens verified in the rows after it) to sample
+    picks: list[tuple[Turn, int, list[int]]] = field(default_factory=list)
+    n_drafts: int = 0
+
+    def add(self, turn: Turn, tokens: list[int], start: int, logits: bool, draft: list[int] | None = None) -> None:
+        """tokens at positions start...; with logits, the last 1 + len(draft) rows get them."""
+        draft = draft or []
+        n = len(tokens)
+        self.tokens.extend(tokens)
+        self.pos.extend(range(start, start + n))
+        self.seq_ids.extend([turn.seq_id] * n)
+        n_out = 1 + len(draft) if logits else 0
+        self.want.extend([False] * (n - n_out) + [True] * n_out)
+        if logits:
+            self.picks.append((turn, len(self.tokens) - n_out, draft))
+        self.n_drafts += len(draft)
+
+
+def build(step: Step, spec_budget: int, max_rows: int, ctx_cap: int) -> Batch:
+    """The step's batch: max_rows is llama.cpp's n_batch, ctx_cap the most tokens one turn
+    may hold (drafts never run past it)."""
+    batch = Batch()
+    drafts = plan_drafts(step.decode, sum(n for _, n in step.prefill), spec_budget, max_rows, ctx_cap)
+    for t, d in zip(step.decode, drafts):
+        batch.add(t, [t.last_token, *d], t.n_cached, True, d)
+    for t, n in step.prefill:
+        start = t.n_cached
+        batch.add(t, t.prompt[start:start + n], start, start + n == t.n_prompt)
+    return batch
+
+
+def plan_drafts(decode: list[Turn], n_prefill: int, spec_budget: int, max_rows: int, ctx_cap: int) -> list[list[int]]:
+    """Each generating turn's draft tokens for this step: within the step's budget, then
+    rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
+    if not spec_budget:
+        return [[] for _ in decode]
+    n_rows = len(decode) + n_prefill
+    # Never past batch_tokens (llama.cpp's n_batch): the prefill was planned without drafts.
+    budget = min(step_budget(len(decode), spec_budget), max_rows - n_rows)
+    found: list[list[int]] = []
+    wants: list[int] = []
+    for t in decode:
+        d = t.drafts
+        # Never draft past max_tokens or the context: the KV reservation covers neither.
+        room = min(t.params.max_tokens - len(t.output), ctx_cap - t.n_cached) - 2
+        if d is None or room <= 0:
+            found.append([])
+            wants.append(0)
+            continue
+        want = d.state.want()  # 0 while disarmed: look up one token, as a free guess
+        # A few more than wanted, for rounding up to a whole tile.
+        draft = d.index.draft(min(want + ROW_TILE - 1 if want else 1, room))
+        d.state.guess = draft[0] if draft else -1  # checked in core._sample if not drafted
+        found.append(draft)
+        wants.append(min(want, len(draft)))
+    got = allocate(wants, budget)
+    armed = [t.drafts is not None and t.drafts.state.armed for t in decode]
+    # Growing uses free rows only in steps without prefill: a prefill step's rows are
+    # the prompt's, and its length is not the drafts' to round.
+    got = fit_tile(got, [len(f) - g for f, g in zip(found, got)], armed, n_rows,
+                   grow=not n_prefill, max_rows=max_rows)
+    return [f[:g] for f, g in zip(found, got)]
