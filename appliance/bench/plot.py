@@ -88,10 +88,12 @@ def plot_office(reports: list[dict[str, Any]], path: str) -> None:
 def _office_panel(ax: Any, label: str, run: dict[str, Any]) -> None:
     ts = [t for t, _, _ in run["timeline"]]
     queue = [q for _, _, q in run["timeline"]]
+    in_flight = [n for _, n, _ in run["timeline"]]
     if any(q is not None for q in queue):
         ax.step(ts, [math.nan if q is None else q for q in queue], where="post", color="C0", label="queue (/health)")
-    else:
-        ax.step(ts, [n for _, n, _ in run["timeline"]], where="post", color="C0", label="in flight (client)")
+        ax.step(ts, in_flight, where="post", color="C0", alpha=0.35, linestyle="--", label="in flight (client)")
+    else:  # llama-server's /health has no queue: what the client sees is all there is
+        ax.step(ts, in_flight, where="post", color="C0", label="in flight (client)")
     ax.set_ylabel("requests")
     ax.set_ylim(bottom=0)
     ax.set_title(label, fontsize=10)

@@ -36,10 +36,14 @@ _OFFICE_RATIO_OF = {**_RATIO_OF, "ttft_ms_p95": "ttft_p95", "ttft_ms_p99": "ttft
                     "user_tokens_per_s_p10": "user_tokens_per_s_p10", "fairness_ttft_p50": "fairness_ttft_p50"}
 
 
-def _cell(v: Any, width: int = 0) -> str:
+# Small numbers (per-user tokens/s ~2-6, fairness ~1-10) shown to 0.01, the rest to 0.1.
+_TWO_DECIMALS = {"user_tokens_per_s_p50", "user_tokens_per_s_p10", "fairness_ttft_p50"}
+
+
+def _cell(v: Any, width: int = 0, digits: int = 1) -> str:
     if v is None:
         return "-".rjust(width)
-    return (f"{v:.1f}" if isinstance(v, float) else str(v)).rjust(width)
+    return (f"{v:.{digits}f}" if isinstance(v, float) else str(v)).rjust(width)
 
 
 def _render(head: list[str], rows: list[list[str]], note: str, markdown: bool,
@@ -67,7 +71,7 @@ def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
         for lb in labels:
             if lb in level:
                 s = level[lb].summary()
-                rows.append([str(c), lb] + [_cell(s[k]) for _, k, _ in columns])
+                rows.append([str(c), lb] + [_cell(s[k], digits=2 if k in _TWO_DECIMALS else 1) for _, k, _ in columns])
         for b, r in level_ratios(level, labels).items():
             rows.append([str(c), _ratio_row(b, labels)]
                         + [f"{v:.2f}x" if (v := r.get(ratio_of.get(k, ""))) is not None else ""
@@ -77,14 +81,14 @@ def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
 
 
 def _pad_table(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
-               markdown: bool = False) -> list[str]:
+               markdown: bool = False, what: str = "--prompt-mix document") -> list[str]:
     columns = [("ok", "completed", 5), ("prompt", "prompt_tokens", 8),
                ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8)]
     rows = [[str(c), lb, pad] + [_cell(s[k]) for _, k, _ in columns]
             for c, level in done.items() for lb in labels
             for pad, s in (level[lb].by_pad() if lb in level else {}).items()]
     return _render(["conc", "server", "pad"] + [h for h, _, _ in columns], rows,
-                   "turn 1 by --prompt-mix document, tokens; times in ms", markdown,
+                   f"turn 1 by {what}, tokens; times in ms", markdown,
                    [4, lw, 6] + [w for *_, w in columns])
 
 
@@ -165,6 +169,6 @@ def _office(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
     lines += [""] + _table(done, labels, _OFFICE_TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms",
                            markdown, _OFFICE_RATIO_OF)
     if any(lv.by_pad() for level in done.values() for lv in level.values()):
-        lines += [""] + _pad_table(done, labels, lw, markdown)
+        lines += [""] + _pad_table(done, labels, lw, markdown, "pasted document (0 = a question)")
     more = ", ttft95/99 = {b}/{a}, utok10 = {a}/{b}, fair = {b}/{a}"
     return lines + _ratio_legend(labels, ", ttft50@2+ = {b}/{a}", more) + _failures(done, labels)
