@@ -7,18 +7,34 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from appliance.bench.load import measure, soak
-from appliance.bench.plot import PlotError, plot
+from appliance.bench.office import run_office
+from appliance.bench.plot import PlotError, plot, plot_office
 from appliance.bench.progress import Progress
-from appliance.bench.prompts import BURST_SIZE, DEFAULT_LEVELS, DEFAULT_SYSTEM, PROMPT_SETS, PROMPTS, REWRITE_PROMPTS
+from appliance.bench.prompts import (
+    BURST_SIZE,
+    DEFAULT_LEVELS,
+    DEFAULT_SYSTEM,
+    OFFICE_SYSTEM,
+    PROMPT_SETS,
+    PROMPTS,
+    REWRITE_PROMPTS,
+)
 from appliance.bench.records import json_report, jsonl_records, read_jsonl
 from appliance.bench.report import format_report
 from appliance.bench.results import LevelResult
+from appliance.bench.schedule import Office
 from appliance.bench.target import resolve_model
 from appliance.bench.workload import Workload, fresh_system
+
+# Flags whose default depends on --workload (None on the command line = not given).
+_DEFAULTS: dict[str, Any] = {"max_tokens": 64, "think_s": 1.0, "duration_s": 180.0, "system": DEFAULT_SYSTEM}
+_WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "office": {"max_tokens": 96, "think_s": 6.0, "duration_s": 150.0, "system": OFFICE_SYSTEM}}
 
 
 def _int_list(text: str) -> list[int]:
@@ -67,6 +83,18 @@ def _non_negative_float(text: str) -> float:
     return x
 
 
+def _share(text: str) -> float:
+    """A share as 0.11 or 1/9, in [0, 1]."""
+    num, sep, den = text.partition("/")
+    try:
+        x = float(num) / float(den) if sep else float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a share such as 0.11 or 1/9: {text!r}") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError("a share is between 0 and 1")
+    return x
+
+
 def _compare(text: str) -> tuple[str | None, str]:
     """--compare URL, or LABEL=URL (a label holds no ':' or '/', so a URL's query is no label)."""
     label, sep, url = text.partition("=")
@@ -80,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_workload(parser)
     _add_requests(parser)
     _add_soak(parser)
+    _add_office(parser)
     _add_output(parser)
 
 
@@ -99,7 +128,7 @@ def _add_workload(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--concurrency", type=_concurrency_list, default=None,
       help="comma-separated concurrency levels (default 1,4,8,16; burst: its size, "
-           f"{BURST_SIZE}; soak: 8)")
+           f"{BURST_SIZE}; soak: 8; office: 20 users)")
     a("--requests", type=_positive_int, default=None,
       help="requests per level per server per round (default max(2*concurrency, 8); "
            "ignored by burst, soak and --turns > 1)")
@@ -118,7 +147,9 @@ def _add_workload(parser: argparse.ArgumentParser) -> None:
            "how many came back and when the last did, and exits 1 unless all did. "
            "soak: chat at a steady --concurrency (default 8) for --duration-s per server, "
            "sampling the server's RSS (VmRSS of the process listening on a loopback port, or "
-           "--pid) every --rss-every-s")
+           "--pid) every --rss-every-s. "
+           "office: --concurrency users (default 20), each on its own address, in seeded "
+           "multi-turn conversations for --duration-s (default 150); see docs/benchmarks/office.md")
     a("--prompt-mix", type=_prompt_mix, default=None, metavar="N1,N2,...",
       help="put a ~N-token document before the first prompt of conversation i (request i; "
            "user i with --turns), N = N[i %% len] (0 = none), e.g. 20,60,150,300,600: with --arrival together and "
@@ -129,9 +160,10 @@ def _add_workload(parser: argparse.ArgumentParser) -> None:
 def _add_requests(parser: argparse.ArgumentParser) -> None:
     """What each request and conversation is like, and how levels are run."""
     a = parser.add_argument
-    a("--max-tokens", type=_positive_int, default=64)
+    a("--max-tokens", type=_positive_int, default=None, help="default 64; office: 96")
     a("--temperature", type=float, default=0.0)
-    a("--system", default=DEFAULT_SYSTEM, help="shared system prompt")
+    a("--system", default=None, help="shared system prompt (default: an office assistant's; "
+                                   "office: a longer office tool's, prompts.OFFICE_SYSTEM)")
     a("--model", default=None, help="model name (default: first id of GET /v1/models)")
     a("--timeout", type=_positive_float, default=300.0, help="seconds per request")
     a("--rounds", type=_positive_int, default=1,
@@ -144,8 +176,9 @@ def _add_requests(parser: argparse.ArgumentParser) -> None:
     a("--turns", type=_positive_int, default=1,
       help="> 1: each concurrent client is one user sending T turns of one growing "
            "conversation (--requests is then ignored; a failed turn ends that conversation)")
-    a("--think-s", type=_non_negative_float, default=1.0,
-      help="seconds a user pauses between an answer and its next turn (default 1.0)")
+    a("--think-s", type=_non_negative_float, default=None,
+      help="seconds a user pauses between an answer and its next turn (default 1.0); office: "
+           "the mean of exponentially distributed pauses, before each turn (default 6)")
     a("--no-session-id", dest="session_ids", action="store_false",
       help="send no X-Session-Id, as most OpenAI clients do (users are then told apart "
            "by source address: on loopback each simulated user has its own 127.0.0.N)")
@@ -154,14 +187,31 @@ def _add_requests(parser: argparse.ArgumentParser) -> None:
 def _add_soak(parser: argparse.ArgumentParser) -> None:
     """The soak workload's duration and RSS sampling."""
     a = parser.add_argument
-    a("--duration-s", type=_positive_float, default=180.0,
-      help="soak: seconds of steady load per server and level (default 180)")
+    a("--duration-s", type=_positive_float, default=None,
+      help="soak, office: seconds of load per server, level and round (default 180; office 150); "
+           "no turn starts after it, turns in flight finish")
     a("--warmup-s", type=_non_negative_float, default=30.0,
       help="soak: the 'warm' RSS is the first sample this many seconds into the load (default 30)")
     a("--rss-every-s", type=_positive_float, default=5.0,
       help="soak: seconds between RSS samples (default 5)")
     a("--pid", type=_positive_int, default=None,
       help="soak: pid of the --url server (default: the process listening on its loopback port)")
+
+
+def _add_office(parser: argparse.ArgumentParser) -> None:
+    """The office workload's mix."""
+    a = parser.add_argument
+    a("--seed", type=int, default=0,
+      help="office: seed of every user's questions, documents and think times (default 0): "
+           "every server and round gets the same schedule (documents get a fresh nonce per round)")
+    a("--doc-share", type=_share, default=1 / 9, metavar="SHARE",
+      help="office: share of conversations opening with a pasted document to summarise, "
+           "e.g. 1/9 (default) or 0.2; the others open with a short question")
+    a("--doc-tokens", type=_positive_int, default=700, help="office: ~tokens of that document (default 700)")
+    a("--follow-ups", type=int, choices=range(0, 5), default=3, metavar="N",
+      help="office: each conversation has 1..N follow-ups, uniformly (default 3, at most 4), "
+           "then the user starts a new one. A refused (429/503) or failed turn is counted and "
+           "not retried: it ends its conversation, and the next starts after its think time")
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
@@ -179,8 +229,9 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
       help="no progress bar on stderr (there is none when stderr is not a terminal)")
     a("--plot", metavar="FILE.png",
       help="draw tokens/s and TTFT p50 against clients, one line per server and --tag: of "
-           "this run, or with --from of JSONL files only (nothing is measured then). Needs "
-           "matplotlib: pip install 'appliance[plot]'")
+           "this run, or with --from of JSONL files only (nothing is measured then); office: "
+           "the server's queue (else the requests in flight) and each answer's TTFT over time, "
+           "one panel per server (its first round). Needs matplotlib: pip install 'appliance[plot]'")
     a("--from", dest="plot_from", metavar="PATH", action="append", default=[],
       help="with --plot: a --jsonl file to draw (repeatable)")
 
@@ -205,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.plot_from:
         return _plot_from(args)
+    for key, value in {**_DEFAULTS, **_WORKLOAD_DEFAULTS.get(args.workload, {})}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     targets = _targets(args)
     labels = [lb for lb, _ in targets]
     if len(set(labels)) < len(labels):
@@ -224,7 +278,10 @@ def run(args: argparse.Namespace) -> int:
         print("\ninterrupted; results so far:")
     print(format_report(done, labels, workload=args.workload, markdown=args.markdown))
     records = _write_results(args, targets, models, done, rounds)
-    if args.plot and (code := _plot(records, args.plot)):
+    if args.plot and args.workload == "office":
+        # The office plot is a timeline, drawn from what --json holds.
+        records = [json_report(args, targets, models, done, rounds)]
+    if args.plot and (code := _plot(records, args.plot, plot_office if args.workload == "office" else plot)):
         return code
     if interrupted:
         return 130
@@ -282,7 +339,6 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
                     think_s=args.think_s, session_ids=args.session_ids,
                     one_address=args.workload == "burst")
     for c in args.concurrency or DEFAULT_LEVELS[args.workload]:
-        n = c if args.workload == "burst" else args.requests or max(2 * c, 8)
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
         rounds[c] = parts
         for rnd in range(args.rounds):
@@ -291,20 +347,30 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
             for lb, url in order:
                 system = fresh_system(args.system) if args.fresh_system else args.system
                 wl = replace(base, model=models[lb], system=system)
-                if args.workload == "soak":
-                    lv = await soak(url, c, wl, args.duration_s, label=lb, timeout=args.timeout,
-                                    arrival=args.arrival, pid=args.pid if lb == args.label else None,
-                                    every_s=args.rss_every_s, warmup_s=args.warmup_s, progress=progress)
-                else:
-                    lv = await measure(url, c, n, wl, label=lb, timeout=args.timeout,
-                                       arrival=args.arrival, progress=progress)
-                parts[lb].append(lv)
+                parts[lb].append(await _level(args, lb, url, c, wl, rnd, progress))
                 done[c] = {k: LevelResult.merge(v) for k, v in parts.items() if v}
 
 
-def _plot(records: list[dict[str, Any]], path: str) -> int:
+async def _level(args: argparse.Namespace, lb: str, url: str, c: int, wl: Workload, rnd: int,
+                 progress: Progress | None) -> LevelResult:
+    """One server at one level in one round, as --workload asks."""
+    if args.workload == "soak":
+        return await soak(url, c, wl, args.duration_s, label=lb, timeout=args.timeout,
+                          arrival=args.arrival, pid=args.pid if lb == args.label else None,
+                          every_s=args.rss_every_s, warmup_s=args.warmup_s, progress=progress)
+    if args.workload == "office":
+        plan = Office(seed=args.seed, doc_share=args.doc_share, doc_tokens=args.doc_tokens,
+                      follow_ups=args.follow_ups, think_s=args.think_s)
+        return await run_office(url, c, wl, plan, args.duration_s, label=lb, timeout=args.timeout,
+                                salt=f"r{rnd}-", progress=progress)
+    n = c if args.workload == "burst" else args.requests or max(2 * c, 8)
+    return await measure(url, c, n, wl, label=lb, timeout=args.timeout, arrival=args.arrival,
+                         progress=progress)
+
+
+def _plot(data: Any, path: str, draw: Callable[[Any, str], None] = plot) -> int:
     try:
-        plot(records, path)
+        draw(data, path)
     except PlotError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2

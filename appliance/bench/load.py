@@ -29,11 +29,12 @@ Arrival = Literal["together", "staggered"]
 STAGGER_S = 0.25
 
 
-async def _request(
+async def request(
     client: httpx.AsyncClient, endpoint: str, workload: Workload,
     messages: list[dict[str, str]], timeout: float, session: str | None = None,
     first_token: asyncio.Event | None = None,
 ) -> RequestResult:
+    """One streamed chat completion, timed chunk by chunk; never raises for HTTP trouble."""
     body = {
         "model": workload.model, "stream": True, "stream_options": {"include_usage": True},
         "max_tokens": workload.max_tokens, "temperature": workload.temperature,
@@ -116,14 +117,15 @@ async def measure(
     async with contextlib.AsyncExitStack() as stack:
         # Made before the clock starts: users 0..concurrency-1 are the workers, the last
         # one pastes the long document.
-        level.clients = [await stack.enter_async_context(_user_client(workload, timeout, tls, local, i))
+        level.clients = [await stack.enter_async_context(user_client(workload, timeout, tls, local, i))
                          for i in range(concurrency + (1 if workload.long_prompt_tokens else 0))]
         wall = await level.run(concurrency, label, expected, duration_s)
     return LevelResult(label, concurrency, wall, level.results, level.long_results,
                        _gaps_during(level.long_results, level.results))
 
 
-def _user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int) -> httpx.AsyncClient:
+def user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int) -> httpx.AsyncClient:
+    """Simulated user i's own HTTP client."""
     # One client per simulated user: its own connection and, on loopback, its own source
     # address, so the server sees an office of users rather than one very busy one.
     address = user_address(0 if workload.one_address else i) if local else None
@@ -196,7 +198,7 @@ class _Level:
         prompt, pad = first_prompt(workload, k)
         messages = opening(workload.system, prompt)
         for turn in range(1, workload.turns + 1):
-            res = await _request(client, self.endpoint, workload, messages, self.timeout, session,
+            res = await request(client, self.endpoint, workload, messages, self.timeout, session,
                                  self.first_token)
             res.turn, res.pad_tokens = turn, pad
             self.results.append(res)
@@ -225,7 +227,7 @@ class _Level:
         await self.first_token.wait()
         doc = long_document(self.workload.long_prompt_tokens)
         prompt = "Summarise the following document in three sentences.\n\n" + doc
-        self.long_results.append(await _request(self.clients[-1], self.endpoint, self.workload,
+        self.long_results.append(await request(self.clients[-1], self.endpoint, self.workload,
                                                 opening(self.workload.system, prompt), self.timeout))
 
     async def ticker(self) -> None:

@@ -1,5 +1,5 @@
-"""--plot: tokens/s and TTFT p50 against clients, drawn with matplotlib (imported only here,
-only when asked for)."""
+"""--plot: tokens/s and TTFT p50 against clients, or (office) the queue and each answer's TTFT
+over time, drawn with matplotlib (imported only here, only when asked for)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,20 @@ class PlotError(Exception):
     """--plot cannot draw: matplotlib is missing, or there is nothing to draw."""
 
 
-def plot(records: list[dict[str, Any]], path: str) -> None:
-    """tokens/s and TTFT p50 against clients: one colour per server, one line style per run
-    (--tag, else workload); a later record of the same line and level replaces an earlier one."""
+def _pyplot() -> Any:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
         raise PlotError("--plot needs matplotlib: pip install 'appliance[plot]' "
                         "(.venv/bin/pip install -e '.[plot]')") from None
     matplotlib.use("Agg")  # files only: no display needed
-    pyplot = importlib.import_module("matplotlib.pyplot")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
+    """tokens/s and TTFT p50 against clients: one colour per server, one line style per run
+    (--tag, else workload); a later record of the same line and level replaces an earlier one."""
+    pyplot = _pyplot()
     if not records:
         raise PlotError("nothing to plot")
     series: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
@@ -60,3 +64,46 @@ def plot(records: list[dict[str, Any]], path: str) -> None:
     fig.tight_layout(rect=(0, 0.06 * ((len(names) + 2) // 3) + 0.02, 1, 1))
     fig.savefig(path)
     pyplot.close(fig)
+
+
+def plot_office(reports: list[dict[str, Any]], path: str) -> None:
+    """An office run (the first --json report's first level): one panel per server, its first
+    round over time: the server's /health queue (or, when it has none, the requests in flight
+    as the client counts them) and each answer's TTFT as a point at the time it was sent."""
+    pyplot = _pyplot()
+    level = next((lv for r in reports for lv in r.get("levels", []) if lv.get("office_rounds")), None)
+    if level is None:
+        raise PlotError("nothing to plot")
+    runs = {lb: rounds[0] for lb, rounds in level["office_rounds"].items() if rounds}
+    fig, axes = pyplot.subplots(len(runs), 1, figsize=(8.0, 2.4 * len(runs) + 0.6), dpi=100,
+                                sharex=True, squeeze=False)
+    for ax, (label, run) in zip(axes[:, 0], runs.items(), strict=True):
+        _office_panel(ax, label, run)
+    axes[-1, 0].set_xlabel("seconds into the run")
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot.close(fig)
+
+
+def _office_panel(ax: Any, label: str, run: dict[str, Any]) -> None:
+    ts = [t for t, _, _ in run["timeline"]]
+    queue = [q for _, _, q in run["timeline"]]
+    in_flight = [n for _, n, _ in run["timeline"]]
+    if any(q is not None for q in queue):
+        ax.step(ts, [math.nan if q is None else q for q in queue], where="post", color="C0", label="queue (/health)")
+        ax.step(ts, in_flight, where="post", color="C0", alpha=0.35, linestyle="--", label="in flight (client)")
+    else:  # llama-server's /health has no queue: what the client sees is all there is
+        ax.step(ts, in_flight, where="post", color="C0", label="in flight (client)")
+    ax.set_ylabel("requests")
+    ax.set_ylim(bottom=0)
+    ax.set_title(label, fontsize=10)
+    ax.grid(alpha=0.3)
+    ttft = ax.twinx()
+    for later, colour, name in ((False, "C1", "TTFT, first turn"), (True, "C2", "TTFT, later turn")):
+        points = [(r["t_start"], r["ttft_ms"] / 1000.0) for r in run["requests"]
+                  if r["ok"] and r["ttft_ms"] is not None and (r["turn"] > 1) == later]
+        ttft.scatter([x for x, _ in points], [y for _, y in points], s=9, color=colour, label=name)
+    ttft.set_ylabel("TTFT, s")
+    ttft.set_ylim(bottom=0)
+    handles = ax.get_legend_handles_labels()[0] + ttft.get_legend_handles_labels()[0]
+    ax.legend(handles, [str(h.get_label()) for h in handles], loc="upper left", fontsize=7, frameon=False)

@@ -246,7 +246,32 @@ BURST_PROMPTS: tuple[str, ...] = tuple(
     f"Write a 2-sentence description for this product in our online shop: {p}." for p in PRODUCTS)
 BURST_SIZE = len(PRODUCTS)
 
-WorkloadName = Literal["chat", "rewrite", "burst", "soak"]
+# --workload office: one office tool's system prompt (the same text from every PC), short
+# questions (PROMPTS), and now and then a pasted document to summarise, then follow-ups.
+OFFICE_SYSTEM = (
+    "You are the assistant built into the office tools of a small company. Staff ask you about "
+    "their work: emails, letters, meeting notes, spreadsheets, reports, schedules and everyday "
+    "IT questions. Answer in plain, friendly language and keep answers short: a few sentences, "
+    "or a short list when steps are asked for. When a user pastes a document, base your answer "
+    "on that document only and say when it does not contain what was asked. Never invent names, "
+    "figures or dates. Do not give legal, medical or financial advice; suggest asking the right "
+    "colleague instead. If a request is unclear, ask one short question back."
+)
+# The ask after a pasted document (the document goes first, as a paste does).
+DOC_ASKS: tuple[str, ...] = (
+    "Summarise this document in three sentences.",
+    "What are the main points of this document? Give me a short list.",
+    "Summarise these minutes for someone who missed the meeting.",
+)
+# Follow-ups on a summarised document; questions are followed up with FOLLOW_UPS.
+DOC_FOLLOW_UPS: tuple[str, ...] = (
+    "What are the action items?",
+    "Which of these points is the most urgent?",
+    "Write a two-line email to the team about it.",
+    "Is anything in it unclear or missing?",
+)
+
+WorkloadName = Literal["chat", "rewrite", "burst", "soak", "office"]
 # What each --workload sends: prompts[k] opens conversation k, follow_ups[k % len] continues it.
 # soak is chat for a fixed time; burst sends one opening each (no follow-ups unless --turns).
 PROMPT_SETS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
@@ -254,10 +279,11 @@ PROMPT_SETS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
     "rewrite": (REWRITE_PROMPTS, REWRITE_FOLLOW_UPS),
     "burst": (BURST_PROMPTS, (FOLLOW_UPS,)),
     "soak": (PROMPTS, (FOLLOW_UPS,)),
+    "office": (PROMPTS, (FOLLOW_UPS,)),  # drawn at random per user: see schedule.py
 }
 # Concurrency levels when --concurrency is not given: a burst is its size, a soak one load.
 DEFAULT_LEVELS: dict[str, list[int]] = {"chat": [1, 4, 8, 16], "rewrite": [1, 4, 8, 16],
-                                        "burst": [BURST_SIZE], "soak": [8]}
+                                        "burst": [BURST_SIZE], "soak": [8], "office": [20]}
 
 
 _LONG_SENTENCES = (
@@ -270,9 +296,10 @@ _LONG_SENTENCES = (
 )
 
 
-def long_document(n_tokens: int) -> str:
-    # A fresh nonce up front defeats prefix caching, so every round pays the full prefill.
-    parts = [f"Document {uuid.uuid4().hex}."]
+def long_document(n_tokens: int, nonce: str | None = None) -> str:
+    # A fresh nonce up front defeats prefix caching, so every round pays the full prefill;
+    # the office schedule gives its own (seeded), so two servers get the same document.
+    parts = [f"Document {nonce or uuid.uuid4().hex}."]
     size, i = len(parts[0]), 0
     while size < n_tokens * CHARS_PER_TOKEN:
         parts.append(_LONG_SENTENCES[i % len(_LONG_SENTENCES)])

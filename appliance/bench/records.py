@@ -9,22 +9,29 @@ import json
 import statistics
 from typing import Any
 
-from appliance.bench.results import LevelResult, level_ratios, ms, percentile
+from appliance.bench.results import LevelResult, level_ratios
+
+_MEDIAN_KEYS = ("tokens_per_s", "ttft_ms_p50", "later_ttft_ms_p50")
+# The office's figures (issue 25 compares servers by the median of two rounds of these).
+_OFFICE_MEDIAN_KEYS = ("completed", "rejected", "failed", "requests_per_min", "ttft_ms_p95", "ttft_ms_p99",
+                       "turn1_ttft_ms_p50", "turn1_ttft_ms_p95", "turn1_ttft_ms_p99",
+                       "later_ttft_ms_p95", "later_ttft_ms_p99",
+                       "user_tokens_per_s_p50", "user_tokens_per_s_p10", "fairness_ttft_p50")
 
 
-def _median_of_rounds(parts: list[LevelResult]) -> dict[str, float | None]:
+def _median_of_rounds(parts: list[LevelResult], office: bool = False) -> dict[str, float | None]:
     """Each round measured on its own, then the median across rounds: robust to one noisy round."""
-    def med(values: list[float | None]) -> float | None:
-        vals = [v for v in values if v is not None]
+    summaries = [p.summary() for p in parts]
+
+    def med(key: str) -> float | None:
+        vals = [v for s in summaries if (v := s[key]) is not None]
         return round(statistics.median(vals), 2) if vals else None
 
-    return {"tokens_per_s": med([p.tokens_per_s for p in parts]),
-            "ttft_ms_p50": med([ms(percentile(p.ttfts(), 50)) for p in parts]),
-            "later_ttft_ms_p50": med([ms(percentile(p.ttfts(True), 50)) for p in parts])}
+    return {key: med(key) for key in _MEDIAN_KEYS + (_OFFICE_MEDIAN_KEYS if office else ())}
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    soak = args.workload == "soak"
+    soak, office = args.workload == "soak", args.workload == "office"
     return {"workload": args.workload,
             "prompt_mix": list(args.prompt_mix) if args.prompt_mix else None,
             "max_tokens": args.max_tokens, "temperature": args.temperature,
@@ -33,9 +40,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "fresh_system": args.fresh_system, "turns": args.turns,
             "think_s": args.think_s, "session_ids": args.session_ids,
             "requests": args.requests, "timeout": args.timeout,
-            "duration_s": args.duration_s if soak else None,
+            "duration_s": args.duration_s if soak or office else None,
             "warmup_s": args.warmup_s if soak else None,
-            "rss_every_s": args.rss_every_s if soak else None}
+            "rss_every_s": args.rss_every_s if soak else None,
+            "office": {"seed": args.seed, "doc_share": args.doc_share, "doc_tokens": args.doc_tokens,
+                       "follow_ups": args.follow_ups} if office else None}
 
 
 def json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
@@ -51,8 +60,11 @@ def json_report(args: argparse.Namespace, targets: list[tuple[str, str]],
             entry["ratio"] = ratios[labels[1]]
         if ratios:
             entry["ratios"] = ratios  # {other server: first vs it}
+        office = args.workload == "office"
         if rounds and args.rounds > 1:
-            entry["median_of_rounds"] = {lb: _median_of_rounds(parts) for lb, parts in rounds[c].items()}
+            entry["median_of_rounds"] = {lb: _median_of_rounds(parts, office) for lb, parts in rounds[c].items()}
+        if rounds and office:  # every request and the timeline, round by round (what --plot draws)
+            entry["office_rounds"] = {lb: [p.detail() for p in parts] for lb, parts in rounds[c].items()}
         levels.append(entry)
     return {
         "servers": [{"label": lb, "url": url, "model": models.get(lb)} for lb, url in targets],

@@ -24,12 +24,26 @@ _TURN_COLUMNS = [("ttft50@1", "turn1_ttft_ms_p50", 10), ("ttft95@1", "turn1_ttft
 # Which _ratios entry the ratio row shows under which column.
 _RATIO_OF = {"tokens_per_s": "tokens_per_s", "ttft_ms_p50": "ttft_p50",
              "later_ttft_ms_p50": "later_ttft_p50"}
+# --workload office: what an office feels (docs/benchmarks/office.md defines every column).
+_OFFICE_COLUMNS = [("ok", "completed", 5), ("rej", "rejected", 5), ("fail", "failed", 5),
+                   ("tok/s", "tokens_per_s", 8), ("req/min", "requests_per_min", 8),
+                   ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8), ("ttft99", "ttft_ms_p99", 8),
+                   ("utok50", "user_tokens_per_s_p50", 8), ("utok10", "user_tokens_per_s_p10", 8),
+                   ("fair", "fairness_ttft_p50", 7)]
+_OFFICE_TURN_COLUMNS = [(f"ttft{q}@{h}", f"{k}_ttft_ms_p{q}", 11) for h, k in (("1", "turn1"), ("2+", "later"))
+                        for q in (50, 95, 99)]
+_OFFICE_RATIO_OF = {**_RATIO_OF, "ttft_ms_p95": "ttft_p95", "ttft_ms_p99": "ttft_p99",
+                    "user_tokens_per_s_p10": "user_tokens_per_s_p10", "fairness_ttft_p50": "fairness_ttft_p50"}
 
 
-def _cell(v: Any, width: int = 0) -> str:
+# Small numbers (per-user tokens/s ~2-6, fairness ~1-10) shown to 0.01, the rest to 0.1.
+_TWO_DECIMALS = {"user_tokens_per_s_p50", "user_tokens_per_s_p10", "fairness_ttft_p50"}
+
+
+def _cell(v: Any, width: int = 0, digits: int = 1) -> str:
     if v is None:
         return "-".rjust(width)
-    return (f"{v:.1f}" if isinstance(v, float) else str(v)).rjust(width)
+    return (f"{v:.{digits}f}" if isinstance(v, float) else str(v)).rjust(width)
 
 
 def _render(head: list[str], rows: list[list[str]], note: str, markdown: bool,
@@ -50,30 +64,31 @@ def _render(head: list[str], rows: list[list[str]], note: str, markdown: bool,
 
 
 def _table(done: dict[int, dict[str, LevelResult]], labels: list[str],
-           columns: list[tuple[str, str, int]], lw: int, note: str, markdown: bool = False) -> list[str]:
+           columns: list[tuple[str, str, int]], lw: int, note: str, markdown: bool = False,
+           ratio_of: dict[str, str] = _RATIO_OF) -> list[str]:
     rows = []
     for c, level in done.items():
         for lb in labels:
             if lb in level:
                 s = level[lb].summary()
-                rows.append([str(c), lb] + [_cell(s[k]) for _, k, _ in columns])
+                rows.append([str(c), lb] + [_cell(s[k], digits=2 if k in _TWO_DECIMALS else 1) for _, k, _ in columns])
         for b, r in level_ratios(level, labels).items():
             rows.append([str(c), _ratio_row(b, labels)]
-                        + [f"{v:.2f}x" if (v := r.get(_RATIO_OF.get(k, ""))) is not None else ""
+                        + [f"{v:.2f}x" if (v := r.get(ratio_of.get(k, ""))) is not None else ""
                            for _, k, _ in columns])
     head = ["conc", "server"] + [h for h, _, _ in columns]
     return _render(head, rows, note, markdown, [4, lw] + [w for *_, w in columns])
 
 
 def _pad_table(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
-               markdown: bool = False) -> list[str]:
+               markdown: bool = False, what: str = "--prompt-mix document") -> list[str]:
     columns = [("ok", "completed", 5), ("prompt", "prompt_tokens", 8),
                ("ttft50", "ttft_ms_p50", 8), ("ttft95", "ttft_ms_p95", 8)]
     rows = [[str(c), lb, pad] + [_cell(s[k]) for _, k, _ in columns]
             for c, level in done.items() for lb in labels
             for pad, s in (level[lb].by_pad() if lb in level else {}).items()]
     return _render(["conc", "server", "pad"] + [h for h, _, _ in columns], rows,
-                   "turn 1 by --prompt-mix document, tokens; times in ms", markdown,
+                   f"turn 1 by {what}, tokens; times in ms", markdown,
                    [4, lw, 6] + [w for *_, w in columns])
 
 
@@ -114,6 +129,8 @@ def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str], *,
     """Fixed-width (or Markdown) tables: per turn if multi-turn, per document size if
     --prompt-mix, a burst's answers back, a soak's RSS; ratio rows are >1 when the first is better."""
     lw = max(len(lb) for lb in labels + [_ratio_row(b, labels) for b in labels[1:]] + ["ratio"])
+    if workload == "office":
+        return "\n".join(_office(done, labels, lw, markdown))
     lines = _table(done, labels, _COLUMNS, lw, "times in ms", markdown)
     multi_turn = any(r.turn > 1 for level in done.values() for lv in level.values()
                      for r in lv.results)
@@ -125,16 +142,33 @@ def format_report(done: dict[int, dict[str, LevelResult]], labels: list[str], *,
         lines += [""] + _burst_table(done, labels, markdown)
     if workload == "soak" and done:
         lines += [""] + _soak_table(done, labels, markdown)
-    later = ", ttft50@2+ = {b}/{a}" if multi_turn else ""
-    if len(labels) == 2:
-        a, b = labels
-        lines.append(f"ratio: tok/s = {a}/{b}, ttft50 = {b}/{a}{later.format(a=a, b=b)} (>1 = {a} is better)")
-    elif len(labels) > 2:
-        a = labels[0]
-        lines.append(f"ratio X: tok/s = {a}/X, ttft50 = X/{a}{later.format(a=a, b='X')} (>1 = {a} is better)")
+    lines += _ratio_legend(labels, ", ttft50@2+ = {b}/{a}" if multi_turn else "") + _failures(done, labels)
+    return "\n".join(lines)
+
+
+def _ratio_legend(labels: list[str], later: str, more: str = "") -> list[str]:
+    if len(labels) < 2:
+        return []
+    a, b, x = labels[0], labels[1], ("" if len(labels) == 2 else " X")
+    b = b if len(labels) == 2 else "X"
+    return [f"ratio{x}: tok/s = {a}/{b}, ttft50 = {b}/{a}{(later + more).format(a=a, b=b)} (>1 = {a} is better)"]
+
+
+def _failures(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> list[str]:
     notes = [f"  c={c} {lb}: " + ", ".join(f"{r} x{n}" for r, n in why.items())
              for c, level in done.items() for lb in labels
              if lb in level and (why := level[lb].failure_reasons)]
-    if notes:
-        lines += ["failures:"] + notes
-    return "\n".join(lines)
+    return ["failures:"] + notes if notes else []
+
+
+def _office(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int, markdown: bool) -> list[str]:
+    """The office tables: the run, TTFT of first and later turns, turn 1 with a document or not."""
+    lines = _table(done, labels, _OFFICE_COLUMNS, lw,
+                   "conc = users; rej = refused 429/503; times in ms; utok = per-user tokens/s while "
+                   "streaming; fair = worst user's median TTFT / best user's", markdown, _OFFICE_RATIO_OF)
+    lines += [""] + _table(done, labels, _OFFICE_TURN_COLUMNS, lw, "TTFT of turn 1 / turns 2+, ms",
+                           markdown, _OFFICE_RATIO_OF)
+    if any(lv.by_pad() for level in done.values() for lv in level.values()):
+        lines += [""] + _pad_table(done, labels, lw, markdown, "pasted document (0 = a question)")
+    more = ", ttft95/99 = {b}/{a}, utok10 = {a}/{b}, fair = {b}/{a}"
+    return lines + _ratio_legend(labels, ", ttft50@2+ = {b}/{a}", more) + _failures(done, labels)

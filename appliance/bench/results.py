@@ -22,6 +22,8 @@ class RequestResult:
     prompt_tokens: int | None = None  # from the usage chunk, when the server sends it
     text: str = ""  # the streamed answer, sent back as history on the next turn
     turn: int = 1  # 1-based position in its conversation
+    user: int = 0  # the simulated user (0-based; its source address is user_address(user))
+    conversation: int = 0  # the user's 0-based conversation number (office)
     pad_tokens: int | None = None  # the conversation's --prompt-mix document, None = no mix
     done: bool = False  # saw `data: [DONE]`
     reason: str = ""  # why it failed; empty when it succeeded
@@ -44,10 +46,32 @@ class RequestResult:
         return self.token_times[0] - self.t_start if self.token_times else None
 
     @property
+    def stream_s(self) -> float:
+        """From the first visible text to the end of the stream: how long the words flowed."""
+        return self.t_end - self.token_times[0] if self.token_times else 0.0
+
+    def row(self, t0: float) -> dict[str, Any]:
+        """This request as JSON (times in s since t0, the start of the load; TTFT in ms)."""
+        return {"user": self.user, "conversation": self.conversation, "turn": self.turn,
+                "doc_tokens": self.pad_tokens, "t_start": round(self.t_start - t0, 3),
+                "t_end": round(self.t_end - t0, 3), "ttft_ms": ms(self.ttft), "status": self.status,
+                "ok": self.ok, "completion_tokens": self.completion_tokens if self.ok else 0,
+                "reason": self.reason}
+
+    @property
     def gaps(self) -> list[float]:
         """Inter-token latency per chunk (a chunk may carry more than one token)."""
         t = self.token_times
         return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One look at the load, taken every second of an office run."""
+
+    t: float  # seconds since the load started
+    in_flight: int  # requests sent and not yet ended, as the client counts them
+    queue: int | None  # the server's /health "queue"; None when it says none (llama-server)
 
 
 @dataclass(slots=True)
@@ -64,6 +88,8 @@ class LevelResult:
     # taken before it starts and the last after it ended; warm-up ends at warmup_s.
     rss_mib: list[tuple[float, float]] = field(default_factory=list)
     warmup_s: float = 0.0
+    t0: float = 0.0  # perf_counter() when the load started (office: what Sample.t counts from)
+    timeline: list[Sample] = field(default_factory=list)  # office: queue and in-flight, 1/s
 
     @classmethod
     def merge(cls, parts: list[LevelResult]) -> LevelResult:
@@ -72,8 +98,14 @@ class LevelResult:
             first.label, first.concurrency, sum(p.wall_s for p in parts),
             [r for p in parts for r in p.results], [r for p in parts for r in p.long_results],
             [g for p in parts for g in p.itl_during_long],
-            first.rss_mib, first.warmup_s,  # RSS is one soak's story: the first round tells it
+            # RSS and the timeline are one run's story: the first round tells it.
+            first.rss_mib, first.warmup_s, first.t0, first.timeline,
         )
+
+    def detail(self) -> dict[str, Any]:
+        """Office: the timeline as [t, in flight, queue] and every request, times from t0."""
+        return {"timeline": [[x.t, x.in_flight, x.queue] for x in self.timeline],
+                "requests": [r.row(self.t0) for r in self.results]}
 
     def rss_points(self) -> dict[str, float | None]:
         """RSS (MiB) before the load, once warmed up, after it ended, and the highest seen."""
@@ -117,6 +149,28 @@ class LevelResult:
         return [t for r in self.completed if (t := r.ttft) is not None
                 and (later is None or (r.turn > 1) == later)]
 
+    def by_user(self) -> dict[int, list[RequestResult]]:
+        """Completed answers per simulated user."""
+        users: defaultdict[int, list[RequestResult]] = defaultdict(list)
+        for r in self.completed:
+            users[r.user].append(r)
+        return dict(users)
+
+    def user_tokens_per_s(self, in_flight: bool = False) -> list[float]:
+        """Per user: generated tokens over the time their answers streamed (first visible text
+        to end), or with in_flight over the time their requests were in flight (send to end)."""
+        out = []
+        for rs in self.by_user().values():
+            spent = sum(r.t_end - r.t_start if in_flight else r.stream_s for r in rs)
+            if spent > 0:
+                out.append(sum(r.completion_tokens for r in rs) / spent)
+        return out
+
+    def user_ttft_medians(self) -> list[float]:
+        """Each user's median TTFT over their answers (s)."""
+        return [statistics.median(t) for rs in self.by_user().values()
+                if (t := [x for r in rs if (x := r.ttft) is not None])]
+
     def latencies(self) -> list[float]:
         return [r.t_end - r.t_start for r in self.completed]
 
@@ -157,7 +211,7 @@ class LevelResult:
         """Plain JSON-able numbers; latencies in ms, None where nothing was measured."""
         long_ttfts = [t for r in self.long_results if r.ok and (t := r.ttft) is not None]
         by_turn = {f"{name}_ttft_ms_p{q}": ms(percentile(self.ttfts(later), q))
-                   for name, later in (("turn1", False), ("later", True)) for q in (50, 95)}
+                   for name, later in (("turn1", False), ("later", True)) for q in (50, 95, 99)}
         return {
             "label": self.label,
             "concurrency": self.concurrency,
@@ -172,6 +226,8 @@ class LevelResult:
             "requests_per_min": round(self.requests_per_min, 2),
             "ttft_ms_p50": ms(percentile(self.ttfts(), 50)),
             "ttft_ms_p95": ms(percentile(self.ttfts(), 95)),
+            "ttft_ms_p99": ms(percentile(self.ttfts(), 99)),
+            **self.user_summary(),
             "e2e_ms_p50": ms(percentile(self.latencies(), 50)),
             "e2e_ms_p95": ms(percentile(self.latencies(), 95)),
             "itl_ms_p50": ms(percentile(self.itls(), 50)),
@@ -194,6 +250,24 @@ class LevelResult:
         }
 
 
+    def user_summary(self) -> dict[str, Any]:
+        """Per-user pace (tokens/s p50 and p10: the slow users) and fairness: the worst user's
+        median TTFT over the best user's (1 = everyone waits alike)."""
+        stream, flight, medians = self.user_tokens_per_s(), self.user_tokens_per_s(True), self.user_ttft_medians()
+
+        def r2(x: float | None) -> float | None:
+            return None if x is None else round(x, 2)
+
+        return {"users_answered": len(self.by_user()),
+                "user_tokens_per_s_p50": r2(percentile(stream, 50)),
+                "user_tokens_per_s_p10": r2(percentile(stream, 10)),
+                "user_inflight_tokens_per_s_p50": r2(percentile(flight, 50)),
+                "user_inflight_tokens_per_s_p10": r2(percentile(flight, 10)),
+                "user_ttft_ms_p50_best": ms(min(medians, default=None)),
+                "user_ttft_ms_p50_worst": ms(max(medians, default=None)),
+                "fairness_ttft_p50": _ratio(max(medians, default=None), min(medians, default=None))}
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
     if not values:
@@ -214,13 +288,19 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def _ratios(level: dict[str, LevelResult], a: str, b: str) -> dict[str, float | None]:
-    """tokens/s a/b and TTFT p50 b/a (all turns, turns 2..T): all > 1 when `a` is better."""
-    def ttft(label: str, later: bool | None = None) -> float | None:
-        return percentile(level[label].ttfts(later), 50)
+    """tokens/s a/b, TTFT b/a (p50, p95, p99, turns 2..T p50), per-user tokens/s p10 a/b and
+    fairness b/a: all > 1 when `a` is better."""
+    def ttft(label: str, later: bool | None = None, q: float = 50) -> float | None:
+        return percentile(level[label].ttfts(later), q)
 
+    ua, ub = level[a].user_summary(), level[b].user_summary()
     return {"tokens_per_s": _ratio(level[a].tokens_per_s, level[b].tokens_per_s),
             "ttft_p50": _ratio(ttft(b), ttft(a)),
-            "later_ttft_p50": _ratio(ttft(b, True), ttft(a, True))}
+            "later_ttft_p50": _ratio(ttft(b, True), ttft(a, True)),
+            "ttft_p95": _ratio(ttft(b, q=95), ttft(a, q=95)),
+            "ttft_p99": _ratio(ttft(b, q=99), ttft(a, q=99)),
+            "user_tokens_per_s_p10": _ratio(ua["user_tokens_per_s_p10"], ub["user_tokens_per_s_p10"]),
+            "fairness_ttft_p50": _ratio(ub["fairness_ttft_p50"], ua["fairness_ttft_p50"])}
 
 
 def level_ratios(level: dict[str, LevelResult], labels: list[str]) -> dict[str, dict[str, float | None]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import re
 import socket
@@ -11,6 +12,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,8 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
     # Every request received, where from, and the text streamed back, so tests can check
     # the history and that each simulated user has its own address.
     seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": [], "hosts": []}
+    streaming = [0]  # replies in progress: what the fake's /health calls its queue
+    flaky_calls = [0]
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model"}]})
@@ -61,6 +65,14 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
         prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // bench.CHARS_PER_TOKEN
 
         async def events() -> AsyncIterator[str]:
+            streaming[0] += 1
+            try:
+                async for event in reply():
+                    yield event
+            finally:
+                streaming[0] -= 1
+
+        async def reply() -> AsyncIterator[str]:
             yield _chunk({"role": "assistant", "content": ""})  # must not count as a token
             yield ": keep-alive\n\n"
             if is_long:
@@ -80,6 +92,18 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "queue": streaming[0]})
+
+    async def flaky(request: Request) -> JSONResponse | StreamingResponse:
+        # Every third request refused as a full queue is (the others answered as /v1 does).
+        flaky_calls[0] += 1
+        if flaky_calls[0] % 3 == 0:
+            await request.body()
+            return JSONResponse({"error": {"message": "queue full", "type": "overloaded"}},
+                                status_code=503, headers={"Retry-After": "1"})
+        return await chat(request)
 
     async def busy(request: Request) -> JSONResponse:
         return JSONResponse({"error": {"message": "queue full", "type": "overloaded"}},
@@ -107,7 +131,9 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
 
     app = Starlette(routes=[
         Route("/v1/models", models),
+        Route("/health", health),
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/flaky/v1/chat/completions", flaky, methods=["POST"]),
         Route("/busy/v1/chat/completions", busy, methods=["POST"]),
         Route("/broken/v1/chat/completions", broken, methods=["POST"]),
         Route("/unicode/v1/chat/completions", unicode, methods=["POST"]),
@@ -797,3 +823,144 @@ def test_plot_from_a_bad_file_is_an_argument_error(
     assert _run("--plot", str(tmp_path / "x.png"), "--from", str(jsonl)) == 2
     assert error in capsys.readouterr().err
     assert _run("--from", str(jsonl)) == 2  # --from without --plot
+
+
+def test_office_schedule_is_seeded_per_user() -> None:
+
+    def take(office: bench.Office, user: int, n: int = 60, salt: str = "") -> list[bench.Conversation]:
+        return list(islice(bench.conversations(office, user, salt), n))
+
+    office = bench.Office(seed=0, doc_share=1 / 3, doc_tokens=40, follow_ups=3, think_s=2.0)
+    assert take(office, 0) == take(office, 0)  # the same seed and user: the same conversations
+    assert take(office, 0) != take(office, 1)  # users differ from each other
+    assert take(office, 0) != take(bench.Office(seed=1, doc_share=1 / 3, doc_tokens=40), 0)
+    convs = [c for u in range(4) for c in take(office, u)]
+    assert [c.index for c in take(office, 2)] == list(range(60))
+    docs = [c for c in convs if c.doc_tokens]
+    assert 0.2 < len(docs) / len(convs) < 0.45 and all(c.doc_tokens == 40 for c in docs)
+    for c in convs:
+        assert 2 <= len(c.turns) <= 4  # the opening and 1..3 follow-ups
+        first, *later = [t.text for t in c.turns]
+        if c.doc_tokens:
+            assert first.startswith("Document ") and first.split("\n\n")[-1] in bench.DOC_ASKS
+            assert all(f in bench.DOC_FOLLOW_UPS for f in later)
+        else:
+            assert first in bench.PROMPTS and all(f in bench.FOLLOW_UPS for f in later)
+    thinks = [t.think_s for c in convs for t in c.turns]
+    assert min(thinks) >= 0 and 1.5 < sum(thinks) / len(thinks) < 2.5  # exponential, mean 2 s
+    # A round's salt changes the documents' nonces only: the same questions, asks and pauses.
+    salted = take(office, 0, salt="r1-")
+    assert [(c.doc_tokens, [t.think_s for t in c.turns], [t.text for t in c.turns][1:]) for c in salted] == \
+        [(c.doc_tokens, [t.think_s for t in c.turns], [t.text for t in c.turns][1:]) for c in take(office, 0)]
+    assert all(c.turns[0].text.startswith("Document r1-") for c in salted if c.doc_tokens)
+    none = bench.Office(doc_share=0, think_s=0)
+    assert not any(c.doc_tokens or any(t.think_s for t in c.turns) for c in take(none, 0))
+
+
+_OFFICE_ARGS = ("--workload", "office", "--concurrency", "3", "--duration-s", "1.2", "--think-s", "0.05",
+                "--doc-share", "1/3", "--doc-tokens", "40", "--max-tokens", "8", "--quiet")
+_OFFICE_KEYS = ("completed", "rejected", "failed", "tokens_per_s", "requests_per_min", "ttft_ms_p50",
+                "ttft_ms_p95", "ttft_ms_p99", "turn1_ttft_ms_p50", "turn1_ttft_ms_p95", "turn1_ttft_ms_p99",
+                "later_ttft_ms_p50", "later_ttft_ms_p95", "later_ttft_ms_p99", "user_tokens_per_s_p50",
+                "user_tokens_per_s_p10", "user_inflight_tokens_per_s_p50", "user_inflight_tokens_per_s_p10",
+                "user_ttft_ms_p50_best", "user_ttft_ms_p50_worst", "fairness_ttft_p50")
+
+
+def _sent_by_host(seen: dict[str, list], start: int, n: int) -> dict[str, list[list[dict]]]:
+    """address -> the messages of each request it sent, in order, for requests start..start+n."""
+    out: dict[str, list[list[dict]]] = defaultdict(list)
+    for host, body in zip(seen["hosts"][start:start + n], seen["bodies"][start:start + n], strict=True):
+        out[host].append(body["messages"])
+    return out
+
+
+def test_office_run_compares_servers_on_the_same_schedule(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path, png = tmp_path / "office.json", tmp_path / "office.png"
+    with FakeServer(FAST_FIRST_S, FAST_GAP_S) as peer:
+        starts = {"appliance": (fast, len(fast.seen["bodies"])), "peer": (peer, 0)}
+        argv = ["--url", fast.url, "--compare", peer.url, *_OFFICE_ARGS, "--rounds", "2", "--json", str(out_path)]
+        if importlib.util.find_spec("matplotlib"):
+            argv += ["--plot", str(png)]
+        assert _run(*argv) == 0
+    out = capsys.readouterr().out
+    for head in ("ttft99", "utok50", "utok10", "fair", "ttft50@1", "ttft99@1", "ttft50@2+", "ttft99@2+", "pad"):
+        assert head in out, head
+    text = out_path.read_text()
+    report = json.loads(text)
+    assert json.loads(json.dumps(report)) == report
+    assert report["settings"]["office"] == {"seed": 0, "doc_share": 1 / 3, "doc_tokens": 40, "follow_ups": 3}
+    assert report["settings"]["duration_s"] == 1.2 and report["settings"]["max_tokens"] == 8
+    (level,) = report["levels"]
+    assert level["concurrency"] == 3
+    office = bench.Office(seed=0, doc_share=1 / 3, doc_tokens=40, think_s=0.05)
+    for lb, (server, start) in starts.items():
+        s = level["results"][lb]
+        assert all(k in s for k in _OFFICE_KEYS)
+        assert s["completed"] == s["requests"] > 6 and s["rejected"] == s["failed"] == 0
+        assert s["users_answered"] == 3 and s["fairness_ttft_p50"] >= 1
+        assert s["turn1_ttft_ms_p50"] is not None and s["later_ttft_ms_p50"] is not None
+        assert set(level["median_of_rounds"][lb]) >= {"ttft_ms_p99", "user_tokens_per_s_p10", "fairness_ttft_p50"}
+        for rnd, run in enumerate(level["office_rounds"][lb]):
+            rows = run["requests"]
+            sent = _sent_by_host(server.seen, start, len(rows))
+            start += len(rows)
+            # Every user on its own address, sending its seeded schedule, whichever the server.
+            assert sorted(sent) == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+            for u in range(3):
+                expected = [t.text for c in islice(bench.conversations(office, u, f"r{rnd}-"), 50) for t in c.turns]
+                said = [m[-1]["content"] for m in sent[bench.user_address(u)]]
+                assert said == expected[:len(said)]
+            # First turns are told apart from later ones: turn 1 sends the system prompt and one question.
+            mine = [r for r in rows if r["user"] == 0]
+            assert [r["turn"] == 1 for r in mine] == [len(m) == 2 for m in sent["127.0.0.2"]]
+            assert {r["turn"] for r in rows} >= {1, 2}
+            assert all(m[0]["content"] == bench.OFFICE_SYSTEM for ms in sent.values() for m in ms)
+            assert run["timeline"] and all(isinstance(q, int) for _, _, q in run["timeline"])
+        assert start == len(server.seen["bodies"])
+    if importlib.util.find_spec("matplotlib"):
+        assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_office_counts_refusals_and_starts_a_new_conversation(
+    fast: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path = tmp_path / "office.json"
+    start = len(fast.seen["bodies"])
+    assert _run("--url", fast.url + "/flaky", *_OFFICE_ARGS, "--no-session-id", "--json", str(out_path)) == 0
+    assert set(fast.seen["session_ids"][start:]) == {""}
+    report = json.loads(out_path.read_text())
+    (level,) = report["levels"]
+    s = level["results"]["appliance"]
+    assert s["rejected"] > 0 and s["completed"] > 0 and s["failed"] == 0
+    assert s["failure_reasons"] == {"http 503": s["rejected"]}
+    (run,) = level["office_rounds"]["appliance"]
+    rows = run["requests"]
+    assert len(rows) == s["requests"] == s["completed"] + s["rejected"]
+    # Not retried: after a refusal that user's next turn opens its next conversation.
+    for u in range(3):
+        mine = [r for r in rows if r["user"] == u]
+        for a, b in zip(mine, mine[1:], strict=False):
+            if a["status"] == 503:
+                assert (b["turn"], b["conversation"]) == (1, a["conversation"] + 1)
+    # No /health queue behind this URL: the timeline holds the client's in-flight count only.
+    assert run["timeline"] and all(q is None for _, _, q in run["timeline"])
+    assert "http 503" in capsys.readouterr().out
+
+
+def test_office_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--workload", "office"])
+    assert (args.seed, args.doc_share, args.doc_tokens, args.follow_ups) == (0, 1 / 9, 700, 3)
+    assert args.max_tokens is args.think_s is args.duration_s is None  # filled in per workload by run()
+    from appliance.bench.cli import _DEFAULTS, _WORKLOAD_DEFAULTS
+    from appliance.bench.prompts import DEFAULT_LEVELS
+    assert _WORKLOAD_DEFAULTS["office"] == {"max_tokens": 96, "think_s": 6.0, "duration_s": 150.0,
+                                            "system": bench.OFFICE_SYSTEM}
+    assert _DEFAULTS["max_tokens"] == 64 and _DEFAULTS["think_s"] == 1.0
+    assert DEFAULT_LEVELS["office"] == [20]
+    for bad in ("1/0", "2", "-0.1", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--doc-share", bad])
