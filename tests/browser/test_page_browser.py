@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.live import Live, start
+from helpers.polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -340,10 +340,8 @@ def test_chats_survive_a_reload_switch_and_delete_frees_the_session(live: Live, 
     p.click("#ask-ok")
     p.wait_for_function("() => document.querySelectorAll('.chat-item').length === 1")
     assert p.locator(".chat-item").inner_text() == "Say apple."
-    deadline = time.monotonic() + 10
-    while live.client.get(f"/v1/sessions/{sid_banana}").status_code != 404:
-        assert time.monotonic() < deadline, "the deleted chat's server session is still there"
-        time.sleep(0.1)
+    wait_until(lambda: live.client.get(f"/v1/sessions/{sid_banana}").status_code == 404, 10,
+               "the deleted chat's server session to go")
     p.reload()
     p.wait_for_selector("html[data-ready='1']")
     assert p.locator(".chat-item").all_inner_texts() == ["Say apple."]
@@ -541,10 +539,8 @@ def _hold_the_slot(server: Live, stop: threading.Event) -> threading.Thread:
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
-    while server.health()["slots"]["busy"] < 1:
-        assert time.monotonic() < deadline and t.is_alive(), "the slot-holding stream did not start"
-        time.sleep(0.05)
+    h = server.wait_health(lambda h: h["slots"]["busy"] >= 1 or not t.is_alive(), 60, "the slot-holding stream to start")
+    assert h["slots"]["busy"] >= 1, "the slot-holding stream did not start"
     return t
 
 
