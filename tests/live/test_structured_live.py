@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from helpers.live import Live, start
+from helpers.sse import content_of
 from pydantic import BaseModel
 
 pytestmark = pytest.mark.integration
@@ -82,11 +83,10 @@ def test_a_pydantic_model_parses_on_twenty_varied_prompts(sdk: openai.OpenAI) ->
 
 
 def test_json_object_streamed_parses(server: Live) -> None:
-    body = {"messages": [{"role": "user", "content": "Give three fruits with their colours as JSON."}],
-            "response_format": {"type": "json_object"}, "max_tokens": 200, "temperature": 0, "stream": True}
-    text = "".join(
-        ev["choices"][0]["delta"].get("content") or ""
-        for ev in server.stream(**body) if isinstance(ev, dict) and ev.get("choices"))
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "Give three fruits with their colours as JSON."}],
+                            "response_format": {"type": "json_object"}, "max_tokens": 200, "temperature": 0,
+                            "stream": True}
+    text = content_of(server.stream(**body))
     assert isinstance(json.loads(text), dict)
 
 
