@@ -10,7 +10,7 @@ import pytest
 # Test helpers (fakes.py, live.py) are imported by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.live import ROOT, Live, start  # noqa: E402
+from helpers.live import ROOT, Live, serving  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -24,11 +24,9 @@ def bundled_model() -> Path:
 @pytest.fixture(scope="session")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """One shared server for the API tests; a small context keeps overflow tests quick."""
-    live = start(bundled_model, tmp_path_factory.mktemp("server"),
-                 "--slots", "8", "--ctx-per-slot", "1024", "--kv-tokens", "8192", "--max-tokens-limit", "512")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with serving(bundled_model, tmp_path_factory.mktemp("server"),
+                 "--slots", "8", "--ctx-per-slot", "1024", "--kv-tokens", "8192", "--max-tokens-limit", "512") as live:
+        yield live
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving
 from helpers.polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -89,11 +89,9 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("page")
     cfg = d / "appliance.toml"
     cfg.write_text(f'[system_prompts]\nterse = "{PRESET}"\n')
-    s = start(bundled_model, d, "--config", str(cfg), "--slots", "2", "--ctx-per-slot", "2048",
-              "--kv-tokens", "8192", "--max-tokens-limit", "512")
-    s.wait_ready()
-    yield s
-    assert s.stop() == 0
+    with serving(bundled_model, d, "--config", str(cfg), "--slots", "2", "--ctx-per-slot", "2048",
+                 "--kv-tokens", "8192", "--max-tokens-limit", "512") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +100,10 @@ def busy_live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     d = tmp_path_factory.mktemp("page-busy")
     keys = d / "keys"
     keys.write_text(f"{KEY} page-test\n")
-    s = start(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
-              "--kv-tokens", "2048", "--api-keys-file", str(keys))
-    s.client.headers["Authorization"] = f"Bearer {KEY}"
-    s.wait_ready()
-    yield s
-    assert s.stop() == 0
+    with serving(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
+                 "--kv-tokens", "2048", "--api-keys-file", str(keys)) as s:
+        s.client.headers["Authorization"] = f"Bearer {KEY}"  # /health, which wait_ready asks, is open to all
+        yield s
 
 
 @pytest.fixture(scope="module")

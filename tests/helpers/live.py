@@ -1,4 +1,5 @@
-"""Start the real appliance on the bundled model in a subprocess, on a free port.
+"""Start the real appliance on the bundled model in a subprocess, on a free port, and wait on it
+(port open, model loaded, /health in a wanted state) through helpers.polling.
 
 Tests that simulate several people pass `as_user=i`: each user then connects from its own
 loopback address (127.0.0.2, ...), as the server tells clients apart by address.
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,15 @@ def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = N
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     return Live(proc, port, log_path)
 
+
+@contextmanager
+def serving(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Live]:
+    """A started server with its model loaded; stopped at the end (also when loading failed),
+    and it must have exited 0."""
+    live = start(model, log_dir, *args, env=env)
+    try:
+        live.wait_ready()
+        yield live
+    finally:
+        code = live.stop()
+    assert code == 0, f"the server exited with {code}:\n{live.log()[-3000:]}"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving, start
 from helpers.polling import wait_until
 from helpers.sse import events_of
 
@@ -38,11 +39,9 @@ def metric(live: Live, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def big(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    live = start(bundled_model, tmp_path_factory.mktemp("big"), "--slots", "8", "--max-wait-ms", "300")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+def big(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with serving(bundled_model, tmp_path_factory.mktemp("big"), "--slots", "8", "--max-wait-ms", "300") as live:
+        yield live
 
 
 def test_shared_system_prompt_is_prefilled_once_for_eight(big: Live) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving, start
 from helpers.polling import wait_until
 from helpers.sse import events_of
 
@@ -37,11 +37,9 @@ def keyed(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     d = tmp_path_factory.mktemp("security")
     keys = d / "keys"
     keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n{ADMIN} admin\n")
-    live = start(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live, keys
-    assert live.stop() == 0
+    with serving(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192") as live:
+        yield live, keys
 
 
 def client(live: Live, key: str | None, **kw: Any) -> httpx.Client:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving
 from helpers.sse import content_of
 from pydantic import BaseModel
 
@@ -21,11 +21,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    live = start(bundled_model, tmp_path_factory.mktemp("structured"), "--slots", "8", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with serving(bundled_model, tmp_path_factory.mktemp("structured"), "--slots", "8", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192") as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
