@@ -12,6 +12,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers.live import ROOT, Live, serving  # noqa: E402
 
+# The layers that start the real model: each of their tests must carry the integration mark,
+# or `-m "not integration and not browser"` (the README's quick run) would pick it up.
+LIVE_LAYERS = tuple(Path(__file__).parent / layer for layer in ("live", "browser"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a filtered run checks its files too
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if any(layer in item.path.parents for layer in LIVE_LAYERS) and not item.get_closest_marker("integration")]
+    if unmarked:
+        raise pytest.UsageError("tests under tests/live and tests/browser start the real model and must be marked "
+                                "integration (pytestmark = pytest.mark.integration), or move to a quick layer: "
+                                + ", ".join(unmarked))
+
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
