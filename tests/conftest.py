@@ -10,7 +10,21 @@ import pytest
 # Test helpers (fakes.py, live.py) are imported by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.live import ROOT, Live, start  # noqa: E402
+from helpers.live import ROOT, Live, serving  # noqa: E402
+
+# The layers that start the real model: each of their tests must carry the integration mark,
+# or `-m "not integration and not browser"` (the README's quick run) would pick it up.
+LIVE_LAYERS = tuple(Path(__file__).parent / layer for layer in ("live", "browser"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a filtered run checks its files too
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if any(layer in item.path.parents for layer in LIVE_LAYERS) and not item.get_closest_marker("integration")]
+    if unmarked:
+        raise pytest.UsageError("tests under tests/live and tests/browser start the real model and must be marked "
+                                "integration (pytestmark = pytest.mark.integration), or move to a quick layer: "
+                                + ", ".join(unmarked))
 
 
 @pytest.fixture(scope="session")
@@ -24,11 +38,9 @@ def bundled_model() -> Path:
 @pytest.fixture(scope="session")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """One shared server for the API tests; a small context keeps overflow tests quick."""
-    live = start(bundled_model, tmp_path_factory.mktemp("server"),
-                 "--slots", "8", "--ctx-per-slot", "1024", "--kv-tokens", "8192", "--max-tokens-limit", "512")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with serving(bundled_model, tmp_path_factory.mktemp("server"),
+                 "--slots", "8", "--ctx-per-slot", "1024", "--kv-tokens", "8192", "--max-tokens-limit", "512") as live:
+        yield live
 
 
 @pytest.fixture(autouse=True)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving
+from helpers.polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -89,11 +89,9 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("page")
     cfg = d / "appliance.toml"
     cfg.write_text(f'[system_prompts]\nterse = "{PRESET}"\n')
-    s = start(bundled_model, d, "--config", str(cfg), "--slots", "2", "--ctx-per-slot", "2048",
-              "--kv-tokens", "8192", "--max-tokens-limit", "512")
-    s.wait_ready()
-    yield s
-    assert s.stop() == 0
+    with serving(bundled_model, d, "--config", str(cfg), "--slots", "2", "--ctx-per-slot", "2048",
+                 "--kv-tokens", "8192", "--max-tokens-limit", "512") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +100,10 @@ def busy_live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     d = tmp_path_factory.mktemp("page-busy")
     keys = d / "keys"
     keys.write_text(f"{KEY} page-test\n")
-    s = start(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
-              "--kv-tokens", "2048", "--api-keys-file", str(keys))
-    s.client.headers["Authorization"] = f"Bearer {KEY}"
-    s.wait_ready()
-    yield s
-    assert s.stop() == 0
+    with serving(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
+                 "--kv-tokens", "2048", "--api-keys-file", str(keys)) as s:
+        s.client.headers["Authorization"] = f"Bearer {KEY}"  # /health, which wait_ready asks, is open to all
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -340,10 +336,8 @@ def test_chats_survive_a_reload_switch_and_delete_frees_the_session(live: Live, 
     p.click("#ask-ok")
     p.wait_for_function("() => document.querySelectorAll('.chat-item').length === 1")
     assert p.locator(".chat-item").inner_text() == "Say apple."
-    deadline = time.monotonic() + 10
-    while live.client.get(f"/v1/sessions/{sid_banana}").status_code != 404:
-        assert time.monotonic() < deadline, "the deleted chat's server session is still there"
-        time.sleep(0.1)
+    wait_until(lambda: live.client.get(f"/v1/sessions/{sid_banana}").status_code == 404, 10,
+               "the deleted chat's server session to go")
     p.reload()
     p.wait_for_selector("html[data-ready='1']")
     assert p.locator(".chat-item").all_inner_texts() == ["Say apple."]
@@ -541,10 +535,8 @@ def _hold_the_slot(server: Live, stop: threading.Event) -> threading.Thread:
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
-    while server.health()["slots"]["busy"] < 1:
-        assert time.monotonic() < deadline and t.is_alive(), "the slot-holding stream did not start"
-        time.sleep(0.05)
+    h = server.wait_health(lambda h: h["slots"]["busy"] >= 1 or not t.is_alive(), 60, "the slot-holding stream to start")
+    assert h["slots"]["busy"] >= 1, "the slot-holding stream did not start"
     return t
 
 

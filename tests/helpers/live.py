@@ -1,4 +1,5 @@
-"""Start the real appliance on the bundled model in a subprocess, on a free port.
+"""Start the real appliance on the bundled model in a subprocess, on a free port, and wait on it
+(port open, model loaded, /health in a wanted state) through helpers.polling.
 
 Tests that simulate several people pass `as_user=i`: each user then connects from its own
 loopback address (127.0.0.2, ...), as the server tells clients apart by address.
@@ -12,15 +13,18 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from appliance.bench import sse, user_address
+from appliance.bench import user_address
+from appliance.bench.sse import Comment
+from helpers.polling import wait_until
+from helpers.sse import events_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +33,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, running: Callable[[], None], timeout: float = 60, what: str = "the server") -> None:
+    """Wait until something listens on 127.0.0.1:port; running() raises if its process has exited."""
+    def listening() -> bool:
+        running()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+
+    wait_until(listening, timeout, f"{what} to open its port", every=0.01)
 
 
 @dataclass
@@ -61,32 +78,40 @@ class Live:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def running(self) -> None:
+        """Raise (with the log's tail) if the server process has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+
     def wait_port(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.01)
-        raise TimeoutError("server did not open its port")
+        wait_listening(self.port, self.running, timeout)
 
     def wait_ready(self, timeout: float = 180) -> dict[str, Any]:
+        """Wait until the model has loaded (/health answers 200); return that health."""
         self.wait_port()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def loaded() -> dict[str, Any] | None:
             r = self.client.get("/health")
             if r.status_code == 200:
                 return dict(r.json())
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
-        raise TimeoutError("model did not load")
+            self.running()
+            return None
+
+        return wait_until(loaded, timeout, "the model to load", every=0.1)
 
     def health(self) -> dict[str, Any]:
         return dict(self.client.get("/health").json())
+
+    def wait_health(self, ok: Callable[[dict[str, Any]], bool], timeout: float = 30,
+                    what: str = "the health wanted", every: float = 0.05) -> dict[str, Any]:
+        """Poll /health until ok(health); return that health. A timeout names the last one."""
+        last: list[dict[str, Any]] = [{}]
+
+        def check() -> dict[str, Any] | None:
+            last[0] = self.health()
+            return last[0] if ok(last[0]) else None
+
+        return wait_until(check, timeout, what, every, seen=lambda: last[0])
 
     def chat(self, messages: list[dict[str, Any]], *, as_user: int | None = None,
              **kw: Any) -> httpx.Response:
@@ -98,20 +123,14 @@ class Live:
         body = {"messages": messages, "stream": True, **kw}
         with self.user_client(as_user).stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200, r.read()
-            for ev in sse.iter_events(sse.lines(r.iter_text())):
-                assert not isinstance(ev, sse.Comment)  # not asked for
+            for ev in events_of(r):
+                assert not isinstance(ev, Comment)  # not asked for
                 yield ev
 
     def wait_idle(self, timeout: float = 30) -> dict[str, Any]:
         """Wait until no slot is busy and nothing is queued."""
-        deadline = time.monotonic() + timeout
-        h = self.health()
-        while time.monotonic() < deadline:
-            h = self.health()
-            if h["slots"]["busy"] == 0 and h["queue"] == 0:
-                return h
-            time.sleep(0.05)
-        raise AssertionError(f"slots still busy: {h}")
+        return self.wait_health(lambda h: h["slots"]["busy"] == 0 and h["queue"] == 0, timeout,
+                                "no slot busy and nothing queued")
 
     def stop(self) -> int:
         self.client.close()
@@ -140,5 +159,14 @@ def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = N
     return Live(proc, port, log_path)
 
 
-def content_of(events: list[dict[str, Any] | str]) -> str:
-    return "".join(sse.content(e) for e in events)
+@contextmanager
+def serving(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Live]:
+    """A started server with its model loaded; stopped at the end (also when loading failed),
+    and it must have exited 0."""
+    live = start(model, log_dir, *args, env=env)
+    try:
+        live.wait_ready()
+        yield live
+    finally:
+        code = live.stop()
+    assert code == 0, f"the server exited with {code}:\n{live.log()[-3000:]}"

@@ -11,15 +11,17 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout: float = 5.0, what: str = "a condition", every: float = 0.02) -> T:
-    """check()'s first truthy value; an AssertionError after `timeout` seconds."""
+def wait_until(check: Callable[[], T | None], timeout: float = 5.0, what: str = "a condition", every: float = 0.02,
+               *, seen: Callable[[], object] | None = None) -> T:
+    """check()'s first truthy value; an AssertionError after `timeout` seconds, ending with
+    seen() if given (the last state polled, say)."""
     deadline = time.monotonic() + timeout
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f": {seen()}" if seen else ""))
         time.sleep(every)
 
 

@@ -13,9 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers.live import Live, content_of, start
-
-from appliance.bench import sse
+from helpers.live import Live, start
+from helpers.sse import content_of, events_in, events_of
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +50,7 @@ def test_streamed_answer_in_chinese_is_valid_utf8(server: Live) -> None:
     with server.client.stream("POST", "/v1/chat/completions", json=body) as r:
         for part in r.iter_bytes():
             raw += part
-    events = [e for e in sse.iter_events(sse.lines([raw.decode("utf-8")])) if isinstance(e, dict)]
-    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events]
-    text = "".join(pieces)
+    text = content_of(events_in(raw.decode("utf-8")))
     assert "\ufffd" not in text  # no character was split into broken bytes
     assert "北京" in text
     assert any("\u4e00" <= ch <= "\u9fff" for ch in text)
@@ -194,7 +191,7 @@ def test_streaming_client_disconnect_frees_slot(server: Live) -> None:
     with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             n = 0
-            for ev in sse.iter_events(sse.lines(r.iter_text())):
+            for ev in events_of(r):
                 if isinstance(ev, dict):
                     n += 1
                     if n == 5:
@@ -266,7 +263,7 @@ def test_sigterm_lets_running_stream_finish_then_exits_0(bundled_model: Path, tm
     statuses = []
     with httpx.Client(base_url=live.url, timeout=120, trust_env=False) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            for ev in sse.iter_events(sse.lines(r.iter_text())):
+            for ev in events_of(r):
                 events.append(ev)
                 if len(events) == 3:
                     live.proc.send_signal(signal.SIGTERM)

@@ -5,13 +5,15 @@ server must answer every one sensibly and end with nothing stuck."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import random
 from pathlib import Path
 
 import httpx
 import pytest
 from helpers.live import start
+from helpers.sse import events_of
+
+from appliance.bench import sse
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +54,11 @@ def test_random_clients_leave_the_server_healthy(bundled_model: Path, tmp_path: 
                                       headers={"X-Session-Id": sid}) as r:
                             statuses.append(r.status_code)
                             text, n = [], 0
-                            for line in r.iter_lines():
-                                if line.startswith("data: {"):
-                                    ev = json.loads(line[6:])
+                            for ev in events_of(r):
+                                if isinstance(ev, dict):
                                     assert "error" not in ev or ev["error"]["type"] != "server_error", ev
                                     if ev.get("choices"):
-                                        text.append(ev["choices"][0]["delta"].get("content") or "")
+                                        text.append(sse.content(ev))
                                         n += 1
                                         if leave_after and n >= leave_after:
                                             break  # the client vanishes mid-answer

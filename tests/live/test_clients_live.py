@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving
 
 pytestmark = pytest.mark.integration
 PRESET = "You are the office helpdesk assistant. Answer in one short sentence."
@@ -21,11 +21,9 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     d = tmp_path_factory.mktemp("clients")
     cfg = d / "appliance.toml"
     cfg.write_text(f'[system_prompts]\nhelpdesk = "{PRESET}"\n')
-    live = start(bundled_model, d, "--config", str(cfg), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with serving(bundled_model, d, "--config", str(cfg), "--slots", "4", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192") as live:
+        yield live
 
 
 def ask(live: Live, user: int, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.live import Live, content_of, start
+from helpers.live import Live, start
+from helpers.sse import content_of
 
 pytestmark = pytest.mark.integration
 

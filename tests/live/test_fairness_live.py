@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.live import Live, start
+from helpers.sse import events_of
 
 from appliance.bench import sse
 
@@ -39,7 +39,7 @@ class Stream(threading.Thread):
             self.status = r.status_code
             if r.status_code != 200:
                 return
-            for ev in sse.iter_events(sse.lines(r.iter_text()), comments=True):
+            for ev in events_of(r, comments=True):
                 if isinstance(ev, sse.Comment):
                     self.notes.append(ev.text)
                 elif ev == sse.DONE:
@@ -49,16 +49,6 @@ class Stream(threading.Thread):
                     self.first_text_at = time.monotonic()
                 if self.stop.is_set():
                     return
-
-
-def wait_for(live: Live, cond: Any, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        h = live.health()
-        if cond(h):
-            return h
-        assert time.monotonic() < deadline, h
-        time.sleep(0.02)
 
 
 def test_one_clients_backlog_does_not_delay_anothers_first_request(bundled_model: Path, tmp_path: Path) -> None:
@@ -73,7 +63,7 @@ def test_one_clients_backlog_does_not_delay_anothers_first_request(bundled_model
             s = Stream(live, A, f"Count from {i + 1} to {i + 300}, separated by commas.", 64, stop)
             s.start()
             a.append(s)
-        wait_for(live, lambda h: h["slots"]["busy"] == 1 and h["queue"] == 19)
+        live.wait_health(lambda h: h["slots"]["busy"] == 1 and h["queue"] == 19, 30, "A's first running, 19 queued")
         # Then client B sends one.
         b = Stream(live, B, "Say hello.", 8, stop)
         b.start()

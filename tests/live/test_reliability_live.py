@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 from helpers.live import Live, start
+from helpers.polling import wait_until
+from helpers.sse import content_of, events_of
 
 from appliance.bench import sse, user_address
 
@@ -40,18 +42,6 @@ HANG_S = 300  # a request with no outcome after this long is lost (hung): far be
 
 
 # -- helpers -------------------------------------------------------------------------------
-def until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    """Poll check() until it returns something truthy; fail naming `what` after timeout s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -136,7 +126,7 @@ def ask(client: httpx.Client, body: dict[str, Any], headers: dict[str, str] | No
                 r.read()
                 return refusal(r), r.text[:200], r.headers
             text, reason, done, error = "", None, False, None
-            for ev in sse.iter_events(sse.lines(r.iter_text())):
+            for ev in events_of(r):
                 if ev == sse.DONE:
                     done = True
                 elif isinstance(ev, dict) and "error" in ev:
@@ -397,7 +387,7 @@ def test_a_failing_decode_step_fails_only_its_requests(servers: Callable[..., Li
         events: list[Any] = []
         with live.user_client(i).stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
-            events = list(sse.iter_events(sse.lines(r.iter_text())))
+            events = list(events_of(r))
         errors = [e for e in events if isinstance(e, dict) and "error" in e]
         if errors:
             # One error event, last: the stream closed right after it, without [DONE].
@@ -405,7 +395,7 @@ def test_a_failing_decode_step_fails_only_its_requests(servers: Callable[..., Li
             assert errors[0]["error"]["type"] == "server_error"
             assert "injected decode failure" in errors[0]["error"]["message"]
             return "failed", events
-        assert events[-1] == sse.DONE and "".join(sse.content(e) for e in events).strip(), events[-3:]
+        assert events[-1] == sse.DONE and content_of(events).strip(), events[-3:]
         return "answered", events
 
     with cf.ThreadPoolExecutor(4) as pool:
@@ -444,9 +434,9 @@ def test_sigkill_while_saving_then_a_restart_discards_the_incomplete_and_serves(
         history[sid] = [*msgs, r.json()["choices"][0]["message"]]
         first_prompt[sid] = r.json()["usage"]["prompt_tokens"]
     live.proc.send_signal(signal.SIGINT)
-    until(lambda: state.is_dir() and any(n.endswith(".tmp") for n in os.listdir(state))
-          and "waits 60.0 s" in live.log(), 60,
-          "a session file written under its temporary name")
+    wait_until(lambda: state.is_dir() and any(n.endswith(".tmp") for n in os.listdir(state))
+               and "waits 60.0 s" in live.log(), 60,
+               "a session file written under its temporary name")
     live.proc.send_signal(signal.SIGKILL)
     assert live.proc.wait(30) == -signal.SIGKILL
     left = sorted(os.listdir(state))
@@ -602,12 +592,12 @@ def test_clients_that_disconnect_in_every_state_free_their_slot(servers: Callabl
     for h in holders:
         h.read_until(lambda b: content_chunks(b) >= 2)
     queued = Raw(live, stream_body("Say hi.", 8), user=3)
-    until(lambda: live.health()["queue"] == 1, 30, "the third request queued")
+    live.wait_health(lambda h: h["queue"] == 1, 30, "the third request queued")
     queued.read_until(lambda b: b": queued 1" in b, 30)
     queued.drop()
-    h = until(lambda: (x := live.health())["queue"] == 0 and x, 30, "the queued request gone")
-    assert h["slots"]["busy"] == 2  # it left the queue because it was cancelled, not admitted
-    ((_, _, out),) = until(lambda: cancelled_lines(live, 3), 10, "the cancel in the log")
+    health = live.wait_health(lambda h: h["queue"] == 0, 30, "the queued request gone")
+    assert health["slots"]["busy"] == 2  # it left the queue because it was cancelled, not admitted
+    ((_, _, out),) = wait_until(lambda: cancelled_lines(live, 3), 10, "the cancel in the log")
     assert out == 0
     for x in holders:
         x.drop()
@@ -621,11 +611,11 @@ def test_clients_that_disconnect_in_every_state_free_their_slot(servers: Callabl
     # Prefilling: a prompt of ~3,000 tokens; the client leaves once part of it is computed.
     e0 = engine()
     pre = Raw(live, stream_body(long_prompt(130), 16), user=4)
-    until(lambda: engine()["prompt_tokens_computed"] - e0["prompt_tokens_computed"] >= 64, 60,
-          "the long prompt's prefill under way")
+    wait_until(lambda: engine()["prompt_tokens_computed"] - e0["prompt_tokens_computed"] >= 64, 60,
+               "the long prompt's prefill under way")
     pre.drop()
     assert_idle(live)
-    ((prompt, reused, out),) = until(lambda: cancelled_lines(live, 4), 10, "the cancel in the log")
+    ((prompt, reused, out),) = wait_until(lambda: cancelled_lines(live, 4), 10, "the cancel in the log")
     computed = engine()["prompt_tokens_computed"] - e0["prompt_tokens_computed"]
     assert out == 0 and computed < prompt - reused, (prompt, reused, computed)
     served(live)
@@ -636,7 +626,7 @@ def test_clients_that_disconnect_in_every_state_free_their_slot(servers: Callabl
     st.read_until(lambda b: content_chunks(b) >= 3)
     st.drop()
     assert_idle(live)
-    ((_, _, out),) = until(lambda: cancelled_lines(live, 5), 10, "the cancel in the log")
+    ((_, _, out),) = wait_until(lambda: cancelled_lines(live, 5), 10, "the cancel in the log")
     assert 3 <= out < 400
     served(live)
     report["streaming"] = f"stopped at {out} of 400 tokens"
@@ -644,10 +634,10 @@ def test_clients_that_disconnect_in_every_state_free_their_slot(servers: Callabl
     # Waiting for a whole (non-streamed) answer: gone while it is being generated.
     e0 = engine()
     whole = Raw(live, {**stream_body(counting, 400), "stream": False}, user=6)
-    until(lambda: engine()["generated_tokens"] - e0["generated_tokens"] >= 5, 60, "the answer under way")
+    wait_until(lambda: engine()["generated_tokens"] - e0["generated_tokens"] >= 5, 60, "the answer under way")
     whole.drop()
     assert_idle(live)
-    ((_, _, out),) = until(lambda: cancelled_lines(live, 6), 10, "the cancel in the log")
+    ((_, _, out),) = wait_until(lambda: cancelled_lines(live, 6), 10, "the cancel in the log")
     assert 5 <= out < 400
     served(live)
     report["non-streamed"] = f"stopped at {out} of 400 tokens"

@@ -8,7 +8,6 @@ import hashlib
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import ROOT, Live, free_port, start
+from helpers.live import ROOT, Live, free_port, start, wait_listening
 
 from appliance.bench import user_address
 
@@ -75,16 +74,13 @@ def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     out.close()
     ngx = Nginx(proc, port, tmp)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def running() -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"nginx exited: {(tmp / 'nginx.out').read_text()}\n{ngx.error_log()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return ngx
-        except OSError:
-            assert time.monotonic() < deadline, "nginx did not open its port"
-            time.sleep(0.02)
+
+    wait_listening(port, running, 10, "nginx")
+    return ngx
 
 
 def log_digest(sid: str) -> str:

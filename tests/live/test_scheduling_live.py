@@ -5,12 +5,17 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving, start
+from helpers.polling import wait_until
+from helpers.sse import events_of
+
+from appliance.bench import sse
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +39,9 @@ def metric(live: Live, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def big(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    live = start(bundled_model, tmp_path_factory.mktemp("big"), "--slots", "8", "--max-wait-ms", "300")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+def big(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with serving(bundled_model, tmp_path_factory.mktemp("big"), "--slots", "8", "--max-wait-ms", "300") as live:
+        yield live
 
 
 def test_shared_system_prompt_is_prefilled_once_for_eight(big: Live) -> None:
@@ -137,17 +140,12 @@ def test_queued_stream_hears_its_position(bundled_model: Path, tmp_path: Path) -
     try:
         live.wait_ready()
         hold = hold_the_only_slot(live)
-        comments, data = [], []
         body = {"messages": [{"role": "user", "content": "Say hi."}], "stream": True, "max_tokens": 5}
         with live.client.stream("POST", "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith(":"):
-                    comments.append(line)
-                elif line.startswith("data: "):
-                    data.append(line)
+            events = list(events_of(r, comments=True))
         hold.join(120)
-        assert ": queued 1" in comments
-        assert data[-1] == "data: [DONE]"
+        assert sse.Comment("queued 1") in events
+        assert [e for e in events if not isinstance(e, sse.Comment)][-1] == sse.DONE
     finally:
         assert live.stop() == 0
 
@@ -175,10 +173,8 @@ def test_deleted_session_cache_is_gone(big: Live) -> None:
     assert r.status_code == 200
     assert big.client.get("/v1/sessions/delete-me-session-01").status_code == 200
     assert big.client.delete("/v1/sessions/delete-me-session-01").status_code == 204
-    deadline = time.monotonic() + 10
-    while big.client.get("/v1/sessions/delete-me-session-01").status_code != 404:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: big.client.get("/v1/sessions/delete-me-session-01").status_code == 404, 10,
+               "the deleted session gone")
     assert big.client.delete("/v1/sessions/delete-me-session-01").status_code == 404
     r = big.client.post("/v1/chat/completions", headers={"X-Session-Id": "delete-me-session-01"},
                         json={"messages": msgs, "max_tokens": 8}).json()

@@ -19,7 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving, start
+from helpers.polling import wait_until
+from helpers.sse import events_of
 
 from appliance.bench import sse
 
@@ -35,11 +37,9 @@ def keyed(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     d = tmp_path_factory.mktemp("security")
     keys = d / "keys"
     keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n{ADMIN} admin\n")
-    live = start(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live, keys
-    assert live.stop() == 0
+    with serving(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192") as live:
+        yield live, keys
 
 
 def client(live: Live, key: str | None, **kw: Any) -> httpx.Client:
@@ -93,16 +93,10 @@ def test_sighup_reloads_keys_and_a_bad_file_keeps_the_old_ones(keyed: tuple[Live
         assert c.get("/v1/models").status_code == 401
         keys.write_text(good + f"{KEY_C} carol\n")
         live.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while c.get("/v1/models").status_code != 200:
-            assert time.monotonic() < deadline, "SIGHUP did not reload the keys"
-            time.sleep(0.05)
+        wait_until(lambda: c.get("/v1/models").status_code == 200, 10, "SIGHUP to reload the keys")
         keys.write_text("not-a-valid-key-line because it has three fields\n")
         live.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "keeping the" not in live.log():
-            assert time.monotonic() < deadline, live.log()[-2000:]
-            time.sleep(0.05)
+        wait_until(lambda: "keeping the" in live.log(), 10, "the bad file refused", seen=lambda: live.log()[-2000:])
         assert c.get("/v1/models").status_code == 200  # the old keys stay in force
         assert live.proc.poll() is None  # SIGHUP no longer kills the process
     keys.write_text(good)
@@ -203,16 +197,14 @@ def test_a_flood_of_huge_bodies_is_refused_before_templating_and_streams_keep_fl
         msgs = [{"role": "user", "content": "Write a long story about a lighthouse keeper, at least 600 words."}]
         with client(live, KEY_A) as a, a.stream("POST", CHAT, json={
                 "messages": msgs, "stream": True, "max_tokens": 200, "temperature": 0}) as r:
-            for ev in sse.iter_events(sse.lines(r.iter_text())):
+            for ev in events_of(r):
                 if isinstance(ev, dict) and sse.content(ev):
                     times.append(time.monotonic())
 
     streamer = threading.Thread(target=stream)
     streamer.start()
-    deadline = time.monotonic() + 60
-    while len(times) < 30:
-        assert time.monotonic() < deadline and streamer.is_alive(), "the stream did not start"
-        time.sleep(0.01)
+    wait_until(lambda: len(times) >= 30 or not streamer.is_alive(), 60, "the stream to start")
+    assert len(times) >= 30, "the stream did not start"
     flood = subprocess.run([sys.executable, "-c", FLOOD, live.url, KEY_B], capture_output=True, text=True,
                            timeout=120, check=True)
     streamer.join(120)
@@ -300,10 +292,7 @@ def test_tls_serves_https_with_the_given_certificate(bundled_model: Path, tmp_pa
         live.wait_port()
         trust = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=f"https://localhost:{live.port}", verify=trust, trust_env=False, timeout=60) as c:
-            deadline = time.monotonic() + 120
-            while c.get("/health").status_code != 200:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_until(lambda: c.get("/health").status_code == 200, 120, "the model loaded, over https")
             r = c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             assert r.status_code == 200, r.text
         with pytest.raises(httpx.HTTPError):  # plain http on the TLS port gets no answer

@@ -12,7 +12,8 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, serving
+from helpers.sse import content_of
 from pydantic import BaseModel
 
 pytestmark = pytest.mark.integration
@@ -20,11 +21,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    live = start(bundled_model, tmp_path_factory.mktemp("structured"), "--slots", "8", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with serving(bundled_model, tmp_path_factory.mktemp("structured"), "--slots", "8", "--ctx-per-slot", "1024",
+                 "--kv-tokens", "8192") as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +81,10 @@ def test_a_pydantic_model_parses_on_twenty_varied_prompts(sdk: openai.OpenAI) ->
 
 
 def test_json_object_streamed_parses(server: Live) -> None:
-    body = {"messages": [{"role": "user", "content": "Give three fruits with their colours as JSON."}],
-            "response_format": {"type": "json_object"}, "max_tokens": 200, "temperature": 0, "stream": True}
-    text = "".join(
-        ev["choices"][0]["delta"].get("content") or ""
-        for ev in server.stream(**body) if isinstance(ev, dict) and ev.get("choices"))
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "Give three fruits with their colours as JSON."}],
+                            "response_format": {"type": "json_object"}, "max_tokens": 200, "temperature": 0,
+                            "stream": True}
+    text = content_of(server.stream(**body))
     assert isinstance(json.loads(text), dict)
 
 
