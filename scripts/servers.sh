@@ -1,4 +1,4 @@
-# Sourced by the benchmark scripts that start servers of their own (bench-all.sh, bench-ab.sh,
+# Sourced by the benchmark scripts that start servers of their own (bench-all.sh, bench-ab.sh, bench-office.sh,
 # bench-clients.sh, bench-rewrite.sh, bench-spec.sh, bench-issue12.sh, ubatch-table.sh): add each server's
 # PID to `pids`; all are stopped on exit.
 # shellcheck shell=bash
