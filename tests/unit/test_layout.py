@@ -142,3 +142,18 @@ def test_functions_and_modules_are_short() -> None:
                 offenders.append(f"{relative}:{function.lineno} {qualified} {length} lines")
     assert not offenders, (f"{len(offenders)} over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module:\n"
                            + "\n".join(offenders))
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers/; a test module importing another would make
+    the layers' folders depend on each other's files."""
+    tests = PACKAGE.parent / "tests"
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(parse(path)):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(tests)} imports {t}" for t in targets
+                          if t.split(".")[-1] in names or t.startswith("tests.")]
+    assert not offenders, "\n".join(offenders)
