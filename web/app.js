@@ -637,7 +637,7 @@ function room(chat, question) {
 async function fitted(chat, question, files) {
   const need = files.reduce((n, f) => n + f.tokens, 0);
   const left = room(chat, question);
-  if (need <= left) return files;
+  if (!files.length || need <= left) return files;
   const what = files.length === 1 ? files[0].name : `The ${files.length} files`;
   if (left < 64) {
     toast(`${what} (${need.toLocaleString('en')} tokens) will not fit in this chat: start a new chat for it.`);
@@ -839,6 +839,7 @@ function take(r, e) {
     bot.content += e.text;
     schedulePaint(r);
   } else if (e.type === 'prompt') {
+    r.queue = null; // out of the queue: the prompt is being read
     if (!r.tFirst && e.total) label(r, `reading the document: ${Math.floor((100 * e.done) / e.total)} %`);
   } else if (e.type === 'finish') r.finish = e.reason;
   else if (e.type === 'usage') r.usage = e.usage;

@@ -1,8 +1,8 @@
 """Attachments in the chat page, in headless Chromium against the real appliance on the
 bundled model: a PDF (by the button), a DOCX (dropped) and a text file (pasted), each a chip
-with its token count; a question answered from a fact only in the document; the chat with
-its attachment kept over a reload and an export/import; a document too long for the chat
-sent as its first part. The launch is test_page_browser.py's (Debian's chromium).
+with its token count; a question answered from a fact only in the document, and a follow-up
+that finds the document in the cache; the chat with its attachment kept over a reload and an
+export/import; a document too long for the chat sent as its first part. The launch is test_page_browser.py's (Debian's chromium).
 """
 
 from __future__ import annotations
@@ -150,6 +150,12 @@ def test_an_attachment_survives_a_reload_and_an_export_and_import(live: Live, pa
     p.set_input_files("#attach-file", str(f))
     tokens = composer_chip(p).get_attribute("data-tokens")
     ask(p, 1)
+    # A follow-up question (no file) in the same chat: the document comes from the cache.
+    p.fill("#input", "Say it once more.")
+    p.press("#input", "Enter")
+    second = wait_answer(p, 2)
+    assert second.locator(".notes .error").count() == 0
+    assert int(second.get_attribute("data-cached-tokens")) > int(tokens or 0)
     p.reload()
     p.wait_for_selector("html[data-ready='1']")
     chip = p.locator("article.user .chip")
