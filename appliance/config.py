@@ -170,6 +170,15 @@ class Config:
         "requests read, parsed and tokenized at once (all clients)", _positive))
     parse_per_client: int = field(default=2, metadata=_opt(
         "requests read, parsed and tokenized at once per client identity", _positive))
+    document_max_mb: int = field(default=20, metadata=_opt(
+        "largest file POST /v1/documents/text reads, MiB (413 above, refused before it is read)", _positive))
+    document_max_pages: int = field(default=2000, metadata=_opt(
+        "a PDF with more pages is refused before any page is read", _positive))
+    document_timeout_s: float = field(default=10.0, metadata=_opt(
+        "wall-clock limit of reading one document, s (the worker is killed; its CPU limit is half of this)",
+        lambda v: None if v >= 1 else "must be >= 1"))
+    document_workers: int = field(default=1, metadata=_opt(
+        "documents read at once, each by its own worker process (on 2 cores one leaves the engine a core)", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(
         "a connection must deliver a request's headers and body within this, s", _positive))
     max_conns_per_client: int = field(default=64, metadata=_opt(

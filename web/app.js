@@ -1,6 +1,7 @@
 // The chat page: chats in the sidebar, the conversation, the composer, settings.
 // No build step: ES modules from web/js/, libraries from web/vendor/ (see render.js).
 import { apiFetch, apiKey, plainWords, readError, sleep } from './js/api.js';
+import { MAX_FILES, chipText, cutFile, readFile, withFiles } from './js/attach.js';
 import { fileName, parseImport, toJSON, toMarkdown } from './js/chatfile.js';
 import { renderMarkdown, renderPlain } from './js/render.js';
 import { newChat, openStore, settle, titleFrom } from './js/store.js';
@@ -15,6 +16,7 @@ const els = {
   openSettings: $('open-settings'), menu: $('chat-menu'),
   log: $('log'), empty: $('empty'), messages: $('messages'),
   form: $('composer'), input: $('input'), send: $('send'), stop: $('stop'),
+  attach: $('attach'), attachFile: $('attach-file'), chips: $('attachments'),
   settings: $('settings'), preset: $('preset'), system: $('system'), presetText: $('preset-text'),
   temperature: $('temperature'), maxTokens: $('max-tokens'), themeSelect: $('theme-select'),
   keyState: $('key-state'), forgetKey: $('forget-key'),
@@ -32,6 +34,9 @@ let current = null; // the chat on screen (not in `chats` until its first messag
 let run = null; // the request in flight: {chat, bot, ctrl, label, ...}
 let healthy = false;
 let modelId = null;
+let ctxLimit = 0; // tokens one conversation holds (GET /v1/models), 0 until known
+let attached = []; // the composer's files: as attach.js reads them, {reading: true} until then
+let sending = false; // a question being fitted (cut) before it is sent
 let presets = new Map(); // name -> text, from GET /v1/system_prompts
 const views = new WeakMap(); // message -> its elements, for the chat on screen
 
@@ -367,6 +372,7 @@ function addMessage(m) {
   const bubble = el('div', 'bubble');
   const text = el('div', user ? 'text plain' : 'text md');
   const notes = el('div', 'notes');
+  if (m.files && m.files.length) bubble.append(chipList(m.files));
   bubble.append(text, notes);
   const meta = el('div', 'meta');
   const stats = el('span', 'stats');
@@ -486,12 +492,12 @@ function openEdit(m) {
   ta.focus();
   const done = () => {
     const text = ta.value.trim();
-    if (!text || run || !healthy) return;
+    if ((!text && !m.files) || run || !healthy) return;
     const chat = current;
     const i = chat.messages.indexOf(m);
     closeEdit();
     chat.messages.splice(i);
-    chat.messages.push({ role: 'user', content: text });
+    chat.messages.push(m.files ? { role: 'user', content: text, files: m.files } : { role: 'user', content: text });
     renderMessages();
     generate(chat);
   };
@@ -528,7 +534,8 @@ function updateControls() {
   const mine = run && run.chat === current;
   els.send.hidden = !!mine;
   els.stop.hidden = !mine;
-  els.send.disabled = !healthy || !!run || !els.input.value.trim();
+  els.send.disabled = !healthy || !!run || sending || attached.some((f) => f.reading)
+    || (!els.input.value.trim() && !attached.length);
   els.send.title = run && !mine ? 'Another chat is answering' : '';
   refreshActions();
 }
@@ -537,18 +544,121 @@ function autosize() {
   els.input.style.height = `${els.input.scrollHeight + 2}px`;
   els.input.style.overflowY = els.input.clientHeight < els.input.scrollHeight ? 'auto' : 'hidden';
 }
-function submit() {
+async function submit() {
   const text = els.input.value.trim();
-  if (!text || run || !healthy) return;
+  if ((!text && !attached.length) || run || !healthy || sending || attached.some((f) => f.reading)) return;
+  const chat = current;
+  sending = true;
+  updateControls();
+  let files;
+  try { files = await fitted(chat, text, attached); } finally { sending = false; updateControls(); }
+  if (!files || run || current !== chat) return;
   els.input.value = '';
   autosize();
-  const chat = current;
-  if (!chat.messages.length) chat.title = titleFrom(text);
-  chat.messages.push({ role: 'user', content: text });
+  attached = [];
+  renderChips();
+  if (!chat.messages.length) chat.title = titleFrom(text || files[0].name);
+  chat.messages.push(files.length ? { role: 'user', content: text, files } : { role: 'user', content: text });
   if (current === chat) { els.title.textContent = chat.title; document.title = `${chat.title} · Chat`; }
   generate(chat);
 }
 els.form.addEventListener('submit', (e) => { e.preventDefault(); submit(); });
+
+// ---- attachments ---------------------------------------------------------------------------
+function chipList(files, remove) {
+  const box = el('div', 'chips');
+  files.forEach((f, i) => {
+    const chip = el('span', 'chip', chipText(f));
+    chip.title = f.name;
+    if (f.tokens != null) chip.dataset.tokens = f.tokens;
+    if (remove && !f.reading) {
+      const x = button('✕', 'unattach', `Remove ${f.name}`);
+      x.dataset.i = i;
+      chip.append(x);
+    }
+    box.append(chip);
+  });
+  return box;
+}
+function renderChips() {
+  els.chips.replaceChildren(...(attached.length ? [chipList(attached, true)] : []));
+  els.chips.hidden = !attached.length;
+  updateControls();
+}
+async function attachFiles(list) {
+  for (const file of [...list]) {
+    if (attached.length >= MAX_FILES) { toast(`At most ${MAX_FILES} files go with one message.`); break; }
+    const slot = { name: file.name || 'pasted file', size: file.size, reading: true };
+    attached.push(slot);
+    renderChips();
+    try {
+      attached[attached.indexOf(slot)] = await readFile(file, askKey);
+      say(`${slot.name} attached`);
+    } catch (e) {
+      attached = attached.filter((f) => f !== slot);
+      toast(`Could not attach ${slot.name}: ${e instanceof TypeError ? 'the server is unreachable' : e.message}.`);
+    }
+    renderChips();
+  }
+}
+els.attach.addEventListener('click', () => els.attachFile.click());
+els.attachFile.addEventListener('change', () => { attachFiles(els.attachFile.files); els.attachFile.value = ''; });
+els.chips.addEventListener('click', (e) => {
+  const b = e.target.closest('button[data-act=unattach]');
+  if (b) { attached.splice(+b.dataset.i, 1); renderChips(); els.input.focus(); }
+});
+els.input.addEventListener('paste', (e) => {
+  if (e.clipboardData && e.clipboardData.files.length) { e.preventDefault(); attachFiles(e.clipboardData.files); }
+});
+const hasFiles = (e) => e.dataTransfer && [...e.dataTransfer.types].includes('Files');
+document.addEventListener('dragover', (e) => { if (hasFiles(e)) { e.preventDefault(); els.form.classList.add('drop'); } });
+document.addEventListener('dragleave', (e) => { if (!e.relatedTarget) els.form.classList.remove('drop'); });
+document.addEventListener('drop', (e) => {
+  els.form.classList.remove('drop');
+  if (!hasFiles(e)) return;
+  e.preventDefault(); // never navigate to the dropped file
+  attachFiles(e.dataTransfer.files);
+});
+
+// Tokens the next question may still take: the server's prompt limit (the context less
+// min(max_tokens, a quarter), a quarter assumed when unset), less the conversation so far
+// (the last answer's usage) and the question (~3 characters a token, plus the template's).
+function room(chat, question) {
+  if (!ctxLimit) return Infinity;
+  const maxTokens = parseInt(settings.maxTokens, 10);
+  const limit = ctxLimit - Math.min(maxTokens > 0 ? maxTokens : ctxLimit, ctxLimit / 4);
+  const last = chat.messages.findLast((m) => m.usage);
+  const used = last ? last.usage.prompt + last.usage.completion : Math.ceil(systemPrompt().length / 3);
+  return Math.floor(limit - used - question.length / 3 - 32);
+}
+
+// The files as they will be sent: all of them when they fit; otherwise, if the user agrees,
+// the first part of each in turn that fits. null: not sent.
+async function fitted(chat, question, files) {
+  const need = files.reduce((n, f) => n + f.tokens, 0);
+  const left = room(chat, question);
+  if (!files.length || need <= left) return files;
+  const what = files.length === 1 ? files[0].name : `The ${files.length} files`;
+  if (left < 64) {
+    toast(`${what} (${need.toLocaleString('en')} tokens) will not fit in this chat: start a new chat for it.`);
+    return null;
+  }
+  const yes = await askUser({
+    title: 'Too long for this chat', type: null, ok: 'Send the first part',
+    text: `${what}: ${need.toLocaleString('en')} tokens; this chat can take about ${left.toLocaleString('en')} more. `
+      + 'Send only the first part?',
+  });
+  if (!yes) return null;
+  const out = [];
+  let budget = left;
+  for (const f of files) {
+    if (budget < 64) break;
+    const part = f.tokens <= budget ? f : await cutFile(f, budget, askKey);
+    out.push(part);
+    budget -= part.tokens;
+  }
+  return out;
+}
 els.input.addEventListener('input', () => { autosize(); updateControls(); });
 els.input.addEventListener('compositionstart', () => { composing = true; });
 els.input.addEventListener('compositionend', () => { composing = false; });
@@ -588,7 +698,7 @@ function apiMessages(chat, upTo) {
     // Skip failed exchanges (no answer text) so roles keep alternating.
     if (ms[i].role === 'user' && next && next.role === 'assistant' && !next.content) { i++; continue; }
     if (ms[i].role === 'assistant' && !ms[i].content) continue;
-    out.push({ role: ms[i].role, content: ms[i].content });
+    out.push({ role: ms[i].role, content: ms[i].role === 'user' ? withFiles(ms[i].files, ms[i].content) : ms[i].content });
   }
   return out;
 }
@@ -728,6 +838,9 @@ function take(r, e) {
     r.n++;
     bot.content += e.text;
     schedulePaint(r);
+  } else if (e.type === 'prompt') {
+    r.queue = null; // out of the queue: the prompt is being read
+    if (!r.tFirst && e.total) label(r, `reading the document: ${Math.floor((100 * e.done) / e.total)} %`);
   } else if (e.type === 'finish') r.finish = e.reason;
   else if (e.type === 'usage') r.usage = e.usage;
   else if (e.type === 'dropped') bot.dropped = e.count;
@@ -837,6 +950,8 @@ async function loadServerInfo() {
       const j = await res.json();
       const id = j && j.data && j.data[0] && j.data[0].id;
       if (id) { modelId = id; els.title.title = `Model: ${id}`; }
+      const m = (j && j.data && j.data[0]) || {};
+      ctxLimit = m.max_model_len || (m.meta && m.meta.n_ctx) || 0;
     }
     const p = await apiFetch('v1/system_prompts');
     if (p.ok) {

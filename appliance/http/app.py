@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
-from appliance.http.api import chat, completions, llama, ollama, ollama_info, operator
+from appliance.http.api import chat, completions, documents, llama, ollama, ollama_info, operator
 from appliance.http.guard import Guard
 from appliance.http.state import App
 from appliance.http.wire import openai_error
@@ -79,6 +79,8 @@ def routes(app: App) -> list[BaseRoute]:
         route("/api/ps", ollama_info.ps),
         route("/api/version", ollama_info.version),
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
+        # Documents: a file's text for a chat (the page's attachments) or a script.
+        route("/v1/documents/text", documents.document_text, post),
         route("/", operator.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.
         Mount("/static", StaticFiles(directory=app.web_dir), name="web"),

@@ -2,8 +2,9 @@
 
 In order: a Host this machine answers for (the DNS rebinding guard, 421); no foreign Origin
 (403), and a browser POST must be JSON (415) so a web page cannot send a "simple" request
-without a CORS preflight; an API key on the API when keys are on (401); operator routes only
-from this machine or with an admin key (403); the per-client request rate (429). Every
+without a CORS preflight (a document upload may carry its file's type, never a simple one);
+an API key on the API when keys are on (401); operator routes only from this machine or
+with an admin key (403); the per-client request rate (429). Every
 response carries the page's security headers. The caller's identity is left in
 `scope["state"]["caller"]` for the routes.
 """
@@ -35,6 +36,10 @@ ADMIN_PATHS = ("/metrics", "/debug/")
 # What needs a key when keys are on (and counts against the rate limit): the OpenAI and
 # Ollama APIs and llama-server's token-level routes.
 API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
+# Uploads whose body is a file, not JSON: a browser may send the file's own type, never one of
+# the "simple" types a cross-site form can send without a preflight.
+UPLOAD_PATHS = ("/v1/documents/",)
+SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
 OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -179,9 +184,12 @@ class Guard:
                     code="origin_not_allowed"))
         method, path = scope["method"], scope["path"]
         if origin is not None and method in ("POST", "PUT", "PATCH"):
-            if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            mime = headers.get("content-type", "").split(";")[0].strip().lower()
+            upload = path.startswith(UPLOAD_PATHS)
+            if (mime in SIMPLE_TYPES) if upload else mime != "application/json":
+                want = "the file's own type (e.g. application/pdf), not a form's" if upload else "application/json"
                 raise self._no("bad_content_type", UnsupportedMediaType(
-                    "a request from a web page must send Content-Type: application/json", code="unsupported_media_type"))
+                    f"a request from a web page must send Content-Type: {want}", code="unsupported_media_type"))
         caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), self._key(headers))
         preflight = method == "OPTIONS" and cors
         if p.keys.enabled and path.startswith(API_PATHS) and caller.key is None and not preflight:
@@ -218,7 +226,7 @@ class Guard:
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
         response = Response(status_code=204, headers={
             "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-            "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Session-Id",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Session-Id, X-File-Name",
             "Access-Control-Max-Age": "600",
         })
         await response(scope, receive, _with_headers(send, origin))

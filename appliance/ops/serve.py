@@ -15,6 +15,8 @@ import uvicorn
 
 from appliance import cpu
 from appliance.config import Config, ConfigError
+from appliance.documents.document import DocumentLimits, MiB
+from appliance.documents.reader import DocumentReader
 from appliance.engine import faults
 from appliance.engine.core import Model
 from appliance.engine.engine import Engine, EngineOptions, EngineState
@@ -33,6 +35,13 @@ from appliance.ops.notify import Notifier, Watchdog
 
 log = logging.getLogger(__name__)
 
+
+
+def document_reader(cfg: Config) -> DocumentReader:
+    """The reader of uploaded documents, with the operator's size, page and time limits."""
+    limits = DocumentLimits(max_bytes=cfg.document_max_mb * MiB, max_pages=cfg.document_max_pages,
+                            wall_s=cfg.document_timeout_s, cpu_s=max(1, int(cfg.document_timeout_s / 2)))
+    return DocumentReader(limits, workers=cfg.document_workers)
 
 def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                  on_fatal: Any = lambda: None) -> Engine:
@@ -172,7 +181,7 @@ def serve(cfg: Config, model_path: Path) -> int:
                               cfg.rate_limit_per_s)
     app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
-                         parse_per_client=cfg.parse_per_client))
+                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg)))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           # _drain has waited grace_s already: what is left gets a few seconds.
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",

@@ -11,6 +11,7 @@ import pytest
 from appliance import cli
 from appliance import config as config_mod
 from appliance.config import FIELDS, Config, ConfigError, describe, load, parse_cpu_list
+from appliance.documents.document import DocumentLimits
 
 
 @pytest.fixture(autouse=True)
@@ -239,6 +240,11 @@ def test_cli_wrong_native_type(key: str, raw: object) -> None:
     ("cpus", "0-2,x"),
     ("log_level", "loud"),
     ("log_level", "INFO"),
+    ("document_max_mb", "0"),
+    ("document_max_pages", "0"),
+    ("document_timeout_s", "0.5"),
+    ("document_timeout_s", "nan"),
+    ("document_workers", "0"),
 ])
 def test_bad_values(key: str, raw: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -252,6 +258,7 @@ def test_bad_values(key: str, raw: str) -> None:
 @pytest.mark.parametrize(("key", "raw", "value"), [
     ("port", "0", 0), ("port", "65535", 65535), ("threads", "0", 0), ("max_queue", "0", 0),
     ("cpus", "", ""), ("cpus", "0-3,6", "0-3,6"), ("log_level", "warning", "warning"),
+    ("document_timeout_s", "1", 1.0), ("document_max_mb", "1", 1),
 ])
 def test_boundary_values_accepted(key: str, raw: str, value: object) -> None:
     cfg, _ = load({key: raw}, environ={})
@@ -438,3 +445,15 @@ def test_llama_cpp_threads_spin_long_when_they_share_cores_briefly_when_not_and_
             env = dict(given)
             set_thread_waiting(env, share)
             assert env == given  # a drop-in wins
+
+
+def test_document_settings_reach_the_reader() -> None:
+    from appliance.ops.serve import document_reader
+
+    cfg, _ = load({"document_max_mb": "3", "document_max_pages": "40", "document_timeout_s": "7",
+                   "document_workers": "2"}, environ={})
+    reader = document_reader(cfg)
+    limits = reader.limits
+    assert (limits.max_bytes, limits.max_pages, limits.wall_s, limits.cpu_s) == (3 * 2**20, 40, 7.0, 3)
+    assert reader.workers == 2
+    assert document_reader(Config()).limits == DocumentLimits()  # the defaults are the reader's own

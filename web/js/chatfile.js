@@ -1,10 +1,11 @@
 // Export a chat as Markdown or JSON; import a JSON export. An import is checked whole
 // before anything is stored: a malformed or hostile file is refused with the reason.
 import { newId } from './api.js';
+import { checkFiles, withFiles } from './attach.js';
 import { titleFrom } from './store.js';
 
 export const FORMAT = 'appliance-chat';
-const MAX_FILE_BYTES = 10 * 1024 * 1024;
+const MAX_FILE_BYTES = 32 * 1024 * 1024; // attachments travel with their text
 const MAX_MESSAGES = 5000;
 const MAX_TITLE = 200;
 
@@ -15,15 +16,16 @@ export function toJSON(chat) {
     title: chat.title,
     created: new Date(chat.created).toISOString(),
     updated: new Date(chat.updated).toISOString(),
-    messages: chat.messages.filter((m) => m.content).map((m) => ({ role: m.role, content: m.content })),
+    messages: chat.messages.filter((m) => m.content || m.files).map((m) => (m.files
+      ? { role: m.role, content: m.content, files: m.files } : { role: m.role, content: m.content })),
   }, null, 2);
 }
 
 export function toMarkdown(chat) {
   const parts = [`# ${chat.title}`, ''];
   for (const m of chat.messages) {
-    if (!m.content) continue;
-    parts.push(m.role === 'user' ? '**You:**' : '**Assistant:**', '', m.content, '');
+    if (!m.content && !m.files) continue;
+    parts.push(m.role === 'user' ? '**You:**' : '**Assistant:**', '', m.files ? withFiles(m.files, m.content) : m.content, '');
   }
   return parts.join('\n');
 }
@@ -50,7 +52,12 @@ export function parseImport(text, size) {
     if (!m || typeof m !== 'object') refuse(`message ${i + 1} is not an object`);
     if (m.role !== 'user' && m.role !== 'assistant') refuse(`message ${i + 1} has role ${JSON.stringify(String(m.role)).slice(0, 40)}`);
     if (typeof m.content !== 'string') refuse(`message ${i + 1} has no text`);
-    return { role: m.role, content: m.content };
+    const bad = m.role === 'user' ? checkFiles(m.files) : null;
+    if (bad) refuse(`message ${i + 1}: ${bad}`);
+    if (m.role !== 'user' || !m.files || !m.files.length) return { role: m.role, content: m.content };
+    const files = m.files.map((f) => ({ name: f.name.slice(0, 255), size: f.size, kind: String(f.kind || 'text'), text: f.text,
+      tokens: f.tokens, truncated: !!f.truncated, ...(f.cut ? { cut: true } : {}), ...(f.pages != null ? { pages: +f.pages } : {}) }));
+    return { role: m.role, content: m.content, files };
   });
   if (j.title != null && typeof j.title !== 'string') refuse('its title is not text');
   const title = (j.title || '').trim().slice(0, MAX_TITLE) || titleFrom((messages.find((m) => m.role === 'user') || {}).content);

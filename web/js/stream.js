@@ -5,6 +5,7 @@ import { parseQueueNote, readSSE } from './api.js';
 // Reads the body to its end ('[DONE]', an error event or the end of the stream), calling
 // onEvent with one of:
 //   {type: 'queue', position, eta}  a ': queued N eta S' or ': busy' note (null fields when absent)
+//   {type: 'prompt', done, total}   a ': prompt N/M' note: N of the prompt's M tokens computed
 //   {type: 'dropped', count}        earlier messages were left out to fit the context
 //   {type: 'delta', text}           the next piece of the answer
 //   {type: 'finish', reason}        why the answer ended ('stop', 'length', ...)
@@ -13,7 +14,9 @@ import { parseQueueNote, readSSE } from './api.js';
 export function readAnswer(body, onEvent) {
   return readSSE(body, (comment) => {
     const q = parseQueueNote(comment);
+    const p = /^prompt\s+(\d+)\/(\d+)/.exec(comment);
     if (q) onEvent({ type: 'queue', ...q });
+    else if (p) onEvent({ type: 'prompt', done: +p[1], total: +p[2] });
   }, (payload) => {
     if (payload.trim() === '[DONE]') return false;
     let j;
