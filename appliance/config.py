@@ -151,6 +151,11 @@ class Config:
     state_dir: str = field(default="state", metadata=_opt(
         "where sessions are saved at shutdown and found after a restart; empty = off"))
     state_max_mb: int = field(default=1024, metadata=_opt("disk budget for saved sessions, MiB", _non_negative))
+    usage_retention_days: int = field(default=90, metadata=_opt(
+        "days of per-person usage counts kept in state_dir/usage.sqlite3 (older days are pruned)", _positive))
+    quota_tokens_per_day: int = field(default=0, metadata=_opt(
+        "generated tokens each person (key label, or address without keys) may use a day, 429 beyond it until "
+        "local midnight; a key's third field in api_keys_file overrides it; 0 = no quota", _non_negative))
     ageing_s: float = field(default=2.0, metadata=_opt(
         "a new conversation waiting this long ranks with continuing ones, s", _non_negative))
     max_per_client: int = field(default=0, metadata=_opt(
@@ -158,7 +163,8 @@ class Config:
     rate_limit_per_s: float = field(default=0.0, metadata=_opt(
         "requests per second per client identity, 429 beyond it; 0 = no limit", _non_negative))
     api_keys_file: str = field(default="", metadata=_opt(
-        "file of API keys, one per line with an optional label ('admin' = operator); empty = no keys"))
+        "file of API keys, one per line: KEY [LABEL [QUOTA]] ('admin' = operator; QUOTA = its daily "
+        "generated tokens, 0 = none); empty = no keys"))
     allowed_hosts: tuple[str, ...] = field(default=(), metadata=_opt(
         "Host names accepted besides IP literals, localhost and this machine's names (DNS rebinding guard)"))
     allowed_origins: tuple[str, ...] = field(default=(), metadata=_opt(

@@ -263,3 +263,11 @@ def trim_heap() -> None:
 
 
 SENSORS = Sensors()  # the HTTP side's: /health and /metrics share one reading a second
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (the admin page's RSS), 0 if it cannot be read."""
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except (OSError, psutil.Error):
+        return 0

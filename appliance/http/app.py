@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
-from appliance.http.api import chat, completions, documents, llama, ollama, ollama_info, operator
+from appliance.http.api import admin, chat, completions, documents, llama, ollama, ollama_info, operator
 from appliance.http.guard import Guard
 from appliance.http.state import App
 from appliance.http.wire import openai_error
@@ -81,6 +81,10 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
+        # The operator's view (guard.py: this machine or an admin key): the page, its JSON, the usage table.
+        route("/admin", admin.page),
+        route("/admin/status", admin.status),
+        route("/admin/usage.csv", admin.usage_csv),
         route("/", operator.index),
         # Under /static so that no catch-all shadows the API's 405s and 404s.
         Mount("/static", StaticFiles(directory=app.web_dir), name="web"),
@@ -94,13 +98,15 @@ def create_app(app: App) -> Starlette:
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # The HTTP server is up before the model loads: /health says "loading" meanwhile.
         app.engine.start(asyncio.get_running_loop())
+        app.usage.ledger.start()  # the usage writer thread
         yield
         await asyncio.to_thread(app.engine.stop)
+        await asyncio.to_thread(app.usage.ledger.close)  # after the last request's counts
 
     return Starlette(
         routes=routes(app),
         lifespan=lifespan,
-        middleware=[Middleware(Guard, policy=app.guard, on_refuse=app.refused)],
+        middleware=[Middleware(Guard, policy=app.guard, on_refuse=app.refused, on_limited=app.usage.refused)],
         exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error,
                             ClientDisconnect: _client_left, Exception: _unexpected},
     )

@@ -3,8 +3,8 @@
 In order: a Host this machine answers for (the DNS rebinding guard, 421); no foreign Origin
 (403), and a browser POST must be JSON (415) so a web page cannot send a "simple" request
 without a CORS preflight (a document upload may carry its file's type, never a simple one);
-an API key on the API when keys are on (401); operator routes only from this machine or
-with an admin key (403); the per-client request rate (429). Every
+an API key on the API when keys are on (401); operator routes (/metrics, /debug/,
+/admin) only from this machine or with an admin key (403); the per-client request rate (429). Every
 response carries the page's security headers. The caller's identity is left in
 `scope["state"]["caller"]` for the routes.
 """
@@ -32,7 +32,7 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-ADMIN_PATHS = ("/metrics", "/debug/")
+ADMIN_PATHS = ("/metrics", "/debug/", "/admin")
 # What needs a key when keys are on (and counts against the rate limit): the OpenAI and
 # Ollama APIs and llama-server's token-level routes.
 API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
@@ -142,10 +142,12 @@ def same_origin(origin: str, host_header: str, scheme: str) -> bool:
 
 class Guard:
     def __init__(self, app: ASGIApp, policy: GuardPolicy, on_refuse: Callable[[str], None] = lambda reason: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_limited: Callable[[Caller, ApplianceError], None] = lambda caller, err: None) -> None:
         self.app = app
         self.policy = policy
         self.on_refuse = on_refuse
+        self.on_limited = on_limited  # a known caller refused for its rate (its usage counts it)
         self.rate = RateLimiter(policy.rate_limit_per_s, clock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -201,9 +203,10 @@ class Guard:
         if method == "POST" and path.startswith(API_PATHS):
             wait = self.rate.check(caller.client)
             if wait is not None:
-                raise self._no("rate_limited", QueueFull(
-                    f"too many requests: at most {p.rate_limit_per_s:g} per second per client",
-                    retry_after=wait, code="rate_limited"))
+                err = QueueFull(f"too many requests: at most {p.rate_limit_per_s:g} per second per client",
+                                retry_after=wait, code="rate_limited")
+                self.on_limited(caller, err)
+                raise self._no("rate_limited", err)
         return caller
 
     def _key(self, headers: Headers) -> Key | None:

@@ -1,9 +1,10 @@
 """API keys: an optional file of keys, checked in constant time, reloaded on SIGHUP.
 
-File format, one key per line: `KEY [LABEL]`; blank lines and `#` comments are skipped. A
-key is 16-256 printable ASCII characters without spaces; the label `admin` marks an operator
-key (it may read /metrics and /debug/steps from anywhere). Keys are held only as SHA-256
-digests, and nothing here ever logs or prints one.
+File format, one key per line: `KEY [LABEL [QUOTA]]`; blank lines and `#` comments are
+skipped. A key is 16-256 printable ASCII characters without spaces; the label `admin` marks
+an operator key (it may read /metrics, /debug/steps and /admin from anywhere). QUOTA is the
+key's daily generated-token quota in place of quota_tokens_per_day (0 = none for this key).
+Keys are held only as SHA-256 digests, and nothing here ever logs or prints one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 ADMIN = "admin"
 _KEY = re.compile(r"[\x21-\x7e]{16,256}")
 _LABEL = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+_QUOTA = re.compile(r"[0-9]{1,12}")
+_FORMAT = "expected `KEY [LABEL]` or `KEY LABEL QUOTA` (QUOTA: generated tokens a day, 0 = no quota)"
 
 
 class KeysFileError(Exception):
@@ -31,6 +34,7 @@ class KeysFileError(Exception):
 class Key:
     digest: bytes  # SHA-256 of the key
     label: str
+    quota: int | None = None  # generated tokens a day (0 = none); None = the configured default
 
     @property
     def identity(self) -> str:
@@ -53,18 +57,18 @@ def parse_keys(text: str, source: str = "keys file") -> tuple[Key, ...]:
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
-        if len(fields) > 2:
-            raise KeysFileError(f"{source} line {n}: expected `KEY [LABEL]`")
+        if len(fields) > 3 or (len(fields) == 3 and not _QUOTA.fullmatch(fields[2])):
+            raise KeysFileError(f"{source} line {n}: {_FORMAT}")
         if not _KEY.fullmatch(fields[0]):
             raise KeysFileError(f"{source} line {n}: a key must be 16-256 printable ASCII characters")
-        label = fields[1] if len(fields) == 2 else ""
+        label = fields[1] if len(fields) >= 2 else ""
         if label and not _LABEL.fullmatch(label):
             raise KeysFileError(f"{source} line {n}: a label is 1-64 characters of A-Z a-z 0-9 _ . @ -")
         digest = _digest(fields[0])
         if digest in seen:
             raise KeysFileError(f"{source} line {n}: the same key appears twice")
         seen.add(digest)
-        keys.append(Key(digest, label))
+        keys.append(Key(digest, label, int(fields[2]) if len(fields) == 3 else None))
     if not keys:
         raise KeysFileError(f"{source}: no keys (to turn keys off, unset api_keys_file)")
     return tuple(keys)
@@ -108,6 +112,10 @@ class KeyRing:
             self._keys = keys
         log.info("keys file %s reloaded: %d keys", self.path, len(keys))
         return True
+
+    def keys(self) -> tuple[Key, ...]:
+        """The keys in force (digests, labels and quotas: never a key)."""
+        return self._keys
 
     def find(self, presented: str) -> Key | None:
         """The key matching `presented`, comparing against every key in constant time."""

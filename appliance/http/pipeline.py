@@ -98,6 +98,11 @@ class Timing:
         return max(0.0, end - (self.first or end))
 
     @property
+    def ttft_s(self) -> float | None:
+        """Submitted to the first text (None if no text came)."""
+        return self.first - self.submitted if self.first else None
+
+    @property
     def total_s(self) -> float:
         return max(0.0, (self.done or time.monotonic()) - self.submitted)
 
@@ -171,16 +176,31 @@ def submit(app: App, job: Job) -> list[Handle]:
 async def respond(app: App, request: Request, job: Job, shape: Shape) -> Response:
     """Submit the job, then stream its answer or collect it whole, as `shape` writes it."""
     timing = Timing()
-    handles = submit(app, job)
+    handles = admit(app, job)
     if job.stream:
-        return StreamingResponse(guarded(stream(app, handles, shape, timing), handles, shape.error),
+        return StreamingResponse(guarded(stream(app, handles, shape, timing, job.caller), handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
     result = await collect(app, request, handles, timing)
     if result is None:
         return Response(status_code=499)
     if isinstance(result, Failed):
+        app.usage.refused(job.caller, result.error)
         return shape.failed(result.error)
+    app.usage.ended(job.caller, [done for _, done in result], timing.ttft_s)
     return await shape.whole(result, timing)
+
+
+def admit(app: App, job: Job) -> list[Handle]:
+    """The caller's daily quota checked, then the job submitted; a refusal (over quota, a
+    full queue, loading) is counted in the caller's usage."""
+    try:
+        app.usage.check(job.caller)
+        return submit(app, job)
+    except ApplianceError as e:
+        if e.code == "quota_exceeded":
+            app.refused(e.code)  # /metrics; the engine counts its own refusals
+        app.usage.refused(job.caller, e)
+        raise
 
 
 # -- streaming -------------------------------------------------------------------------------
@@ -209,7 +229,8 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
             task.cancel()
 
 
-async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) -> AsyncGenerator[bytes, None]:
+async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
+                 caller: Caller) -> AsyncGenerator[bytes, None]:
     ends: dict[int, Done] = {}
     try:
         for chunk in shape.start():
@@ -222,6 +243,7 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) 
             i, ev = got
             if isinstance(ev, Failed):
                 # The 200 is already sent: the error travels as one event, then we close.
+                app.usage.refused(caller, ev.error)
                 yield shape.error(ev.error)
                 return
             if isinstance(ev, Delta):
@@ -232,6 +254,7 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) 
                 if len(ends) == len(handles):
                     timing.finish()
                     app.note_served(timing.first)  # the wait estimates in queue notes
+                    app.usage.ended(caller, list(ends.values()), timing.ttft_s)
                 chunks = await shape.end(i, ev, timing)
             for chunk in chunks:
                 yield chunk

@@ -1,6 +1,6 @@
 """The state the routes share: the engine, what the API says about the model, the request
-bounds, the front door's policy and parse gate, the document reader, and the wait estimates
-in queue notes.
+bounds, the front door's policy and parse gate, the document reader, usage accounting, and
+the wait estimates in queue notes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from appliance.documents.reader import DocumentReader
 from appliance.engine.engine import Engine
+from appliance.http.accounting import Accounting
 from appliance.http.guard import GuardPolicy
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
@@ -28,7 +29,7 @@ class App:
     def __init__(self, engine: Engine, model_id: str, bounds: RequestBounds, web_dir: Path | None = None,
                  metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
                  guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2,
-                 documents: DocumentReader | None = None) -> None:
+                 documents: DocumentReader | None = None, usage: Accounting | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
@@ -38,6 +39,7 @@ class App:
         self.guard = guard or GuardPolicy.build(KeyRing())
         self.gate = ParseGate(parse_concurrency, parse_per_client)
         self.documents = documents or DocumentReader()
+        self.usage = usage or Accounting()  # counts per person, the quotas, the admin page's minutes
         self.created = int(time.time())
         self._served: deque[float] = deque(maxlen=32)  # seconds each recent request held a slot
 

@@ -24,6 +24,7 @@ from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.engine.threads import CoreShare
 from appliance.http import conn
+from appliance.http.accounting import Accounting
 from appliance.http.app import create_app
 from appliance.http.guard import GuardPolicy
 from appliance.http.identity import parse_networks
@@ -32,6 +33,7 @@ from appliance.http.metrics import Metrics
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 from appliance.ops.notify import Notifier, Watchdog
+from appliance.usage.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,12 @@ def document_reader(cfg: Config) -> DocumentReader:
     limits = DocumentLimits(max_bytes=cfg.document_max_mb * MiB, max_pages=cfg.document_max_pages,
                             wall_s=cfg.document_timeout_s, cpu_s=max(1, int(cfg.document_timeout_s / 2)))
     return DocumentReader(limits, workers=cfg.document_workers)
+
+def accounting(cfg: Config) -> Accounting:
+    """Usage per person kept in state_dir, and the default quota (a key's own quota comes
+    with the keys file, so SIGHUP's reload carries it)."""
+    return Accounting(Ledger(cfg.state_dir, cfg.usage_retention_days), cfg.quota_tokens_per_day)
+
 
 def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                  on_fatal: Any = lambda: None) -> Engine:
@@ -181,7 +189,7 @@ def serve(cfg: Config, model_path: Path) -> int:
                               cfg.rate_limit_per_s)
     app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
-                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg)))
+                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg)))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           # _drain has waited grace_s already: what is left gets a few seconds.
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",
