@@ -782,8 +782,8 @@ function postChat(r, body) {
 }
 
 // Sends the question until the server takes it: again after a new key (401), while it is busy
-// (429) and while it restarts (503 with Retry-After, RETRY_503_MAX tries). Returns the streaming
-// response; any other refusal is thrown as Shown.
+// (429, unless over the daily quota) and while it restarts (503 with Retry-After, RETRY_503_MAX
+// tries). Returns the streaming response; any other refusal is thrown as Shown.
 async function openAnswer(r, body) {
   for (let attempt = 1; ; attempt++) {
     r.t0 = performance.now();
@@ -795,7 +795,10 @@ async function openAnswer(r, body) {
     }
     const restarting = res.status === 503 && res.headers.has('Retry-After') && attempt <= RETRY_503_MAX;
     if (res.status === 429 || restarting) {
-      await waitToRetry(r, res, restarting, attempt);
+      const err = await readError(res);
+      // Over the daily quota: trying again cannot help before midnight; say so, as the server does.
+      if (err.code === 'quota_exceeded') throw new Shown(plainWords(err));
+      await waitToRetry(r, err, restarting, attempt);
       continue;
     }
     if (!res.ok) {
@@ -810,8 +813,7 @@ async function openAnswer(r, body) {
 
 // Busy (429), or restarting / loading (503 with Retry-After): wait as long as the
 // server asks, counting down; Stop ends the wait.
-async function waitToRetry(r, res, restarting, attempt) {
-  const err = await readError(res);
+async function waitToRetry(r, err, restarting, attempt) {
   if (restarting) checkHealth();
   const why = restarting ? 'The server is restarting' : 'The server is busy';
   for (let s = err.retryAfter ?? RETRY_DEFAULT_S; s > 0; s--) {

@@ -53,6 +53,7 @@ export function plainWords(err) {
   if (status === 413) return 'This message is too long for the server. Shorten it, or split it up.';
   if (status === 401) return 'This server needs an API key. Enter one under Settings.';
   if (status === 404) return 'The server did not find this conversation. Start a new chat to go on.';
+  if (status === 429 && code === 'quota_exceeded' && message) return message;  // the quota and when it resets
   if (status === 429) return 'The server is busy.';
   if (status === 503) return 'The server is restarting or still loading the model. Try again in a moment.';
   if (status >= 500) return `The server failed (${status}).${message ? ' ' + message : ''}`;
