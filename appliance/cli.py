@@ -1,4 +1,4 @@
-"""`appliance serve | config | pull | models | tune | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | status | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -162,6 +162,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return tune.run(args, cfg, path)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from appliance.ops import status
+
+    cfg, _ = _load_config(args)
+    code, text = status.run(cfg, args.url, args.key, args.json)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from appliance import bench
 
@@ -179,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "requantize": (cmd_requantize, "offline: make a faster or more accurate file from the one at hand, "
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
+        "status": (cmd_status, "what a running server is doing now and today's usage per person (GET /admin/status)"),
     }
     from appliance.model import hub, requant
 
@@ -203,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
+        if name == "status":
+            from appliance.ops import status
+
+            status.add_arguments(p)
         if name == "tune":
             from appliance.ops import tune
 
