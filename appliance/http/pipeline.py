@@ -180,7 +180,7 @@ async def respond(app: App, request: Request, job: Job, shape: Shape) -> Respons
     if job.stream:
         return StreamingResponse(guarded(stream(app, handles, shape, timing, job.caller), handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
-    result = await collect(app, request, handles, timing)
+    result = await collect(app, request, handles, timing, job.caller)
     if result is None:
         return Response(status_code=499)
     if isinstance(result, Failed):
@@ -232,6 +232,7 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
 async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
                  caller: Caller) -> AsyncGenerator[bytes, None]:
     ends: dict[int, Done] = {}
+    failed = False
     try:
         for chunk in shape.start():
             yield chunk
@@ -243,6 +244,7 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
             i, ev = got
             if isinstance(ev, Failed):
                 # The 200 is already sent: the error travels as one event, then we close.
+                failed = True
                 app.usage.refused(caller, ev.error)
                 yield shape.error(ev.error)
                 return
@@ -263,6 +265,8 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
     finally:
         for h in handles:
             h.cancel()  # no-op after Done; frees the slot if the client went away
+        if not failed and len(ends) < len(handles):
+            settle(app, caller, [h for i, h in enumerate(handles) if i not in ends], list(ends.values()), timing)
 
 
 async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle],
@@ -288,7 +292,8 @@ async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle]
 
 
 # -- collecting ------------------------------------------------------------------------------
-async def collect(app: App, request: Request, handles: list[Handle], timing: Timing) -> Answer | Failed | None:
+async def collect(app: App, request: Request, handles: list[Handle], timing: Timing,
+                  caller: Caller) -> Answer | Failed | None:
     """Every choice's deltas and end, or the first failure; None if the client left first
     (its requests are then cancelled, so their slots are free at the next step)."""
     async def answer(h: Handle) -> tuple[list[Delta], Done] | Failed:
@@ -316,6 +321,7 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
             # A cancelled gather() ends holding its children's CancelledError as its
             # exception: fetch it, or asyncio logs "exception was never retrieved".
             work.add_done_callback(lambda f: f.cancelled() or f.exception())
+            settle(app, caller, handles, [], timing)
     if not work.done() or work.cancelled():
         return None
     results = work.result()
@@ -324,6 +330,29 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
         return failed
     app.note_served(timing.first)  # the wait estimates in queue notes
     return [r for r in results if not isinstance(r, Failed)]
+
+
+_settling: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+SETTLE_S = 10.0  # a cancelled request's end arrives at the engine's next step
+
+
+def settle(app: App, caller: Caller, handles: Sequence[Handle], ends: list[Done], timing: Timing) -> None:
+    """A request the client left (cancelled): its remaining choices' ends are awaited in the
+    background, so what the engine generated before the cancel is counted in usage, as
+    /metrics counts it."""
+    async def wait() -> None:
+        got = list(ends)
+        for h in handles:
+            while (ev := await h.next(SETTLE_S)) is not None and isinstance(ev, Delta):
+                pass
+            if isinstance(ev, Done):
+                got.append(ev)
+        if got:
+            app.usage.ended(caller, got, timing.ttft_s)
+
+    task = asyncio.ensure_future(wait())
+    _settling.add(task)
+    task.add_done_callback(_settling.discard)
 
 
 async def disconnected(request: Request) -> None:

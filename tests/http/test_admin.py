@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 from helpers.fakes import FakeModel
-from helpers.inprocess import CHAT, MODEL_ID, as_users, error_of, is_idle, is_ready, wait_health
+from helpers.inprocess import CHAT, MODEL_ID, Served, as_users, error_of, is_idle, is_ready, wait_health
+from helpers.polling import wait_until
 from starlette.testclient import TestClient
 
 from appliance.engine.engine import Engine, EngineOptions
@@ -178,3 +179,27 @@ def test_usage_survives_a_restart(keys_file: Path, tmp_path: Path) -> None:
     for client in served(KeyRing(str(keys_file)), state_dir=state):
         assert person(status(client), "bob")["today"]["requests"] == 1
         assert status(client)["persistent"]
+
+
+def test_a_request_the_client_left_is_counted_as_metrics_count_it() -> None:
+    with Served(lambda: FakeModel(reply="x" * 200, delay=0.01)) as s:
+        for stream in (True, False):
+            c = s.user(0, timeout=0.3 if not stream else 10)
+            body = {"messages": [{"role": "user", "content": SECRET}], "stream": stream, "max_tokens": 200}
+            if stream:
+                with c.stream("POST", CHAT, json=body) as r:
+                    next(r.iter_lines())  # the first event, then leave
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    c.post(CHAT, json=body)
+            s.health(is_idle)
+
+        def counted() -> dict[str, Any] | None:
+            body = httpx.get(s.url + "/admin/status", trust_env=False).json()
+            people = body["people"]
+            return body if people and people[0]["today"]["requests"] == 2 else None
+
+        body = wait_until(counted, 15, "both requests to be counted")
+        generated = s.health(is_idle)["engine"]["generated_tokens"]  # what /metrics renders too
+        assert body["people"][0]["who"] == "127.0.0.2"
+        assert 0 < body["people"][0]["today"]["generated_tokens"] == generated < 400
