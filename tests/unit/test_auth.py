@@ -81,3 +81,12 @@ def test_keys_off() -> None:
 ])
 def test_bearer(header: str | None, token: str | None) -> None:
     assert bearer(header) == token
+
+
+def test_a_third_field_is_the_keys_daily_quota() -> None:
+    keys = parse_keys(f"{K1} alice 20000\n{K2} bob 0\n{K3} carol\n")
+    assert [k.quota for k in keys] == [20000, 0, None]  # None: the configured default
+    for bad in (f"{K1} alice many\n", f"{K1} alice -5\n", f"{K1} alice 1 2\n"):
+        with pytest.raises(KeysFileError) as e:
+            parse_keys(bad, "keys")
+        assert "KEY LABEL QUOTA" in str(e.value) and K1 not in str(e.value)
