@@ -18,7 +18,7 @@ from pathlib import Path
 from appliance.usage.store import Row, Tally, UsageStore
 
 log = logging.getLogger(__name__)
-MAX_IDENTITIES = 10_000  # per day: beyond this many, new identities are counted together
+MAX_IDENTITIES = 1000  # per day (an office has far fewer): beyond it, new identities are counted together
 OTHERS = "(others)"
 
 

@@ -181,3 +181,14 @@ def test_token_rate() -> None:
     assert rate.sample(0.0, 0) == 0.0
     assert rate.sample(5.0, 50) == 10.0
     assert rate.sample(20.0, 250) == pytest.approx(13.33, abs=0.01)
+
+
+def test_identities_beyond_the_daily_cap_are_counted_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    from appliance.usage import ledger as ledger_mod
+
+    monkeypatch.setattr(ledger_mod, "MAX_IDENTITIES", 3)
+    ledger = Ledger("")
+    for i in range(5):
+        ledger.record(f"10.0.0.{i}", Tally(requests=1))
+    totals = ledger.totals(1)
+    assert len(totals) == 4 and totals[ledger_mod.OTHERS].requests == 2
