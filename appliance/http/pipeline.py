@@ -350,7 +350,12 @@ def settle(app: App, caller: Caller, handles: Sequence[Handle], ends: list[Done]
         if got:
             app.usage.ended(caller, got, timing.ttft_s)
 
-    task = asyncio.ensure_future(wait())
+    waiting = wait()
+    try:
+        task = asyncio.ensure_future(waiting)
+    except RuntimeError:  # no running loop: a stream finalized at shutdown; nothing left to count
+        waiting.close()
+        return
     _settling.add(task)
     task.add_done_callback(_settling.discard)
 
