@@ -75,9 +75,11 @@ class Minutes:
 
     def series(self, minutes: int, step: int = 1) -> dict[str, list[Any]]:
         """The last `minutes` minutes in buckets of `step` minutes, oldest first, as columns:
-        t (bucket start, Unix s), requests, tokens_per_s, ttft_p50 / ttft_p95 (s, None
+        t (bucket start, Unix s), requests, tokens_per_s (the last bucket's over its seconds so far),
+        ttft_p50 / ttft_p95 (s, None
         without samples), refusals, errors. Minutes that saw nothing are zeros."""
-        end = int(self._clock() // 60) + 1
+        now = self._clock()
+        end = int(now // 60) + 1
         first = end - minutes
         with self._lock:
             seen = {m.start: m for m in self._ring if m.start >= first}
@@ -88,7 +90,9 @@ class Minutes:
             ttft = sorted(x for m in bucket for x in m.ttft)
             cols["t"].append(start * 60)
             cols["requests"].append(sum(m.requests for m in bucket))
-            cols["tokens_per_s"].append(round(sum(m.generated for m in bucket) / (60 * step), 2))
+            # The last bucket is still filling: its rate is over the seconds it has had.
+            seconds = min(60.0 * step, max(1.0, now - start * 60))
+            cols["tokens_per_s"].append(round(sum(m.generated for m in bucket) / seconds, 2))
             cols["ttft_p50"].append(percentile(ttft, 0.5))
             cols["ttft_p95"].append(percentile(ttft, 0.95))
             cols["refusals"].append(sum(m.refusals for m in bucket))

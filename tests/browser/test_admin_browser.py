@@ -41,7 +41,7 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     keys = d / "keys"
     keys.write_text("".join(f"{key} {who}{f' {ALICE_QUOTA}' if who == 'alice' else ''}\n" for who, key in KEYS.items()))
     with serving(bundled_model, d, "--slots", "4", "--ctx-per-slot", "1024", "--kv-tokens", "4096",
-                 "--max-tokens-limit", "64", "--api-keys-file", str(keys)) as s:
+                 "--max-tokens-limit", "64", "--default-max-tokens", "32", "--api-keys-file", str(keys)) as s:
         yield s
 
 
