@@ -33,8 +33,9 @@ SECURITY_HEADERS = {
 }
 ADMIN_PATHS = ("/metrics", "/debug/")
 # What needs a key when keys are on (and counts against the rate limit): the OpenAI and
-# Ollama APIs and llama-server's token-level routes.
-API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
+# Ollama APIs, llama-server's routes, and the OpenAI paths without /v1 (issue 28).
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completion", "/chat/", "/models", "/responses",
+             "/props", "/slots")
 OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
