@@ -108,7 +108,8 @@ def test_message_items_and_instructions_reach_the_template() -> None:
 def test_a_tool_call_is_a_function_call_item_and_its_output_goes_back() -> None:
     model = FakeModel(reply=CALL)
     with serving(lambda: model) as c:
-        body = c.post("/v1/responses", json={"input": "weather?", "tools": [WEATHER], "tool_choice": "auto", "max_output_tokens": 200}).json()
+        ask = {"input": "weather?", "tools": [WEATHER], "tool_choice": "auto", "max_output_tokens": 200}
+        body = c.post("/v1/responses", json=ask).json()
         (call,) = body["output"]
         assert call["type"] == "function_call" and call["name"] == "get_weather" and call["status"] == "completed"
         assert json.loads(call["arguments"]) == {"city": "Paris"} and call["call_id"].startswith("call_")
@@ -123,7 +124,8 @@ def test_a_tool_call_is_a_function_call_item_and_its_output_goes_back() -> None:
 
 def test_a_streamed_tool_call() -> None:
     with serving(lambda: FakeModel(reply=CALL)) as c:
-        ev = events(c.post("/v1/responses", json={"input": "weather?", "tools": [WEATHER], "stream": True, "max_output_tokens": 200}))
+        ask = {"input": "weather?", "tools": [WEATHER], "stream": True, "max_output_tokens": 200}
+        ev = events(c.post("/v1/responses", json=ask))
         names = [n for n, _ in ev]
         assert names == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.function_call_arguments.delta", "response.function_call_arguments.done",

@@ -25,6 +25,7 @@ from appliance.http.validate import RequestBounds, boolean, new_session_id, pars
 from appliance.sampling import SamplingParams
 
 PART_TYPES = ("input_text", "output_text", "text")
+ECHOED = ("instructions", "tools", "tool_choice", "text", "metadata", "parallel_tool_calls")  # the response repeats them
 MAX_ITEMS = 2048  # input items: at most as many as messages
 
 
@@ -149,8 +150,7 @@ def parse_responses_request(data: dict[str, Any], bounds: RequestBounds,
     sampling = {k: data[k] for k in ("max_output_tokens", "temperature", "top_p") if data.get(k) is not None}
     params = dataclasses.replace(sampling_as(sampling, bounds, {"max_output_tokens": "max_tokens"}),
                                  grammar=forced or text_format(data))
-    echo: dict[str, Any] = {k: data[k] for k in ("instructions", "tools", "tool_choice", "text", "metadata", "parallel_tool_calls")
-            if k in data}
+    echo: dict[str, Any] = {k: data[k] for k in ECHOED if k in data}
     return ResponsesRequest(raw, messages, params, boolean(data, "stream"), boolean(data, "store", True),
                             parse_model(data), _previous(data), tools, tool_names, echo)
 
