@@ -13,13 +13,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done
-from appliance.errors import ApplianceError, BadRequest
+from appliance.errors import BadRequest
 from appliance.http import wire
 from appliance.http.api.completions import parse_prompt
 from appliance.http.api.fim import fit, tokens_of
-from appliance.http.api.llama import LLAMA_UNSUPPORTED, _n_predict, infill_body, pick_fields
+from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.pipeline import Job, Timing, intake, respond
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds, boolean, check_chars, integer, refuse_changed, sampling_as
 from appliance.sampling import SamplingParams
@@ -65,27 +65,13 @@ def generation_settings(params: SamplingParams, ctx: int) -> dict[str, Any]:
             "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop)}
 
 
-class NativeShape:
-    """llama-server's /completion answer: SSE data events of content, the last one carrying
-    the whole body's fields (stop: true), or that body at once."""
+class NativeShape(InfillShape):
+    """llama-server's /completion answer: /infill's, with the slot and the sampling settings."""
 
-    media_type = wire.SSE
-    notes = True
-
-    def __init__(self, app: App, req: NativeRequest, truncated: bool) -> None:
-        self.model, self.ctx, self.req, self.truncated = app.model_id, app.bounds.ctx_limit, req, truncated
-        self.n = 0
-
-    def headers(self, stream: bool) -> dict[str, str]:
-        return wire.SSE_HEADERS if stream else {}
-
-    def start(self) -> list[bytes]:
-        return []
-
-    def _body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
-        body = infill_body(self.model, text, done, timing, self.truncated, self.ctx)
-        body.update(id_slot=0, generation_settings=generation_settings(self.req.params, self.ctx))
-        return pick_fields(body, self.req.fields)
+    def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
+        assert isinstance(self.req, NativeRequest)
+        return {**super().body(text, done, timing), "id_slot": 0,
+                "generation_settings": generation_settings(self.req.params, self.ctx)}
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         self.n += 1
@@ -93,23 +79,6 @@ class NativeShape:
             return []
         return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0,
                           "tokens_predicted": self.n})]
-
-    async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
-        return [wire.sse(self._body("", done, timing))]
-
-    def close(self, ends: list[Done]) -> list[bytes]:
-        return []
-
-    def error(self, err: ApplianceError) -> bytes:
-        return wire.sse_error(err)
-
-    def failed(self, err: ApplianceError) -> Response:
-        return wire.openai_error(err)
-
-    async def whole(self, answer: Answer, timing: Timing) -> Response:
-        [(deltas, done)] = answer
-        content = "" if self.req.warm_only else "".join(d.text for d in deltas)
-        return JSONResponse(self._body(content, done, timing))
 
 
 async def completion(app: App, request: Request) -> Response:
