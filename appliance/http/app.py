@@ -83,6 +83,8 @@ def routes(app: App) -> list[BaseRoute]:
         route("/slots", native.slots),
         route("/v1/responses", partial(responses.create, store), post),
         route("/responses", partial(responses.create, store), post),
+        route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),
+        route("/responses/input_tokens", partial(responses.input_tokens, store), post),
         # Ollama's API.
         route("/api/chat", ollama.chat, post),
         route("/api/generate", ollama.generate, post),

@@ -168,6 +168,15 @@ def test_previous_response_id_continues_the_session_of_its_own_caller_only() -> 
                         headers=user(1)), 404)
 
 
+def test_input_tokens_counts_what_the_template_renders() -> None:
+    with serving() as c:
+        ask = {"input": "hi", "instructions": "Be brief.", "tools": [WEATHER]}
+        used = c.post("/v1/responses", json=ask).json()["usage"]["input_tokens"]
+        for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+            assert c.post(path, json=ask).json() == {"object": "response.input_tokens", "input_tokens": used}
+        assert error_of(c.post("/v1/responses/input_tokens", json={}), 400)["param"] == "input"
+
+
 def test_the_store_is_bounded_by_age_and_count() -> None:
     now = [0.0]
     store = ResponseStore(ttl_s=10, max_entries=2, clock=lambda: now[0])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from appliance.errors import BadRequest, NotFound
 from appliance.http.api.chat import parse_response_format
@@ -173,20 +173,35 @@ def _prior(store: ResponseStore, client: str, data: dict[str, Any]) -> tuple[str
     return got.session, json.loads(json.dumps(got.messages))  # a copy: parsing must not touch the stored one
 
 
-# -- the route -------------------------------------------------------------------------------
-async def create(store: ResponseStore, app: App, request: Request) -> Response:
-    """OpenAI's POST /v1/responses."""
+# -- the routes ------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Asked:
+    """A request as parsed, and the session of the response it continues (None: a new one)."""
+
+    client: str
     session: str | None = None
 
-    def parse(data: dict[str, Any]) -> ResponsesRequest:
-        nonlocal session
-        session, prior = _prior(store, client, data)
-        return parse_responses_request(data, app.bounds, prior)
+    def parse(self, store: ResponseStore, bounds: RequestBounds, data: dict[str, Any]) -> ResponsesRequest:
+        self.session, prior = _prior(store, self.client, data)
+        return parse_responses_request(data, bounds, prior)
 
-    client = caller_of(request.scope["state"]).client
-    async with intake(app, request, parse) as (caller, req):
+
+async def create(store: ResponseStore, app: App, request: Request) -> Response:
+    """OpenAI's POST /v1/responses."""
+    asked = Asked(caller_of(request.scope["state"]).client)
+    async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (caller, req):
         prompt = await templated(app, req.messages, req.params, req.tools)
     # The conversation continues in its own session, so the next turn finds its KV cells; the
     # id is the server's, never the client's, so it is not kept on disk (named=False).
-    job = Job(caller, prompt, (req.params,), req.stream, session or new_session_id())
-    return await respond(app, request, job, ResponseShape(app, req, store if req.store else None, client, job.session))
+    job = Job(caller, prompt, (req.params,), req.stream, asked.session or new_session_id())
+    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session)
+    return await respond(app, request, job, shape)
+
+
+async def input_tokens(store: ResponseStore, app: App, request: Request) -> Response:
+    """OpenAI's POST /v1/responses/input_tokens: the prompt's tokens as the template renders
+    the request (instructions, tools and a previous response's conversation included)."""
+    asked = Asked(caller_of(request.scope["state"]).client)
+    async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (_, req):
+        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
