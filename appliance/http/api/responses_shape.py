@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
@@ -16,12 +16,10 @@ from appliance.engine.events import Delta, Done
 from appliance.errors import ApplianceError
 from appliance.http import wire
 from appliance.http.api.response_store import ResponseStore
+from appliance.http.api.responses_input import ResponsesRequest
 from appliance.http.pipeline import Answer, Timing
 from appliance.http.state import App
 from appliance.structured.tools import CallStream, ToolCall
-
-if TYPE_CHECKING:
-    from appliance.http.api.responses import ResponsesRequest
 
 
 def new_id(prefix: str) -> str:
