@@ -79,6 +79,8 @@ def routes(app: App) -> list[BaseRoute]:
         route("/completions", completions.completions, post),
         route("/models", operator.models),
         route("/completion", native.completion, post),
+        route("/chat/completions/input_tokens", native.chat_input_tokens, post),
+        route("/v1/chat/completions/input_tokens", native.chat_input_tokens, post),
         route("/props", native.props),
         route("/slots", native.slots),
         route("/v1/responses", partial(responses.create, store), post),

@@ -25,7 +25,8 @@ from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 
 KEY = "user-key-" + "u" * 24
-NEW_POSTS = ("/completion", "/chat/completions", "/completions", "/responses", "/v1/responses")
+NEW_POSTS = ("/completion", "/chat/completions", "/chat/completions/input_tokens", "/responses/input_tokens",
+             "/completions", "/responses", "/v1/responses")
 NEW_GETS = ("/props", "/slots", "/models")
 
 
@@ -58,8 +59,9 @@ def test_completion_streams_data_events_and_a_last_one_with_the_totals() -> None
 def test_n_predict_zero_only_warms_the_cache_and_response_fields_pick() -> None:
     with serving() as c:
         assert c.post("/completion", json={"prompt": "hi", "n_predict": 0}).json()["content"] == ""
-        body = c.post("/completion", json={"prompt": "hi", "response_fields": ["content", "timings/prompt_n"]}).json()
-        assert set(body) == {"content", "timings/prompt_n"}
+        fields = ["content", "timings/prompt_n", "prompt"]
+        body = c.post("/completion", json={"prompt": "hi", "response_fields": fields}).json()
+        assert set(body) == set(fields) and body["prompt"] == "hi"
 
 
 @pytest.mark.parametrize("slot", [-1, 0, 1])
@@ -78,6 +80,14 @@ def test_id_slot_is_accepted_when_it_exists(slot: int) -> None:
 def test_completion_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
     with serving() as c:  # two slots
         assert error_of(c.post("/completion", json=body), 400)["param"] == param
+
+
+def test_chat_input_tokens_count_the_templated_prompt() -> None:
+    with serving() as c:
+        used = c.post("/v1/chat/completions", json={"messages": USER}).json()["usage"]["prompt_tokens"]
+        for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+            assert c.post(path, json={"messages": USER}).json() == {"input_tokens": used}
+        assert error_of(c.post("/chat/completions/input_tokens", json={}), 400)["param"] == "messages"
 
 
 def test_props_and_slots_say_nothing_private() -> None:

@@ -1,6 +1,6 @@
 """llama-server's native routes: POST /completion (its own completion format: a prompt as
 text or tokens, n_predict, cache_prompt, id_slot, timings) parsed into one job with its
-shape, and the read-only GET /props and GET /slots, rendered from the engine's snapshot.
+shape, chat token counting, and the read-only GET /props and GET /slots (engine snapshot).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.events import Delta, Done
 from appliance.errors import BadRequest
 from appliance.http import wire
+from appliance.http.api.chat import parse_chat_request
 from appliance.http.api.completions import parse_prompt
 from appliance.http.api.fim import fit, tokens_of
 from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
@@ -70,7 +71,8 @@ class NativeShape(InfillShape):
 
     def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
         assert isinstance(self.req, NativeRequest)
-        return {**super().body(text, done, timing), "id_slot": 0,
+        prompt = {"prompt": self.req.prompt} if isinstance(self.req.prompt, str) else {}  # the client's own text
+        return {**super().body(text, done, timing), **prompt, "id_slot": 0,
                 "generation_settings": generation_settings(self.req.params, self.ctx)}
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
@@ -89,6 +91,14 @@ async def completion(app: App, request: Request) -> Response:
         tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
     job = Job(caller, tokens, (req.params,), req.stream)
     return await respond(app, request, job, NativeShape(app, req, len(tokens) < len(raw)))
+
+
+async def chat_input_tokens(app: App, request: Request) -> Response:
+    """llama-server's POST /chat/completions/input_tokens: a chat request's prompt tokens as
+    the template renders it (tools included), without generating."""
+    async with intake(app, request, lambda data: parse_chat_request(data, app.bounds)) as (_, req):
+        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
+    return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 
 # -- /props, /slots --------------------------------------------------------------------------
