@@ -75,10 +75,11 @@ def routes(app: App) -> list[BaseRoute]:
         route("/detokenize", llama.detokenize, post),
         # Clients configured for llama-server or OpenAI: paths without /v1 (the same handlers),
         # llama-server's native /completion, /props and /slots, and OpenAI's Responses API.
+        # /completions is llama-server's native format, as llama-server routes it (not /v1's).
         route("/chat/completions", chat.chat, post),
-        route("/completions", completions.completions, post),
         route("/models", operator.models),
         route("/completion", native.completion, post),
+        route("/completions", native.completion, post),
         route("/chat/completions/input_tokens", native.chat_input_tokens, post),
         route("/v1/chat/completions/input_tokens", native.chat_input_tokens, post),
         route("/props", native.props),

@@ -108,15 +108,16 @@ def test_props_hide_the_model_from_a_remote_caller() -> None:
         assert "model_alias" not in c.get("/props").json()
 
 
-def test_the_unprefixed_openai_paths_answer_as_the_v1_ones() -> None:
+def test_the_unprefixed_paths_answer_as_llama_server_routes_them() -> None:
     with serving() as c:
         assert c.get("/models").json() == c.get("/v1/models").json()
         a = c.post("/v1/chat/completions", json={"messages": USER, "temperature": 0}).json()
         b = c.post("/chat/completions", json={"messages": USER, "temperature": 0}).json()
         assert a["object"] == b["object"] == "chat.completion" and a["choices"] == b["choices"]
-        a = c.post("/v1/completions", json={"prompt": "hi", "temperature": 0}).json()
+        # As llama-server routes it, /completions is its native /completion, not /v1/completions.
+        a = c.post("/completion", json={"prompt": "hi", "temperature": 0}).json()
         b = c.post("/completions", json={"prompt": "hi", "temperature": 0}).json()
-        assert a["object"] == b["object"] == "text_completion" and a["choices"] == b["choices"]
+        assert a["content"] == b["content"] == REPLY and "choices" not in b
         # As /v1/embeddings, there is no /embeddings.
         assert error_of(c.post("/embeddings", json={"input": "x"}), 404)["type"] == "invalid_request_error"
         assert error_of(c.post("/v1/embeddings", json={"input": "x"}), 404)
