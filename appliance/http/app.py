@@ -19,7 +19,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
-from appliance.http.api import admin, chat, completions, documents, llama, ollama, ollama_info, operator
+from appliance.http.api import admin, chat, completions, documents, llama, native, ollama, ollama_info, operator, responses
+from appliance.http.api.response_store import ResponseStore
 from appliance.http.guard import Guard
 from appliance.http.state import App
 from appliance.http.wire import openai_error
@@ -59,6 +60,7 @@ def routes(app: App) -> list[BaseRoute]:
         return Route(path, partial(handler, app), methods=methods)
 
     post = ["POST"]
+    store = ResponseStore()  # previous_response_id -> the conversation, per caller
     return [
         route("/health", operator.health),
         route("/v1/models", operator.models),
@@ -71,6 +73,21 @@ def routes(app: App) -> list[BaseRoute]:
         route("/infill", llama.infill, post),
         route("/tokenize", llama.tokenize, post),
         route("/detokenize", llama.detokenize, post),
+        # Clients configured for llama-server or OpenAI: paths without /v1 (the same handlers),
+        # llama-server's native /completion, /props and /slots, and OpenAI's Responses API.
+        # /completions is llama-server's native format, as llama-server routes it (not /v1's).
+        route("/chat/completions", chat.chat, post),
+        route("/models", operator.models),
+        route("/completion", native.completion, post),
+        route("/completions", native.completion, post),
+        route("/chat/completions/input_tokens", native.chat_input_tokens, post),
+        route("/v1/chat/completions/input_tokens", native.chat_input_tokens, post),
+        route("/props", native.props),
+        route("/slots", native.slots),
+        route("/v1/responses", partial(responses.create, store), post),
+        route("/responses", partial(responses.create, store), post),
+        route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),
+        route("/responses/input_tokens", partial(responses.input_tokens, store), post),
         # Ollama's API.
         route("/api/chat", ollama.chat, post),
         route("/api/generate", ollama.generate, post),
@@ -81,8 +98,7 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
-        # The operator's view (guard.py: this machine or an admin key): the page, its JSON, the usage table.
-        route("/admin", admin.page),
+        route("/admin", admin.page),  # the operator's view, its JSON and the usage table (guard.py: this machine or an admin key)
         route("/admin/status", admin.status),
         route("/admin/usage.csv", admin.usage_csv),
         route("/", operator.index),

@@ -34,8 +34,9 @@ SECURITY_HEADERS = {
 }
 ADMIN_PATHS = ("/metrics", "/debug/", "/admin")
 # What needs a key when keys are on (and counts against the rate limit): the OpenAI and
-# Ollama APIs and llama-server's token-level routes.
-API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill")
+# Ollama APIs, llama-server's routes, and the OpenAI paths without /v1 (issue 28).
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completion", "/chat/", "/models", "/responses",
+             "/props", "/slots")
 # Uploads whose body is a file, not JSON: a browser may send the file's own type, never one of
 # the "simple" types a cross-site form can send without a preflight.
 UPLOAD_PATHS = ("/v1/documents/",)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -165,15 +165,28 @@ def infill_body(model: str, text: str, done: Done, timing: Timing, truncated: bo
             "timings": timings(done, timing)}
 
 
+class LlamaAsk(Protocol):
+    """What a llama-server answer's shape reads of its request (/infill's, /completion's)."""
+
+    @property
+    def warm_only(self) -> bool: ...
+    @property
+    def fields(self) -> list[str]: ...
+
+
 class InfillShape:
     """llama-server's infill answer: SSE events of content, then the whole body's fields."""
 
     media_type = wire.SSE
     notes = True
 
-    def __init__(self, app: App, req: InfillRequest, truncated: bool) -> None:
+    def __init__(self, app: App, req: LlamaAsk, truncated: bool) -> None:
         self.model, self.ctx, self.req, self.truncated = app.model_id, app.bounds.ctx_limit, req, truncated
         self.n = 0
+
+    def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
+        """The whole answer's fields (the last streamed event's), before response_fields picks."""
+        return infill_body(self.model, text, done, timing, self.truncated, self.ctx)
 
     def headers(self, stream: bool) -> dict[str, str]:
         return wire.SSE_HEADERS if stream else {}
@@ -188,8 +201,7 @@ class InfillShape:
         return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "tokens_predicted": self.n})]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
-        body = infill_body(self.model, "", done, timing, self.truncated, self.ctx)
-        return [wire.sse(pick_fields(body, self.req.fields))]
+        return [wire.sse(pick_fields(self.body("", done, timing), self.req.fields))]
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return []
@@ -203,8 +215,7 @@ class InfillShape:
     async def whole(self, answer: Answer, timing: Timing) -> Response:
         [(deltas, done)] = answer
         content = "" if self.req.warm_only else "".join(d.text for d in deltas)
-        body = infill_body(self.model, content, done, timing, self.truncated, self.ctx)
-        return JSONResponse(pick_fields(body, self.req.fields))
+        return JSONResponse(pick_fields(self.body(content, done, timing), self.req.fields))
 
 
 async def infill(app: App, request: Request) -> Response:

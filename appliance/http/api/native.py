@@ -1,0 +1,132 @@
+"""llama-server's native routes: POST /completion (its own completion format: a prompt as
+text or tokens, n_predict, cache_prompt, id_slot, timings) parsed into one job with its
+shape, chat token counting, and the read-only GET /props and GET /slots (engine snapshot).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.engine.events import Delta, Done
+from appliance.errors import BadRequest
+from appliance.http import wire
+from appliance.http.api.chat import parse_chat_request
+from appliance.http.api.completions import parse_prompt
+from appliance.http.api.fim import fit, tokens_of
+from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
+from appliance.http.guard import caller_of
+from appliance.http.pipeline import Job, Timing, intake, respond
+from appliance.http.state import App
+from appliance.http.validate import RequestBounds, boolean, check_chars, integer, refuse_changed, sampling_as
+from appliance.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRequest:
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool
+    warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
+    fields: list[str]  # response_fields, as /infill reads them
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int) -> NativeRequest:
+    prompt = parse_prompt(data.get("prompt"))
+    check_chars(bounds, prompt)
+    refuse_changed(data, LLAMA_UNSUPPORTED)
+    # cache_prompt is accepted: what is cached and for whom follows the appliance's own client
+    # isolation (a client's conversations are reused by prefix, nobody else's), whatever it says.
+    boolean(data, "cache_prompt", True)
+    # One scheduler places every request; a named slot is accepted and not honoured, and
+    # one that does not exist is refused as llama-server refuses it.
+    slot = integer(data, "id_slot")
+    if slot is not None and slot != -1 and not 0 <= slot < slots:
+        raise BadRequest(f"'id_slot' must be -1 or between 0 and {slots - 1}", param="id_slot")
+    fields = data.get("response_fields") or []
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
+    sampling, warm_only = _n_predict(data, bounds)
+    params = sampling_as(sampling, bounds, {"n_predict": "max_tokens"})
+    return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields)
+
+
+# -- responses -------------------------------------------------------------------------------
+def generation_settings(params: SamplingParams, ctx: int) -> dict[str, Any]:
+    """llama-server's generation_settings, for the sampling the appliance has."""
+    return {"n_ctx": ctx, "n_predict": params.max_tokens, "temperature": params.temperature,
+            "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p,
+            "repeat_penalty": params.repeat_penalty, "repeat_last_n": params.penalty_last_n,
+            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+            "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop)}
+
+
+class NativeShape(InfillShape):
+    """llama-server's /completion answer: /infill's, with the slot and the sampling settings."""
+
+    def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
+        assert isinstance(self.req, NativeRequest)
+        prompt = {"prompt": self.req.prompt} if isinstance(self.req.prompt, str) else {}  # the client's own text
+        return {**super().body(text, done, timing), **prompt, "id_slot": 0,
+                "generation_settings": generation_settings(self.req.params, self.ctx)}
+
+    def delta(self, i: int, ev: Delta) -> list[bytes]:
+        self.n += 1
+        if self.req.warm_only:
+            return []
+        return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0,
+                          "tokens_predicted": self.n})]
+
+
+async def completion(app: App, request: Request) -> Response:
+    """llama-server's POST /completion: a raw prompt (text, control-token text parsed, or ids)."""
+    slots = max(1, app.engine.snapshot.slots)
+    async with intake(app, request, lambda data: parse_native_request(data, app.bounds, slots)) as (caller, req):
+        raw = await tokens_of(app.engine, req.prompt, special=True)
+        tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
+    job = Job(caller, tokens, (req.params,), req.stream)
+    return await respond(app, request, job, NativeShape(app, req, len(tokens) < len(raw)))
+
+
+async def chat_input_tokens(app: App, request: Request) -> Response:
+    """llama-server's POST /chat/completions/input_tokens: a chat request's prompt tokens as
+    the template renders it (tools included), without generating."""
+    async with intake(app, request, lambda data: parse_chat_request(data, app.bounds)) as (_, req):
+        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
+    return JSONResponse({"input_tokens": len(prompt.tokens)})
+
+
+# -- /props, /slots --------------------------------------------------------------------------
+def _slot(app: App, i: int, busy: bool) -> dict[str, Any]:
+    # No prompt, no generated text, no session: a slot serves many clients in turn.
+    return {"id": i, "id_task": -1, "n_ctx": app.bounds.ctx_limit, "speculative": False, "is_processing": busy}
+
+
+async def props(app: App, request: Request) -> Response:
+    """llama-server's GET /props: the defaults, the slot count and the context; the model's
+    name (never a file path) only for the operator, as /health shows it."""
+    caller = caller_of(request.scope["state"])
+    defaults = dataclasses.replace(SamplingParams(), max_tokens=app.bounds.default_max_tokens)
+    body: dict[str, Any] = {
+        "default_generation_settings": {**_slot(app, 0, False),
+                                        "params": generation_settings(defaults, app.bounds.ctx_limit)},
+        "total_slots": app.engine.snapshot.slots,
+        "n_ctx": app.bounds.ctx_limit,
+        "modalities": {"vision": False, "audio": False},
+        "is_sleeping": False,
+    }
+    if caller.local or caller.admin:
+        body["model_alias"] = app.model_id
+    return JSONResponse(body)
+
+
+async def slots(app: App, request: Request) -> Response:
+    """llama-server's GET /slots: each slot's id, context and whether it is busy, read from
+    the engine's published snapshot (busy slots are counted there, not named)."""
+    snap = app.engine.snapshot
+    return JSONResponse([_slot(app, i, i < snap.running) for i in range(snap.slots)])

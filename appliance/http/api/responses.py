@@ -1,0 +1,67 @@
+"""OpenAI's Responses API routes: POST /v1/responses parsed (responses_input) into one job
+on the chat machinery, previous_response_id continuing its conversation's session
+(response_store), answered in the Responses shape; and POST /v1/responses/input_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.errors import NotFound
+from appliance.http.api.response_store import ResponseStore
+from appliance.http.api.responses_input import ResponsesRequest, parse_previous, parse_responses_request
+from appliance.http.api.responses_shape import ResponseShape
+from appliance.http.guard import caller_of
+from appliance.http.pipeline import Job, intake, respond, templated
+from appliance.http.state import App
+from appliance.http.validate import RequestBounds, new_session_id
+
+
+def _prior(store: ResponseStore, client: str, data: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The session and messages of the response named by previous_response_id, if any."""
+    prev = parse_previous(data)
+    if prev is None:
+        return None, []
+    got = store.get(client, prev)
+    if got is None:  # expired, never stored, or another caller's: all alike to the caller
+        raise NotFound(f"no response {prev[:64]!r} (it may have expired)", param="previous_response_id")
+    return got.session, json.loads(json.dumps(got.messages))  # a copy: parsing must not touch the stored one
+
+
+# -- the routes ------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Asked:
+    """A request as parsed, and the session of the response it continues (None: a new one)."""
+
+    client: str
+    session: str | None = None
+
+    def parse(self, store: ResponseStore, bounds: RequestBounds, data: dict[str, Any]) -> ResponsesRequest:
+        self.session, prior = _prior(store, self.client, data)
+        return parse_responses_request(data, bounds, prior)
+
+
+async def create(store: ResponseStore, app: App, request: Request) -> Response:
+    """OpenAI's POST /v1/responses."""
+    asked = Asked(caller_of(request.scope["state"]).client)
+    async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (caller, req):
+        prompt = await templated(app, req.messages, req.params, req.tools)
+    # The conversation continues in its own session, so the next turn finds its KV cells; the
+    # id is the server's, never the client's, so it is not kept on disk (named=False).
+    job = Job(caller, prompt, (req.params,), req.stream, asked.session or new_session_id())
+    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session)
+    return await respond(app, request, job, shape)
+
+
+async def input_tokens(store: ResponseStore, app: App, request: Request) -> Response:
+    """OpenAI's POST /v1/responses/input_tokens: the prompt's tokens as the template renders
+    the request (instructions, tools and a previous response's conversation included)."""
+    asked = Asked(caller_of(request.scope["state"]).client)
+    async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (_, req):
+        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
