@@ -20,12 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from appliance.engine.engine import Handle
-from appliance.engine.events import Delta, Done, Failed
+from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
 from appliance.engine.names import session_name
 from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
 from appliance.http.state import App
 from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
+from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
 THREAD_PARSE_BYTES = 64 * 1024  # larger bodies are parsed off the event loop
 T = TypeVar("T")
-Event = Delta | Done | Failed
 Answer = list[tuple[list[Delta], Done]]  # each choice's deltas and how it ended
 
 
@@ -61,7 +61,7 @@ class Shape(Protocol):
     """How one API writes an answer: the stream's media type and pieces, and a whole answer."""
 
     media_type: str
-    notes: bool  # the stream can carry queue notes (SSE comments can; NDJSON lines cannot)
+    notes: bool  # the stream can carry notes: queue places, a long prompt's progress (SSE comments; not NDJSON)
 
     def headers(self, stream: bool) -> dict[str, str]: ...
     def start(self) -> list[bytes]: ...
@@ -148,11 +148,12 @@ async def templated(app: App, messages: list[dict[str, Any]], params: SamplingPa
 
 
 # -- submitting ------------------------------------------------------------------------------
-def submit(app: App, job: Job) -> list[Handle]:
+def submit(app: App, job: Job, progress: bool = False) -> list[Handle]:
     """One engine request per choice. They are submitted together with one prompt, so the
     engine computes it once and the others copy its cells (kvstore's followers); only the
     first continues the session. A session the client did not name may still continue or
-    share its own client's cached conversations by prefix, and nobody else's."""
+    share its own client's cached conversations by prefix, and nobody else's. With
+    `progress`, a long prompt's handles carry its Progress events."""
     handles: list[Handle] = []
     ns = job.caller.namespace
     try:
@@ -160,7 +161,8 @@ def submit(app: App, job: Job) -> list[Handle]:
             # The engine's name for a session is a digest of the caller's key and the id, so
             # another key's sessions are out of reach and no raw id is held, logged or saved.
             key = session_name(ns, job.session if i == 0 else new_session_id())
-            handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named))
+            handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named,
+                                             progress=progress))
     except ApplianceError:
         for h in handles:
             h.cancel()
@@ -171,7 +173,9 @@ def submit(app: App, job: Job) -> list[Handle]:
 async def respond(app: App, request: Request, job: Job, shape: Shape) -> Response:
     """Submit the job, then stream its answer or collect it whole, as `shape` writes it."""
     timing = Timing()
-    handles = submit(app, job)
+    # Only a stream that can carry notes hears a prompt's progress: a whole answer or an
+    # NDJSON stream would have nothing to write it with.
+    handles = submit(app, job, progress=job.stream and shape.notes)
     if job.stream:
         return StreamingResponse(guarded(stream(app, handles, shape, timing), handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
@@ -202,7 +206,7 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
             except TimeoutError:
                 yield None
                 continue
-            ended += not isinstance(got[1], Delta)
+            ended += isinstance(got[1], End)
             yield got
     finally:
         for task in pumps:
@@ -211,28 +215,30 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
 
 async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) -> AsyncGenerator[bytes, None]:
     ends: dict[int, Done] = {}
+    reading: bytes | None = None  # the last prompt note, while the prompt is read
     try:
         for chunk in shape.start():
             yield chunk
         async for got in merged(handles, shape.notes):
             if got is None:
-                # Waiting for a slot: a comment tells the user, and finds out if they left.
-                yield app.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
+                # Waiting: a comment tells the user, and finds out if they left. A turn whose
+                # prompt is being read is running, not queued: it hears its progress again.
+                yield reading or app.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
                 continue
             i, ev = got
             if isinstance(ev, Failed):
                 # The 200 is already sent: the error travels as one event, then we close.
                 yield shape.error(ev.error)
                 return
-            if isinstance(ev, Delta):
+            if isinstance(ev, Progress):
+                reading = None if timing.first else prompt_note(ev.done, ev.total)
+                chunks = [reading] if reading else []
+            elif isinstance(ev, Delta):
                 timing.saw_text()
+                reading = None
                 chunks = shape.delta(i, ev)
             else:
-                ends[i] = ev
-                if len(ends) == len(handles):
-                    timing.finish()
-                    app.note_served(timing.first)  # the wait estimates in queue notes
-                chunks = await shape.end(i, ev, timing)
+                chunks = await _ended(app, handles, shape, timing, ends, i, ev)
             for chunk in chunks:
                 yield chunk
         for chunk in shape.close([ends[i] for i in sorted(ends)]):
@@ -240,6 +246,16 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) 
     finally:
         for h in handles:
             h.cancel()  # no-op after Done; frees the slot if the client went away
+
+
+async def _ended(app: App, handles: list[Handle], shape: Shape, timing: Timing, ends: dict[int, Done],
+                 i: int, done: Done) -> list[bytes]:
+    """Choice i's end, as the shape writes it; the last one marks the request done."""
+    ends[i] = done
+    if len(ends) == len(handles):
+        timing.finish()
+        app.note_served(timing.first)  # the wait estimates in queue notes
+    return await shape.end(i, done, timing)
 
 
 async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle],
@@ -275,6 +291,8 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
                 timing.saw_text()
                 parts.append(ev)
                 continue
+            if isinstance(ev, Progress):
+                continue  # not asked for (respond), and a whole answer has no place for one
             timing.finish()
             return (parts, ev) if isinstance(ev, Done) else ev
         raise EngineFailure("the engine ended the request without an answer")

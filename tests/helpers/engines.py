@@ -113,7 +113,7 @@ async def collect(h: Handle) -> tuple[str, Done | Failed]:
     async for ev in h.events():
         if isinstance(ev, Delta):
             text.append(ev.text)
-        else:
+        elif isinstance(ev, (Done, Failed)):  # a Progress (asked for) is neither text nor an end
             return "".join(text), ev
     raise AssertionError("stream ended without Done/Failed")
 
