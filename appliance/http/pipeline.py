@@ -231,7 +231,7 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing) 
                 yield shape.error(ev.error)
                 return
             if isinstance(ev, Progress):
-                reading = None if timing.first else prompt_note(ev.done, ev.total)
+                reading = prompt_note(ev.done, ev.total) if shape.notes and not timing.first else None
                 chunks = [reading] if reading else []
             elif isinstance(ev, Delta):
                 timing.saw_text()
