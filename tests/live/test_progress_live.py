@@ -69,12 +69,14 @@ def test_a_long_document_reports_progress_and_a_follow_up_reads_it_from_the_cach
     messages = [{"role": "user", "content": f"Attached file: minutes.txt\n```\n{doc}\n```\n\n{QUESTION}"}]
     first = streamed(live, messages)
     notes, prompt = first["notes"], first["usage"]["prompt_tokens"]
-    assert len(notes) >= 3, notes
+    # One note per step that read some of it, the last one again each quiet second.
+    assert len({done for done, _, _ in notes}) >= 3, notes
     assert all(total == prompt for _, total, _ in notes) and notes[-1][0] == prompt, (notes, prompt)
-    assert all(a[0] < b[0] for a, b in zip(notes, notes[1:])), notes
+    assert all(a[0] <= b[0] for a, b in zip(notes, notes[1:])), notes
     assert first["first"] and first["after_text"] == 0 and notes[-1][2] <= first["first"], first
     print(f"\n{prompt}-token prompt ({n_doc} in the document): first progress note {notes[0][2]:.2f} s "
-          f"({notes[0][0]} tokens), first token {first['first']:.2f} s, {len(notes)} notes; answer {first['text']!r}")
+          f"({notes[0][0]} tokens), first token {first['first']:.2f} s, "
+          f"{len({d for d, _, _ in notes})} steps' notes; answer {first['text']!r}")
 
     follow = messages + [{"role": "assistant", "content": first["text"]},
                          {"role": "user", "content": "And who reviewed the budget lines?"}]
