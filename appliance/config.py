@@ -116,7 +116,8 @@ class Config:
         "tokens llama.cpp computes at once within a step (its compute buffer scales with it); "
         "at most batch_tokens", _positive))
     prefill_chunk: int = field(default=64, metadata=_opt(
-        "prompt tokens per step while other streams generate; 0 = batch_tokens", _non_negative))
+        "prompt tokens per step while other streams generate, and in a long prompt's first step "
+        "(its first progress note); 0 = batch_tokens", _non_negative))
     prefill_group: int = field(default=256, metadata=_opt(
         "finish the shortest waiting prompts that fit in this many tokens in one step, for earlier "
         "first tokens; 0 = off", _non_negative))

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from appliance.engine.batch import Batch, build
-from appliance.engine.events import Delta, Done, Event, Failed, TokenLogprob
+from appliance.engine.events import Delta, Done, Event, Failed, Progress, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.store import CachePolicy, KVStore
@@ -249,6 +249,10 @@ class EngineCore:
             t.n_cached += 1
         for t, n in step.prefill:
             t.n_cached += n
+            # One small object per step per long prompt that asked, before its first
+            # Delta (sampled after this); nothing per token, nothing for the decode rows.
+            if t.progress and t.long_prompt(self.limits.batch_tokens):
+                self.events.append((t.sink, Progress(t.n_cached, t.n_prompt)))
 
     def _sample(self, batch: Batch) -> None:
         now = self.clock()

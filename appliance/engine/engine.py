@@ -18,7 +18,7 @@ from itertools import count
 from typing import Any
 
 from appliance.engine.core import EngineCore, Events, Model, Tokenizer
-from appliance.engine.events import Delta, Event
+from appliance.engine.events import End, Event
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
@@ -44,9 +44,10 @@ class EngineState(Enum):
 
 
 class Handle:
-    """The HTTP side of one request: an async stream of Delta, then Done or Failed; its place
-    in the queue, read from the published snapshot; and a cancel. It holds the request's id
-    and its event queue, never the engine's Turn."""
+    """The HTTP side of one request: an async stream of Delta, then Done or Failed (with
+    Progress before the first Delta if submitted with progress=True); its place in the
+    queue, read from the published snapshot; and a cancel. It holds the request's id and
+    its event queue, never the engine's Turn."""
 
     def __init__(self, rid: int, queue: asyncio.Queue[Event], inbox: Inbox, snapshot: Callable[[], Snapshot]) -> None:
         self.rid = rid
@@ -57,7 +58,7 @@ class Handle:
 
     async def _get(self) -> Event:
         ev = await self._queue.get()
-        if not isinstance(ev, Delta):
+        if isinstance(ev, End):
             self._ended = True
         return ev
 
@@ -65,7 +66,7 @@ class Handle:
         while True:
             ev = await self._get()
             yield ev
-            if not isinstance(ev, Delta):
+            if isinstance(ev, End):
                 return
 
     async def next(self, timeout: float) -> Event | None:
@@ -232,9 +233,10 @@ class Engine:
         return self._tokenizer.n_vocab if self._tokenizer is not None else 0
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
-               session: str = "", named: bool = True) -> Handle:
+               session: str = "", named: bool = True, progress: bool = False) -> Handle:
         """Queue one request (or refuse it: QueueFull, Unavailable). Loop thread only: the
-        ids are handed out in the order the inbox receives them (Snapshot.position)."""
+        ids are handed out in the order the inbox receives them (Snapshot.position). With
+        `progress`, a long prompt's Progress events come before its first Delta."""
         self._check_accepting()
         tokens, public = (prompt.tokens, prompt.public_len) if isinstance(prompt, Prompt) else (prompt, 0)
         rid = next(self._ids)
@@ -242,7 +244,7 @@ class Engine:
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
                     client=client, session=session or f"{self._anon}{rid}", public_len=public,
-                    named=named and bool(session))
+                    named=named and bool(session), progress=progress)
         try:
             self._inbox.submit(turn)
         except ApplianceError as e:

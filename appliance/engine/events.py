@@ -1,5 +1,6 @@
-"""What crosses from the engine to a request's HTTP stream: text deltas, then how it ended.
-Delivered on the asyncio loop, in order, to the request's handle."""
+"""What crosses from the engine to a request's HTTP stream: a long prompt's progress (when
+asked), text deltas, then how it ended. Delivered on the asyncio loop, in order, to the
+request's handle."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ class TokenLogprob:
     token: bytes
     logprob: float
     top: list[tuple[bytes, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A long prompt being read: `done` of its `total` tokens are in the KV cache (reused
+    ones included). Only before the first Delta, at most once per step, for a turn that
+    asked for it (Engine.submit(progress=True))."""
+
+    done: int
+    total: int
 
 
 @dataclass(slots=True)
@@ -36,4 +47,5 @@ class Failed:
     error: ApplianceError
 
 
-Event = Delta | Done | Failed
+End = Done | Failed  # the last event of every request
+Event = Progress | Delta | Done | Failed

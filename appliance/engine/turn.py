@@ -35,6 +35,7 @@ class Turn:
     public_len: int = 0  # leading prompt tokens that any client may share (public system prompt)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
+    progress: bool = False  # its stream shows a long prompt's progress (events.Progress)
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
@@ -62,6 +63,12 @@ class Turn:
     @property
     def prefill_left(self) -> int:
         return max(0, len(self.prompt) - self.n_cached)
+
+    def long_prompt(self, step_tokens: int) -> bool:
+        """More of its prompt left to compute than one step takes (reused tokens aside):
+        such a turn reports progress. A prompt one step computes gets its first token after
+        that step (512 tokens: ~2 s on 2 cores), so a note would tell its reader nothing."""
+        return len(self.prompt) - self.n_reused > step_tokens
 
     @property
     def last_token(self) -> int:

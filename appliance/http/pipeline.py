@@ -20,12 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from appliance.engine.engine import Handle
-from appliance.engine.events import Delta, Done, Failed
+from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
 from appliance.engine.names import session_name
 from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
 from appliance.http.state import App
 from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
+from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
 THREAD_PARSE_BYTES = 64 * 1024  # larger bodies are parsed off the event loop
 T = TypeVar("T")
-Event = Delta | Done | Failed
 Answer = list[tuple[list[Delta], Done]]  # each choice's deltas and how it ended
 
 
@@ -61,7 +61,7 @@ class Shape(Protocol):
     """How one API writes an answer: the stream's media type and pieces, and a whole answer."""
 
     media_type: str
-    notes: bool  # the stream can carry queue notes (SSE comments can; NDJSON lines cannot)
+    notes: bool  # the stream can carry notes: queue places, a long prompt's progress (SSE comments; not NDJSON)
 
     def headers(self, stream: bool) -> dict[str, str]: ...
     def start(self) -> list[bytes]: ...
@@ -153,11 +153,12 @@ async def templated(app: App, messages: list[dict[str, Any]], params: SamplingPa
 
 
 # -- submitting ------------------------------------------------------------------------------
-def submit(app: App, job: Job) -> list[Handle]:
+def submit(app: App, job: Job, progress: bool = False) -> list[Handle]:
     """One engine request per choice. They are submitted together with one prompt, so the
     engine computes it once and the others copy its cells (kvstore's followers); only the
     first continues the session. A session the client did not name may still continue or
-    share its own client's cached conversations by prefix, and nobody else's."""
+    share its own client's cached conversations by prefix, and nobody else's. With
+    `progress`, a long prompt's handles carry its Progress events."""
     handles: list[Handle] = []
     ns = job.caller.namespace
     try:
@@ -165,7 +166,8 @@ def submit(app: App, job: Job) -> list[Handle]:
             # The engine's name for a session is a digest of the caller's key and the id, so
             # another key's sessions are out of reach and no raw id is held, logged or saved.
             key = session_name(ns, job.session if i == 0 else new_session_id())
-            handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named))
+            handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named,
+                                             progress=progress))
     except ApplianceError:
         for h in handles:
             h.cancel()
@@ -176,7 +178,9 @@ def submit(app: App, job: Job) -> list[Handle]:
 async def respond(app: App, request: Request, job: Job, shape: Shape) -> Response:
     """Submit the job, then stream its answer or collect it whole, as `shape` writes it."""
     timing = Timing()
-    handles = admit(app, job)
+    # Only a stream that can carry notes hears a prompt's progress: a whole answer or an
+    # NDJSON stream would have nothing to write it with.
+    handles = admit(app, job, progress=job.stream and shape.notes)
     if job.stream:
         return StreamingResponse(guarded(stream(app, handles, shape, timing, job.caller), handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
@@ -190,12 +194,12 @@ async def respond(app: App, request: Request, job: Job, shape: Shape) -> Respons
     return await shape.whole(result, timing)
 
 
-def admit(app: App, job: Job) -> list[Handle]:
+def admit(app: App, job: Job, progress: bool = False) -> list[Handle]:
     """The caller's daily quota checked, then the job submitted; a refusal (over quota, a
     full queue, loading) is counted in the caller's usage."""
     try:
         app.usage.check(job.caller)
-        return submit(app, job)
+        return submit(app, job, progress)
     except ApplianceError as e:
         if e.code == "quota_exceeded":
             app.refused(e.code)  # /metrics; the engine counts its own refusals
@@ -222,7 +226,7 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
             except TimeoutError:
                 yield None
                 continue
-            ended += not isinstance(got[1], Delta)
+            ended += isinstance(got[1], End)
             yield got
     finally:
         for task in pumps:
@@ -233,13 +237,15 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
                  caller: Caller) -> AsyncGenerator[bytes, None]:
     ends: dict[int, Done] = {}
     failed = False
+    reading: bytes | None = None  # the last prompt note, while the prompt is read
     try:
         for chunk in shape.start():
             yield chunk
         async for got in merged(handles, shape.notes):
             if got is None:
-                # Waiting for a slot: a comment tells the user, and finds out if they left.
-                yield app.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
+                # Waiting: a comment tells the user, and finds out if they left. A turn whose
+                # prompt is being read is running, not queued: it hears its progress again.
+                yield reading or app.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
                 continue
             i, ev = got
             if isinstance(ev, Failed):
@@ -248,16 +254,15 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
                 app.usage.refused(caller, ev.error)
                 yield shape.error(ev.error)
                 return
-            if isinstance(ev, Delta):
+            if isinstance(ev, Progress):
+                reading = prompt_note(ev.done, ev.total) if shape.notes and not timing.first else None
+                chunks = [reading] if reading else []
+            elif isinstance(ev, Delta):
                 timing.saw_text()
+                reading = None
                 chunks = shape.delta(i, ev)
             else:
-                ends[i] = ev
-                if len(ends) == len(handles):
-                    timing.finish()
-                    app.note_served(timing.first)  # the wait estimates in queue notes
-                    app.usage.ended(caller, list(ends.values()), timing.ttft_s)
-                chunks = await shape.end(i, ev, timing)
+                chunks = await _ended(app, handles, shape, timing, ends, i, ev, caller)
             for chunk in chunks:
                 yield chunk
         for chunk in shape.close([ends[i] for i in sorted(ends)]):
@@ -267,6 +272,18 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
             h.cancel()  # no-op after Done; frees the slot if the client went away
         if not failed and len(ends) < len(handles):
             settle(app, caller, [h for i, h in enumerate(handles) if i not in ends], list(ends.values()), timing)
+
+
+async def _ended(app: App, handles: list[Handle], shape: Shape, timing: Timing, ends: dict[int, Done],
+                 i: int, done: Done, caller: Caller) -> list[bytes]:
+    """Choice i's end, as the shape writes it; the last one marks the request done (and
+    counts it in the caller's usage)."""
+    ends[i] = done
+    if len(ends) == len(handles):
+        timing.finish()
+        app.note_served(timing.first)  # the wait estimates in queue notes
+        app.usage.ended(caller, list(ends.values()), timing.ttft_s)
+    return await shape.end(i, done, timing)
 
 
 async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle],
@@ -303,6 +320,8 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
                 timing.saw_text()
                 parts.append(ev)
                 continue
+            if isinstance(ev, Progress):
+                continue  # not asked for (respond), and a whole answer has no place for one
             timing.finish()
             return (parts, ev) if isinstance(ev, Done) else ev
         raise EngineFailure("the engine ended the request without an answer")

@@ -34,6 +34,12 @@ def comment(text: str) -> bytes:
     return f": {text}\n\n".encode()
 
 
+def prompt_note(done: int, total: int) -> bytes:
+    """A long prompt being read: `: prompt N/M`, N of its M tokens in the KV cache. The
+    page's js/stream.js reads this format."""
+    return comment(f"prompt {done}/{total}")
+
+
 def openai_error(err: ApplianceError) -> JSONResponse:
     """OpenAI's error response, with our status and Retry-After."""
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None

@@ -2,13 +2,15 @@
 bundled model: a PDF (by the button), a DOCX (dropped) and a text file (pasted), each a chip
 with its token count; a question answered from a fact only in the document, and a follow-up
 that finds the document in the cache; the chat with its attachment kept over a reload and an
-export/import; a document too long for the chat sent as its first part. The launch is test_page_browser.py's (Debian's chromium).
+export/import; a document too long for the chat sent as its first part; a long one's
+reading shown as it goes. The launch is test_page_browser.py's (Debian's chromium).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +198,29 @@ def test_a_document_too_long_for_the_chat_is_sent_as_its_first_part(live: Live, 
     assert answer.locator(".notes .error").count() == 0 and answer.locator(".md").inner_text().strip()
     content = w.chat_requests[-1]["body"]["messages"][-1]["content"]
     assert content.startswith("Attached file: long.txt (first part only)\n")
+
+
+def test_a_long_document_shows_the_progress_of_its_reading(live: Live, page_of: Any, tmp_path: Path) -> None:
+    w = page_of(live.url)
+    p = ready(w)
+    f = tmp_path / "report.txt"
+    f.write_text(" ".join([FILLER] * 45))  # ~1,350 tokens: three steps and more (batch_tokens 512)
+    p.set_input_files("#attach-file", str(f))
+    assert int(composer_chip(p).get_attribute("data-tokens")) > 1024
+    # Every label the waiting answer shows, as the page writes it (the server's ': prompt N/M').
+    p.evaluate("""() => {
+        window.readingLabels = [];
+        new MutationObserver(() => {
+            const label = document.querySelector('article.assistant .typing .label');
+            const text = label ? label.textContent : '';
+            if (text.startsWith('reading') && window.readingLabels.at(-1) !== text) window.readingLabels.push(text);
+        }).observe(document.body, { subtree: true, childList: true, characterData: true });
+    }""")
+    p.fill("#input", "Summarise this.")
+    p.press("#input", "Enter")
+    answer = wait_answer(p, 1)
+    assert answer.locator(".notes .error").count() == 0 and answer.locator(".md").inner_text().strip()
+    labels = p.evaluate("window.readingLabels")
+    shares = [int(m[1]) for text in labels if (m := re.fullmatch(r"reading the document: (\d+) %", text))]
+    assert len(shares) >= 2 and len(shares) == len(labels), labels
+    assert shares == sorted(shares) and shares[0] < 50, labels

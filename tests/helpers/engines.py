@@ -46,13 +46,14 @@ class Core:
     rid: int = 0
 
     def submit(self, prompt: list[int], max_tokens: int = 20, client: str = "c", session: str | None = None,
-               params: SamplingParams | None = None, public_len: int = 0) -> tuple[Turn, Recorder]:
+               params: SamplingParams | None = None, public_len: int = 0,
+               progress: bool = False) -> tuple[Turn, Recorder]:
         self.rid += 1
         rec = Recorder()
         turn = Turn(rid=self.rid, prompt=list(prompt), params=params or SamplingParams(max_tokens=max_tokens,
                                                                                        temperature=0.0),
                     arrival=self.clock(), sink=rec, client=client, session=session or f"anon-{self.rid}",
-                    named=session is not None, public_len=public_len)
+                    named=session is not None, public_len=public_len, progress=progress)
         self.core.inbox.submit(turn)
         return turn, rec
 
@@ -113,7 +114,7 @@ async def collect(h: Handle) -> tuple[str, Done | Failed]:
     async for ev in h.events():
         if isinstance(ev, Delta):
             text.append(ev.text)
-        else:
+        elif isinstance(ev, (Done, Failed)):  # a Progress (asked for) is neither text nor an end
             return "".join(text), ev
     raise AssertionError("stream ended without Done/Failed")
 
