@@ -26,7 +26,6 @@ if browser_util.chromium_path() is None:
     pytest.skip("no Chromium: install it with  sudo apt-get install -y chromium  (scripts/setup.sh does as root)",
                 allow_module_level=True)
 
-from helpers.browser import Watched, open_page  # noqa: E402
 
 KEYS = {who: f"{who}-admin-test-key-" + who[0] * 16 for who in ("alice", "bob", "carol", "dave", "admin")}
 ALICE_QUOTA = 12  # generated tokens a day
@@ -45,24 +44,6 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield s
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser_util.browser() as b:
-        yield b
-
-
-@pytest.fixture
-def page_of(chromium: Any) -> Iterator[Any]:
-    pages: list[Watched] = []
-
-    def open_(url: str, **kw: Any) -> Watched:
-        w = open_page(chromium, url, **kw)
-        pages.append(w)
-        return w
-
-    yield open_
-    for w in pages:
-        w.close()
 
 
 def tile(p: Any, name: str) -> str:

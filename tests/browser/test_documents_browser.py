@@ -28,7 +28,7 @@ if browser_util.chromium_path() is None:
     pytest.skip("no Chromium: install it with  sudo apt-get install -y chromium  (scripts/setup.sh does as root)",
                 allow_module_level=True)
 
-from helpers.browser import Watched, open_page  # noqa: E402
+from helpers.browser import Watched  # noqa: E402
 
 CTX = 2048
 FILLER = ("The committee met on Tuesday to review the quarterly budget, the office move and the new "
@@ -50,24 +50,6 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert s.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser_util.browser() as b:
-        yield b
-
-
-@pytest.fixture
-def page_of(chromium: Any) -> Iterator[Any]:
-    pages: list[Watched] = []
-
-    def open_(url: str, **kw: Any) -> Watched:
-        w = open_page(chromium, url, **kw)
-        pages.append(w)
-        return w
-
-    yield open_
-    for w in pages:
-        w.close()
 
 
 def ready(w: Watched) -> Any:

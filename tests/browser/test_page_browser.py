@@ -30,7 +30,7 @@ if browser_util.chromium_path() is None:
     pytest.skip("no Chromium: install it with  sudo apt-get install -y chromium  (scripts/setup.sh does as root)",
                 allow_module_level=True)
 
-from helpers.browser import PHONE, Watched, open_page  # noqa: E402
+from helpers.browser import PHONE, Watched  # noqa: E402
 
 PRESET = "You are a terse assistant. Answer in one short sentence."
 KEY = "page-test-key-0123456789"
@@ -106,25 +106,6 @@ def busy_live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield s
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser_util.browser() as b:
-        yield b
-
-
-@pytest.fixture
-def page_of(chromium: Any) -> Iterator[Any]:
-    """open(url, **kw) -> Watched; every page is checked for errors and closed at the end."""
-    pages: list[Watched] = []
-
-    def open_(url: str, **kw: Any) -> Watched:
-        w = open_page(chromium, url, **kw)
-        pages.append(w)
-        return w
-
-    yield open_
-    for w in pages:
-        w.close()
 
 
 # ---- page helpers -------------------------------------------------------------------------
