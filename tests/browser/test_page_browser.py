@@ -502,10 +502,10 @@ def test_page_weight_and_accessible_names(live: Live, page_of: Any, chromium: An
 
 def _hold_the_slot(server: Live, stop: threading.Event) -> threading.Thread:
     """A long stream from another client, read until stop is set (then dropped: the server
-    cancels it)."""
+    cancels it). Counting to a thousand does not end early as an essay may on a fast machine."""
     def run() -> None:
-        body = {"messages": [{"role": "user", "content": "Write a very long essay about rivers."}],
-                "stream": True, "max_tokens": 400}
+        body = {"messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line, nothing else."}],
+                "stream": True, "max_tokens": 450, "temperature": 0}
         with httpx.Client(base_url=server.url, timeout=120, trust_env=False,
                           headers={"Authorization": f"Bearer {KEY}"}) as c, \
                 c.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -547,6 +547,7 @@ def test_api_key_prompt_queue_position_and_busy_retry(busy_live: Live, page_of: 
         send(p2, "Say two.")  # the queue of one is full: 429, retried after Retry-After
         p2.wait_for_selector("article.assistant .typing .label:text-matches('The server is busy. Trying again in \\\\d+ s')",
                              timeout=15000)
+        assert holder.is_alive(), "the slot-holding stream ended before the page was checked"
     finally:
         stop.set()
         holder.join(30)
