@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from appliance.bench.engine_time import delta, scrape
 from appliance.bench.load import request, user_client
 from appliance.bench.progress import Progress
 from appliance.bench.results import LevelResult, RequestResult, Sample
@@ -102,6 +103,8 @@ async def run_office(url: str, users: int, workload: Workload, plan: Office, dur
             httpx.AsyncClient(verify=tls, timeout=min(timeout, 5.0), trust_env=False))
         if progress is not None:
             progress.begin(f"{label} office u={users}", duration_s, timed=True)
+        metrics = base_url(url) + "/metrics"  # the appliance's engine counters (loopback may read them)
+        before = await scrape(probe, metrics)
         t0 = time.perf_counter()
         run.deadline = t0 + duration_s
         poller = asyncio.create_task(run.poll(probe, base_url(url) + "/health", t0, progress))
@@ -114,4 +117,6 @@ async def run_office(url: str, users: int, workload: Workload, plan: Office, dur
             if progress is not None:
                 progress.end()
         wall = time.perf_counter() - t0
-    return LevelResult(label, users, wall, run.results, t0=t0, timeline=run.timeline)
+        after = await scrape(probe, metrics) if before is not None else None
+    engine = delta(before, after) if before is not None and after is not None else {}
+    return LevelResult(label, users, wall, run.results, t0=t0, timeline=run.timeline, engine=engine)

@@ -170,5 +170,31 @@ def _office(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
                            markdown, _OFFICE_RATIO_OF)
     if any(lv.by_pad() for level in done.values() for lv in level.values()):
         lines += [""] + _pad_table(done, labels, lw, markdown, "pasted document (0 = a question)")
+    lines += _engine_table(done, labels, markdown)
     more = ", ttft95/99 = {b}/{a}, utok10 = {a}/{b}, fair = {b}/{a}"
     return lines + _ratio_legend(labels, ", ttft50@2+ = {b}/{a}", more) + _failures(done, labels)
+
+
+_ENGINE_COLUMNS = [("decode", "decode_share"), ("sample", "sample_share"), ("admit", "admit_share"),
+                   ("other", "other_share"), ("idle", "idle_share"), ("steps", "steps"),
+                   ("rows/step", "rows_per_step"), ("dec/step", "decode_rows_per_step"),
+                   ("prefill", "prefill_rows"), ("gen", "generated"), ("rows/s", "decode_rows_per_s"),
+                   ("restored", "restored"), ("recomp", "recomputed"), ("slotwait", "slot_wait_ms_mean")]
+
+
+def _engine_table(done: dict[int, dict[str, LevelResult]], labels: list[str], markdown: bool) -> list[str]:
+    """Where the engine's wall time went (servers that publish it: the appliance's /metrics)."""
+    rows = []
+    for c, level in done.items():
+        for lb in labels:
+            e = level[lb].summary()["engine"] if lb in level else None
+            if e:
+                rows.append([str(c), lb] + [_cell(e[k], 0, 3 if k.endswith("_share") else 1 if isinstance(e[k], float)
+                                                   and k.endswith(("step", "_s", "mean")) else 0)
+                                            for _, k in _ENGINE_COLUMNS])
+    if not rows:
+        return []
+    head = ["conc", "server"] + [h for h, _ in _ENGINE_COLUMNS]
+    return [""] + _render(head, rows, "engine wall time by phase (share of the run's wall time), batch rows; "
+                                      "rows/s = rows per second inside llama_decode; slotwait = mean ms to a slot",
+                          markdown)

@@ -3,11 +3,14 @@ its summary numbers (percentiles, ms) and the first server's ratios against the 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from appliance.bench import engine_time
 
 
 @dataclass(slots=True)
@@ -90,6 +93,9 @@ class LevelResult:
     warmup_s: float = 0.0
     t0: float = 0.0  # perf_counter() when the load started (office: what Sample.t counts from)
     timeline: list[Sample] = field(default_factory=list)  # office: queue and in-flight, 1/s
+    # office: what the appliance's engine counters added over the run (engine_time.delta);
+    # empty for a server without them.
+    engine: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, parts: list[LevelResult]) -> LevelResult:
@@ -100,12 +106,14 @@ class LevelResult:
             [g for p in parts for g in p.itl_during_long],
             # RSS and the timeline are one run's story: the first round tells it.
             first.rss_mib, first.warmup_s, first.t0, first.timeline,
+            functools.reduce(engine_time.add, (p.engine for p in parts), {}) if all(p.engine for p in parts) else {},
         )
 
     def detail(self) -> dict[str, Any]:
         """Office: the timeline as [t, in flight, queue] and every request, times from t0."""
         return {"timeline": [[x.t, x.in_flight, x.queue] for x in self.timeline],
-                "requests": [r.row(self.t0) for r in self.results]}
+                "requests": [r.row(self.t0) for r in self.results],
+                "engine": engine_time.breakdown(self.engine, self.wall_s) if self.engine else None}
 
     def rss_points(self) -> dict[str, float | None]:
         """RSS (MiB) before the load, once warmed up, after it ended, and the highest seen."""
@@ -240,6 +248,7 @@ class LevelResult:
             **by_turn,
             "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
             "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
+            "engine": engine_time.breakdown(self.engine, self.wall_s) if self.engine else None,
             # The last answer's end, from the moment all requests were let go (burst: how long
             # the person waits for the whole list).
             "last_answer_s": round(max((r.t_end for r in self.results), default=0.0)

@@ -19,6 +19,7 @@ from appliance.engine.batch import Batch, build
 from appliance.engine.events import Delta, Done, Event, Failed, Progress, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
+from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
 from appliance.engine.names import log_name
 from appliance.engine.scheduler import Limits, Scheduler, Step
@@ -130,6 +131,15 @@ class EngineCore:
         self.kv.add_public(sid, tokens)
         self.sched.pinned += len(tokens)  # cells no reservation may count on
 
+    def open_commons(self) -> None:
+        """After the presets: system prompts that become public once common get the public
+        sequence ids after theirs (the context was made with that many more)."""
+        n = self.kv.policy.common_prompts
+        if n and not self.kv.policy.share_all:  # sharing everything already shares these
+            first = self._next_public_id
+            self.kv.commons = Commons(CommonsPolicy(max_public=n), range(first, first + n), self.model, self.cache,
+                                      self.sched, self.limits.kv_tokens, self.clock)
+
     # -- commands ------------------------------------------------------------------------
     def handle(self, cmd: Command) -> None:
         if isinstance(cmd, Submit):
@@ -150,18 +160,25 @@ class EngineCore:
     # -- one loop iteration --------------------------------------------------------------
     def iterate(self) -> bool:
         """Expire, admit and run one decode step; False when there was nothing to run."""
+        t0 = time.perf_counter()
         self.kv.expire()
         self._expire_turns()
         self._admit()
+        t1 = time.perf_counter()
         self.kv.resolve_followers()
         step = self.sched.schedule()
         if not step.n_seqs:
+            self.stats.spent(t0, t1, t1, t1, time.perf_counter())
             return False
         self._share_cores()
         batch = build(step, self.spec_budget, self.limits.batch_tokens, self.ctx_cap)
-        if self._decode(batch, step):
+        t2 = time.perf_counter()
+        ok = self._decode(batch, step)
+        t3 = time.perf_counter()
+        if ok:
             self._advance(step, batch)
             self._sample(batch)
+        self.stats.spent(t0, t1, t2, t3, time.perf_counter())
         return True
 
     def _share_cores(self) -> None:
@@ -245,6 +262,7 @@ class EngineCore:
         n_prefill = len(batch.tokens) - len(step.decode) - batch.n_drafts
         st.prompt_tokens_computed += n_prefill
         st.step_log.append((len(step.decode), len(step.prefill), n_prefill, batch.n_drafts))
+        st.decode_rows += len(step.decode)
         for t in step.decode:
             t.n_cached += 1
         for t, n in step.prefill:

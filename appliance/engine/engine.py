@@ -238,12 +238,13 @@ class Engine:
         ids are handed out in the order the inbox receives them (Snapshot.position). With
         `progress`, a long prompt's Progress events come before its first Delta."""
         self._check_accepting()
-        tokens, public = (prompt.tokens, prompt.public_len) if isinstance(prompt, Prompt) else (prompt, 0)
+        tokens, public, system = ((prompt.tokens, prompt.public_len, prompt.system_len) if isinstance(prompt, Prompt)
+                                  else (prompt, 0, 0))
         rid = next(self._ids)
         queue: asyncio.Queue[Event] = asyncio.Queue()
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
-                    client=client, session=session or f"{self._anon}{rid}", public_len=public,
+                    client=client, session=session or f"{self._anon}{rid}", public_len=public, system_len=system,
                     named=named and bool(session), progress=progress)
         try:
             self._inbox.submit(turn)
@@ -326,6 +327,7 @@ class Engine:
         tokenize: Tokenize = lambda text, special: tok.tokenize(text, False, special)
         for tokens in public_prefixes(o.presets, template, tokenize):
             core.add_public(tokens)
+        core.open_commons()
         core.kv.load_sessions()
         self._template, self._tokenize, self._tokenizer = template, tokenize, tok
         if o.fault is not None:
@@ -347,7 +349,9 @@ class Engine:
             if not busy:
                 closes = core.sched.window_open_until()
                 # Idle waits are short enough to never look like a stall.
+                waited = time.perf_counter()
                 self._inbox.wait(min(max(0.0, closes - self._clock()) if closes is not None else 1.0, stall_s / 4))
+                core.stats.seconds["idle"] += time.perf_counter() - waited
 
     def _shut(self, core: EngineCore, error: ApplianceError) -> None:
         core.fail_all(error, self._inbox.close())

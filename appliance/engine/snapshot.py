@@ -32,6 +32,14 @@ class Counters:
     draft_tokens: int = 0  # speculative tokens verified
     draft_accepted: int = 0  # of those, accepted
     finished: Mapping[str, int] = field(default_factory=dict)
+    decode_rows: int = 0  # generating sequences' rows (one per stream per step; drafts apart)
+    # Where the engine thread's wall time goes (s): in llama_decode, in sampling (logits to
+    # tokens, text), admitting (attach: restores and prefix copies), the rest of a busy
+    # iteration (scheduling, batch building, events), and waiting for work.
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+PHASES = ("decode", "sample", "admit", "other", "idle")
 
 
 @dataclass(slots=True)
@@ -46,14 +54,26 @@ class Stats:
     draft_tokens: int = 0
     draft_accepted: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    decode_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Recent steps as (decode seqs, prefill seqs, prefill tokens, draft tokens): shows that
     # a long prefill never stalls the streams already generating.
     step_log: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
 
+    def spent(self, t0: float, admitted: float, built: float, decoded: float, end: float) -> None:
+        """Where one loop iteration's wall time went (perf_counter readings): the breakdown
+        of a workload's engine time, without a profiler."""
+        sec = self.seconds
+        sec["admit"] += admitted - t0
+        sec["other"] += built - admitted
+        sec["decode"] += decoded - built
+        sec["sample"] += end - decoded
+
     def counters(self) -> Counters:
         return Counters(self.steps, self.peak_seqs_per_step, self.prompt_tokens_received, self.prompt_tokens_computed,
                         self.generated_tokens, self.draft_tokens, self.draft_accepted,
-                        MappingProxyType(dict(self.finished)))
+                        MappingProxyType(dict(self.finished)), self.decode_rows,
+                        MappingProxyType(dict(self.seconds)))
 
 
 @dataclass(frozen=True, slots=True)

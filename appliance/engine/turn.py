@@ -33,6 +33,7 @@ class Turn:
     session: str = ""  # the conversation this turn belongs to (X-Session-Id, or one the server made)
     named: bool = True  # the client sent the session id (False: the server made one up)
     public_len: int = 0  # leading prompt tokens that any client may share (public system prompt)
+    system_len: int = 0  # leading tokens through its one system message: public once common (kv/commons)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
     progress: bool = False  # its stream shows a long prompt's progress (events.Progress)

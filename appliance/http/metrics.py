@@ -72,6 +72,16 @@ class _EngineCollector(Collector):
         yield _counter("appliance_draft_tokens", "Speculative draft tokens verified", c.draft_tokens)
         yield _counter("appliance_draft_accepted", "Speculative draft tokens accepted", c.draft_accepted)
         yield _counter("appliance_decode_steps", "llama_decode calls", c.steps)
+        rows = CounterMetricFamily("appliance_batch_rows", "Rows of the llama_decode batches by kind", labels=["kind"])
+        for kind, n in (("decode", c.decode_rows), ("prefill", c.prompt_tokens_computed), ("draft", c.draft_tokens)):
+            rows.add_metric([kind], n)
+        yield rows
+        spent = CounterMetricFamily("appliance_engine_seconds",
+                                    "The engine thread's wall time by phase (decode: in llama_decode; idle: no work)",
+                                    labels=["phase"])
+        for phase, sec in c.seconds.items():
+            spent.add_metric([phase], sec)
+        yield spent
         done = CounterMetricFamily("appliance_requests", "Finished requests by outcome", labels=["outcome"])
         for outcome, n in sorted(c.finished.items()):
             done.add_metric([outcome], n)

@@ -136,6 +136,9 @@ class Prompt:
     tokens: list[int]
     dropped_messages: int  # oldest turns left out so the conversation fits the context
     public_len: int = 0  # leading tokens any client may share: the template + a public system prompt
+    # Leading tokens up to the end of its one system message, whole (0: none, or several):
+    # what becomes public once enough different clients send exactly it (engine/kv/commons).
+    system_len: int = 0
 
 
 # Characters no one types: rendering the system prompt followed by a user turn holding
@@ -165,12 +168,19 @@ def public_prefixes(presets: Iterable[str], template: ChatTemplate, tokenize: To
     return [public_prefix(s, template, tokenize) for s in systems]
 
 
-def _public_len(messages: list[dict[str, Any]], tokens: list[int], template: ChatTemplate,
-                tokenize: Tokenize, presets: frozenset[str]) -> int:
+def _shared(messages: list[dict[str, Any]], tokens: list[int], dropped: int, template: ChatTemplate,
+            tokenize: Tokenize, presets: frozenset[str]) -> Prompt:
+    """The prompt with its public length (the template's start and a preset system prompt)
+    and its system block's length (one system message, whole)."""
     system = _system_part(messages)
-    if len(system) > 1 or (system and system[0]["content"] not in presets):
-        return 0  # a private system prompt: nothing of it is shared with other clients
-    return common_prefix(tokens, public_prefix(system, template, tokenize))
+    if len(system) > 1:
+        return Prompt(tokens, dropped)  # several system messages: nothing is shared
+    block = public_prefix(system, template, tokenize)
+    n = common_prefix(tokens, block)
+    whole = n if system and n == len(block) else 0
+    if system and system[0]["content"] not in presets:
+        return Prompt(tokens, dropped, 0, whole)  # a private system prompt: shared only once common
+    return Prompt(tokens, dropped, n, whole)
 
 
 def refuse_control_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -213,7 +223,7 @@ def build_prompt(
     if k0 == 0:
         tokens = encode(messages)
         if len(tokens) <= limit:
-            return Prompt(tokens, 0, _public_len(messages, tokens, template, tokenize, presets))
+            return _shared(messages, tokens, 0, template, tokenize, presets)
 
     last_only = encode(system + rest[-1:])
     if len(last_only) > limit:
@@ -222,7 +232,7 @@ def build_prompt(
             f"and this server allows {limit} prompt tokens per conversation")
     kept = _fewest_dropped_by_tokens(system, rest, k0, lambda msgs: len(encode(msgs)) <= limit)
     tokens = encode(kept)
-    return Prompt(tokens, len(messages) - len(kept), _public_len(kept, tokens, template, tokenize, presets))
+    return _shared(kept, tokens, len(messages) - len(kept), template, tokenize, presets)
 
 
 def _split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

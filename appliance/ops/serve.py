@@ -69,13 +69,16 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
                          park_bytes=park, restore_min_tokens=cfg.restore_min_tokens,
                          state_dir=cfg.state_dir, state_max_bytes=cfg.state_max_mb * 2**20,
                          save_timeout_s=cfg.save_timeout_s, memory=cpu.read_memory,
-                         idle_kv_tokens=cfg.kv_tokens // 4 if cfg.idle_kv_tokens < 0 else cfg.idle_kv_tokens)
+                         idle_kv_tokens=cfg.kv_tokens // 4 if cfg.idle_kv_tokens < 0 else cfg.idle_kv_tokens,
+                         common_prompts=cfg.common_system_prompts)
 
     def load() -> Model:
         from appliance.model.llm import LLM, ContextSpec  # imported here: only the engine thread loads llama.cpp
 
-        # Beyond the sessions' ids: one per public prefix (the default system prompt + presets).
-        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq + 1 + len(presets), n_batch=cfg.batch_tokens, threads=threads,
+        # Beyond the sessions' ids: one per public prefix (the default system prompt + presets),
+        # then one per system prompt that may become public once common.
+        n_public = 1 + len(presets) + cfg.common_system_prompts
+        spec = ContextSpec(n_ctx=cfg.kv_tokens, n_seq_max=n_seq + n_public, n_batch=cfg.batch_tokens, threads=threads,
                            repack=repack, kv_type=cfg.kv_type, n_ubatch=cfg.ubatch_tokens)
         log.info("loading %s: %d slots x %d tokens, %d KV cells, %d threads on CPUs %s, repack %s",
                  model_path, cfg.slots, cfg.ctx_per_slot, cfg.kv_tokens, threads, cpus, "on" if repack else "off")

@@ -47,13 +47,13 @@ class Core:
 
     def submit(self, prompt: list[int], max_tokens: int = 20, client: str = "c", session: str | None = None,
                params: SamplingParams | None = None, public_len: int = 0,
-               progress: bool = False) -> tuple[Turn, Recorder]:
+               progress: bool = False, system_len: int = 0) -> tuple[Turn, Recorder]:
         self.rid += 1
         rec = Recorder()
         turn = Turn(rid=self.rid, prompt=list(prompt), params=params or SamplingParams(max_tokens=max_tokens,
                                                                                        temperature=0.0),
                     arrival=self.clock(), sink=rec, client=client, session=session or f"anon-{self.rid}",
-                    named=session is not None, public_len=public_len, progress=progress)
+                    named=session is not None, public_len=public_len, progress=progress, system_len=system_len)
         self.core.inbox.submit(turn)
         return turn, rec
 
@@ -90,6 +90,7 @@ def make(model: FakeModel, *, slots: int = 1, n_seq: int = 0, kv_tokens: int = 4
     core = EngineCore(model, limits, CachePolicy(n_seq=n_seq or slots + 1, **policy), Inbox(64, 0), clock=clock,
                       spec_budget=spec_budget)
     core.warm_up()
+    core.open_commons()  # common_prompts=N in **policy: system prompts made public once common
     return Core(core, clock)
 
 

@@ -336,6 +336,20 @@ def test_public_len_covers_template_and_a_preset_system_prompt_only(chatml: Chat
     assert d.public_len == 0
 
 
+def test_system_len_is_the_whole_system_block_whatever_follows(chatml: ChatTemplate) -> None:
+    """What may become public once common (engine/kv/commons.py): through the end of the one
+    system message, the same for every question; none with several system messages."""
+    system = msg("system", "You are the office tool.")
+    a = build_prompt([system, msg("user", "alpha")], chatml, byte_tokens, 10_000)
+    b = build_prompt([system, msg("user", "beta"), msg("assistant", "x"), msg("user", "y")], chatml, byte_tokens, 10_000)
+    head = public_prefix([system], chatml, byte_tokens)
+    assert a.system_len == b.system_len == len(head) and a.tokens[:a.system_len] == b.tokens[:b.system_len] == head
+    assert a.public_len == 0  # private until common
+    assert build_prompt([msg("user", "hi")], chatml, byte_tokens, 10_000).system_len == 0
+    two = build_prompt([system, msg("system", "more"), msg("user", "hi")], chatml, byte_tokens, 10_000)
+    assert two.system_len == 0 and two.public_len == 0
+
+
 def test_public_prefixes_default_first_then_presets(chatml: ChatTemplate) -> None:
     out = public_prefixes(["P1", "P2"], chatml, byte_tokens)
     assert out[0] == byte_tokens("<|im_start|>user\n")

@@ -233,6 +233,9 @@ class SessionCache:
     def add_public(self, seq_id: int, tokens: list[int]) -> None:
         self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))
 
+    def remove_public(self, seq_id: int) -> None:
+        self.public = [e for e in self.public if e.seq_id != seq_id]
+
     def drop(self, session: str) -> Entry | None:
         """Forget a session. A busy entry's id stays with its running turn."""
         e = self.entries.pop(session, None)

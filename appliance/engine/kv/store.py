@@ -15,6 +15,7 @@ from typing import Protocol
 from appliance.cpu import Memory, trim_heap
 from appliance.engine.kv import persist
 from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable
+from appliance.engine.kv.commons import Commons
 from appliance.engine.names import log_name
 from appliance.engine.scheduler import Scheduler
 from appliance.engine.turn import State, Turn
@@ -47,6 +48,7 @@ class CachePolicy:
     state_max_bytes: int = 1 << 30
     save_timeout_s: float = 15.0  # at shutdown, the most recent sessions saved within this
     idle_kv_tokens: int = 0  # idle sessions' KV cells beyond this are parked (when parking is on); 0 = no limit
+    common_prompts: int = 0  # system prompts that may become public once common (kv/commons.py); 0 = off
     # Free memory and pressure, read once a second: parking gives memory back before the
     # kernel runs out (park_budget below). None: the budget stays park_bytes.
     memory: Callable[[], Memory] | None = None
@@ -88,6 +90,7 @@ class ReuseStats:
     shared_hits: int = 0  # turns that copied a prefix (public, or their client's own)
     restored: int = 0  # parked or saved conversations brought back
     recomputed: int = 0  # parked, but recomputing was cheaper (or the park was dropped)
+    promoted: int = 0  # system prompts made public (kv/commons.py)
 
 
 class KVStore:
@@ -100,6 +103,7 @@ class KVStore:
         self.kv_tokens = kv_tokens
         self.clock = clock
         self.stats = ReuseStats()
+        self.commons: Commons | None = None  # set by the core once the preset ids are known
         self._next_ttl_check = 0.0
         self._next_pressure_cut = 0.0
 
@@ -115,6 +119,8 @@ class KVStore:
         history (or its client's conversation it continues), a parked or saved copy of
         that, else the longest prefix it may copy (its client's own, or a public one)."""
         cache = self.cache
+        if self.commons is not None:
+            self.stats.promoted += self.commons.share(turn)
         m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
         if m.own and m.entry is not None and m.entry.seq_id >= 0:
             self._take_over(turn, m.entry, m.n_common)

@@ -1,0 +1,141 @@
+"""System prompts that become public once they are common: a whole system message that
+`need_clients` different clients have sent, token for token, is copied once into a pinned
+public sequence and shared like an operator preset (an office tool sends the same one from
+every PC). What a client can learn from its timing is that someone else sent exactly the
+system message it sent, never a part of one: only the whole block matches (docs/SECURITY.md).
+kv/store.py asks it for each admitted turn, before looking for a prefix to reuse."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from appliance.engine.kv.cache import SessionCache
+from appliance.engine.scheduler import Scheduler
+from appliance.engine.turn import Turn
+
+log = logging.getLogger(__name__)
+
+
+class CopyOps(Protocol):
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Candidate:
+    tokens: list[int]  # the template's start through the end of the system message
+    clients: set[str] = field(default_factory=set)  # who sent it (at most need_clients kept)
+    seq_id: int = -1  # its public sequence once promoted
+    last_used: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommonsPolicy:
+    max_public: int = 4  # promoted system prompts held at once (pinned cells); 0 = off
+    need_clients: int = 2  # different client identities that must send the same block
+    min_tokens: int = 16  # shorter blocks are not worth a sequence
+    max_tokens: int = 2048  # longer ones are not pinned for everyone
+    max_candidates: int = 256  # blocks remembered (by digest) while they wait for a second client
+
+
+class Commons:
+    def __init__(self, policy: CommonsPolicy, seq_ids: range, model: CopyOps, cache: SessionCache,
+                 sched: Scheduler, kv_tokens: int, clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self.free_ids = list(reversed(seq_ids))  # public sequence ids of their own
+        self.candidates: OrderedDict[bytes, Candidate] = OrderedDict()
+        self.model, self.cache, self.sched, self.kv_tokens, self.clock = model, cache, sched, kv_tokens, clock
+
+    def share(self, turn: Turn) -> bool:
+        """Note the turn's system block; once enough other clients sent it whole, it is
+        public and this turn may copy all of it (never a part). True if it was promoted now."""
+        n = turn.system_len
+        if not 0 < n < len(turn.prompt):
+            return False
+        cand = self.note(turn.client, turn.prompt[:n], self.clock())
+        if cand is None:
+            return False
+        promoted = cand.seq_id < 0 and self._promote(cand)
+        if cand.seq_id >= 0:
+            turn.public_len = max(turn.public_len, n)
+        return promoted
+
+    def _promote(self, cand: Candidate) -> bool:
+        """Copy the block from a sequence that holds it into a public one of its own and pin
+        it; False while none has computed it yet (the next turn that sends it tries again)."""
+        n, block = len(cand.tokens), cand.tokens
+        donor = next((t.seq_id for t in self.sched.running if t.seq_id >= 0 and t.n_cached >= n
+                      and t.prompt[:n] == block), -1)
+        if donor < 0:
+            donor = next((e.seq_id for e in self.cache.entries.values()
+                          if e.seq_id >= 0 and not e.busy and e.tokens[:n] == block), -1)
+        if donor < 0 or self.sched.reserved + self.sched.pinned + n > self.kv_tokens:
+            return False
+        if not self.free_ids and (old := self.least_used()) is not None:
+            self._demote(old)
+        sid = self.alloc()
+        if sid is None:
+            return False
+        self.model.seq_cp(donor, sid, 0, n)
+        self.cache.add_public(sid, block)
+        self.sched.pinned += n  # as for a preset: cells no reservation may count on
+        cand.seq_id = sid
+        log.info("a system prompt of %d tokens sent by %d clients is public now", n, len(cand.clients))
+        return True
+
+    def _demote(self, cand: Candidate) -> None:
+        """The least recently sent promoted block gives its sequence to a new one (turns
+        that copied it keep their cells); it may be promoted again."""
+        self.cache.remove_public(cand.seq_id)
+        self.model.seq_rm(cand.seq_id)
+        self.sched.pinned -= len(cand.tokens)
+        self.release(cand)
+
+    @staticmethod
+    def key(tokens: list[int]) -> bytes:
+        # A digest, not Python's hash(): no client can make its block collide with another's.
+        return hashlib.blake2b(array("i", tokens).tobytes(), digest_size=16).digest()
+
+    def note(self, client: str, block: list[int], now: float) -> Candidate | None:
+        """Client sent this whole block; the candidate once enough different clients have,
+        else None. Equality is checked token by token, not only by digest."""
+        p = self.policy
+        if not p.max_public or not p.min_tokens <= len(block) <= p.max_tokens:
+            return None
+        k = self.key(block)
+        cand = self.candidates.get(k)
+        if cand is None:
+            cand = self.candidates[k] = Candidate(list(block))
+            self._bound()
+        elif cand.tokens != block:
+            return None  # a digest collision: nobody shares anything through it
+        self.candidates.move_to_end(k)
+        if len(cand.clients) < p.need_clients:
+            cand.clients.add(client)
+        cand.last_used = now
+        return cand if len(cand.clients) >= p.need_clients else None
+
+    def _bound(self) -> None:
+        """Forget the least recently sent blocks beyond max_candidates (promoted ones stay)."""
+        excess = len(self.candidates) - self.policy.max_candidates
+        for k in [k for k, c in self.candidates.items() if c.seq_id < 0][:max(0, excess)]:
+            del self.candidates[k]
+
+    def alloc(self) -> int | None:
+        return self.free_ids.pop() if self.free_ids else None
+
+    def release(self, cand: Candidate) -> int:
+        """Demote: its id is free again (the caller clears the cells); it may come back."""
+        sid, cand.seq_id = cand.seq_id, -1
+        self.free_ids.append(sid)
+        return sid
+
+    def least_used(self) -> Candidate | None:
+        promoted = [c for c in self.candidates.values() if c.seq_id >= 0]
+        return min(promoted, key=lambda c: c.last_used, default=None)
