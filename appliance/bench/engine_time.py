@@ -64,7 +64,9 @@ def breakdown(d: dict[str, float], wall_s: float) -> dict[str, float]:
                prompt_received=d.get("appliance_prompt_tokens_received", 0.0),
                prompt_computed=d.get("appliance_prompt_tokens_computed", 0.0),
                restored=d.get("appliance_session_events:restored", 0.0),
-               recomputed=d.get("appliance_session_events:recomputed", 0.0))
+               recomputed=d.get("appliance_session_events:recomputed", 0.0),
+               parked=d.get("appliance_session_events:parked", 0.0),
+               promoted=d.get("appliance_session_events:promoted", 0.0))
     waits = d.get("appliance_queue_wait_seconds_count", 0.0)
     out["slot_wait_ms_mean"] = round(1000 * d.get("appliance_queue_wait_seconds_sum", 0.0) / waits, 1) if waits else 0.0
     out["slot_waits"] = waits
