@@ -80,7 +80,7 @@ default_config() {
 #port = 8080
 
 # Conversations decoded together, and tokens one conversation may hold.
-#slots = 16
+#slots = 24
 #ctx_per_slot = 4096
 # KV cache cells shared by all conversations, 12 KiB each (16384 = 192 MiB of RAM).
 # Raspberry Pi with 1-2 GiB of RAM: set slots to 4 and kv_tokens to 8192.

@@ -19,7 +19,7 @@ from typing import Any
 
 MiB = 2**20
 UBATCHES = (64, 128, 256, 512)
-STEP_ROWS = (1, 2, 4, 8, 16)
+STEP_ROWS = (1, 2, 4, 8, 16, 24)
 MEM_SHARE = 0.80  # of the memory limit the appliance may plan for; the rest is the OS's and headroom
 SERVER_MB = 45  # uvicorn, Starlette, prometheus_client and the HTTP side beyond what `measure` loads (MiB)
 MIN_STREAM_TPS = 3.0  # tokens/s each user still sees with every slot busy
@@ -186,7 +186,7 @@ class _Probe:
     def open(self, threads: int, ubatch: int) -> Any:
         from appliance.model.llm import LLM, ContextSpec
 
-        return LLM(self.model_path, ContextSpec(n_ctx=self.n_cells, n_seq_max=17, n_batch=512, threads=threads,
+        return LLM(self.model_path, ContextSpec(n_ctx=self.n_cells, n_seq_max=max(STEP_ROWS) + 1, n_batch=512, threads=threads,
                                                 repack=self.repack, n_ubatch=ubatch))
 
     @staticmethod
@@ -196,12 +196,14 @@ class _Probe:
         return len(tokens) / (time.perf_counter() - t0)
 
     def steps(self, llm: Any, rows_list: tuple[int, ...]) -> dict[int, float]:
-        # 16 sequences of 32 tokens, then one token for each of `rows` of them per step.
-        n, prompt = 32, self.prompt
-        toks = [t for s in range(16) for t in prompt[s:s + n]]
-        llm.decode(toks, [p for _ in range(16) for p in range(n)], [s for s in range(16) for _ in range(n)],
-                   [False] * len(toks))
-        pos, out = [n] * 16, {}  # each sequence's next position (llama.cpp wants them consecutive)
+        # As many sequences of 32 tokens as the widest step, then one token for each of `rows`
+        # of them per step.
+        n, prompt, k = 32, self.prompt, max(rows_list)
+        for first in range(0, k, 16):  # 16 x 32 tokens: one n_batch of 512
+            seqs = range(first, min(k, first + 16))
+            toks = [t for s in seqs for t in prompt[s:s + n]]
+            llm.decode(toks, [p for _ in seqs for p in range(n)], [s for s in seqs for _ in range(n)], [False] * len(toks))
+        pos, out = [n] * k, {}  # each sequence's next position (llama.cpp wants them consecutive)
         for rows in rows_list:
             times = []
             for _ in range(self.reps):
@@ -272,13 +274,13 @@ def _fixed_mb(m: Measured, ub: int) -> float:
 def _choose_slots(m: Measured, why: list[str]) -> int:
     """As many streams per step as still give each user MIN_STREAM_TPS."""
     slots = 1
-    for r in (16, 8, 4, 2):
+    for r in (24, 16, 8, 4, 2):
         if 1000 / _step(m, r) >= MIN_STREAM_TPS:
             slots = r
             break
     why.append(f"slots {slots}: a step of {slots} streams takes {_step(m, slots):.0f} ms, "
                f"{1000 / _step(m, slots):.1f} tokens/s each (at least {MIN_STREAM_TPS:.0f} wanted)"
-               + ("" if slots == 16 else f"; 16 would give {1000 / _step(m, 16):.1f}"))
+               + ("" if slots == 24 else f"; 24 would give {1000 / _step(m, 24):.1f}"))
     return slots
 
 
