@@ -53,14 +53,26 @@ def test_second_turn_without_session_id_reuses_the_first(server: Live) -> None:
     assert use2["prompt_tokens"] - cached(use2) < 40
 
 
-def test_another_client_gets_nothing_from_a_private_system_prompt(server: Live) -> None:
+def test_a_private_system_prompt_is_shared_only_whole_once_two_clients_sent_it(server: Live) -> None:
+    """common_system_prompts (engine/kv/commons.py): the first client's system prompt stays its
+    own; a second client sending exactly it makes it public, and from then on a client that
+    sends it whole copies the whole block and nothing of anyone's conversation, while one
+    whose system prompt differs only at its end copies nothing at all."""
     msgs = [{"role": "system", "content": SECRET}, {"role": "user", "content": "What is my codename?"}]
     ask(server, 2, msgs)  # client 2 (Alice) has it cached now
+    near = [{"role": "system", "content": SECRET[:-1] + "Z"}, {"role": "user", "content": "What is my codename?"}]
     before = server.health()["engine"]["prompt_tokens_computed"]
-    _, use = ask(server, 3, msgs)  # client 3 (Bob) sends the very same prompt
+    _, use = ask(server, 7, near)  # one client alone: nothing of Alice's, and no oracle by prefix
     assert cached(use) == 0
-    # ...and really computed all of it (no copy from Alice's cells).
     assert server.health()["engine"]["prompt_tokens_computed"] - before == use["prompt_tokens"]
+    _, bob = ask(server, 3, msgs)  # the second client to send it whole: public now, copied whole
+    _, carol = ask(server, 8, [msgs[0], {"role": "user", "content": "Say hi."}])
+    assert 0 < cached(bob) == cached(carol) < carol["prompt_tokens"]  # the system block, no more
+    # A near miss nobody else sent still gets nothing of the public block. (Sent again from a
+    # second client, Dave's own near miss would become public in turn: two clients sent it.)
+    other = [{"role": "system", "content": SECRET[:-1] + "Q"}, msgs[1]]
+    _, dave = ask(server, 9, other)
+    assert cached(dave) == 0
 
 
 def test_an_operator_preset_is_shared_and_reported_by_both(server: Live) -> None:
