@@ -37,6 +37,9 @@ QUESTION = "What is the reference code given at the end of the attached file? An
 FOLLOW_UP = "In one sentence: which topics does the file cover?"
 OTHER = "Write a long story about a lighthouse keeper and her cat, at least 800 words."
 MARGIN = 0.9  # web/js/attach.js: a cut keeps this share of the characters the tokens allow
+# A fresh connection per request: llama-server may close one after a streamed answer, and
+# the next request on it would fail (loopback's connect costs ~0.1 ms).
+FRESH = httpx.Limits(max_keepalive_connections=0)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Timed:
 
     status: int = 0
     progress_s: float | None = None  # the first progress note (appliance ": prompt N/M", llama-server prompt_progress)
+    moved_s: float | None = None  # the first one that says some of the prompt was computed
     notes: int = 0
     ttft_s: float | None = None
     total_s: float | None = None
@@ -100,10 +104,12 @@ def chat(c: httpx.Client, url: str, messages: list[dict[str, str]], max_tokens: 
 
 def seen(out: Timed, ev: sse.Event, now: float, t0: float) -> None:
     """One SSE event into `out`: a progress note, answer text, the usage or llama-server's timings."""
-    note = isinstance(ev, sse.Comment) and ev.text.startswith("prompt ")
-    if note or (isinstance(ev, dict) and "prompt_progress" in ev):
+    done = progress(ev)
+    if done is not None:
         out.notes += 1
         out.progress_s = out.progress_s if out.progress_s is not None else now - t0
+        if done > 0 and out.moved_s is None:
+            out.moved_s = now - t0
     if not isinstance(ev, dict):
         return
     if text := sse.content(ev):
@@ -118,10 +124,20 @@ def seen(out: Timed, ev: sse.Event, now: float, t0: float) -> None:
         out.cached_tokens = timings.get("cache_n", out.cached_tokens)
 
 
+def progress(ev: sse.Event) -> int | None:
+    """Prompt tokens computed so far, if `ev` is a progress note: the appliance's ": prompt N/M"
+    comment, or llama-server's prompt_progress {total, cache, processed} (processed counts the cache)."""
+    if isinstance(ev, sse.Comment) and ev.text.startswith("prompt "):
+        return int(ev.text.split()[1].split("/")[0])
+    if isinstance(ev, dict) and isinstance(p := ev.get("prompt_progress"), dict):
+        return int(p.get("processed", 0)) - int(p.get("cache", 0))
+    return None
+
+
 def first(servers: list[tuple[str, str]], reps: int, tokens: int, max_tokens: int) -> list[dict[str, Any]]:
     """Part one: a document and a follow-up per server per rep, servers alternating in order."""
     rows = []
-    with httpx.Client(timeout=600, trust_env=False) as c:
+    with httpx.Client(timeout=600, trust_env=False, limits=FRESH) as c:
         size = sized(c, servers[0][1], tokens)
         for rep in range(reps):
             order = servers if rep % 2 == 0 else servers[::-1]
@@ -140,7 +156,7 @@ def first(servers: list[tuple[str, str]], reps: int, tokens: int, max_tokens: in
 def summary(t: Timed) -> dict[str, Any]:
     d = asdict(t)
     d.pop("stamps")
-    for k in ("progress_s", "ttft_s", "total_s"):
+    for k in ("progress_s", "moved_s", "ttft_s", "total_s"):
         d[k] = round(d[k], 3) if d[k] is not None else None
     d["text"] = t.text[:120]
     return d
@@ -161,7 +177,7 @@ class Others:
         self.threads = [threading.Thread(target=self.user, args=(i,), daemon=True) for i in range(users)]
 
     def user(self, i: int) -> None:
-        transport = httpx.HTTPTransport(local_address=f"127.0.0.{10 + i}")
+        transport = httpx.HTTPTransport(local_address=f"127.0.0.{10 + i}", limits=FRESH)
         with httpx.Client(timeout=600, trust_env=False, transport=transport) as c:
             while not self.stop.is_set():
                 t = Timed()
@@ -275,7 +291,7 @@ def budget_one(c: httpx.Client, label: str, url: str, rep: int, size: int, max_t
 def budget(servers: list[tuple[str, str]], reps: int, tokens: int, max_tokens: int, users: int) -> list[dict[str, Any]]:
     """Part two: the long document on each server per rep, servers alternating in order."""
     rows = []
-    with httpx.Client(timeout=600, trust_env=False) as c:
+    with httpx.Client(timeout=600, trust_env=False, limits=FRESH) as c:
         size = sized(c, servers[0][1], tokens)
         for rep in range(reps):
             for label, url in (servers if rep % 2 == 0 else servers[::-1]):
@@ -294,14 +310,15 @@ def fmt(v: float | None, scale: float = 1.0, digits: int = 0) -> str:
 
 
 def first_table(rows: list[dict[str, Any]]) -> list[str]:
-    out = ["| server | prompt tokens | first progress ms | TTFT ms | follow-up TTFT ms | follow-up cached tokens "
-           "| answered | reps |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| server | prompt tokens | first progress note ms | first that moved ms | TTFT ms | follow-up TTFT ms "
+           "| follow-up cached tokens | answered | reps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label in dict.fromkeys(r["server"] for r in rows):
         mine = [r for r in rows if r["server"] == label]
         doc = [r["document"] for r in mine]
         up = [r["follow_up"] for r in mine]
         out.append(f"| {label} | {fmt(med([d['prompt_tokens'] for d in doc]))} "
-                   f"| {fmt(med([d['progress_s'] for d in doc]), 1000)} | {fmt(med([d['ttft_s'] for d in doc]), 1000)} "
+                   f"| {fmt(med([d['progress_s'] for d in doc]), 1000)} | {fmt(med([d['moved_s'] for d in doc]), 1000)} "
+                   f"| {fmt(med([d['ttft_s'] for d in doc]), 1000)} "
                    f"| {fmt(med([u['ttft_s'] for u in up]), 1000)} | {fmt(med([u['cached_tokens'] for u in up]))} "
                    f"| {sum(r['answered'] for r in mine)}/{len(mine)} | {len(mine)} |")
     out.append("(medians over the reps; TTFT from sending to the first answer text)")
