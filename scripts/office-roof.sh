@@ -17,10 +17,10 @@ lock=${CPU_LOCK:-/tmp/appliance-cpu.lock}
 threads=$(nproc)
 [ -x "$bin" ] || { echo "no llama-batched-bench at $bin: ../shared/peers/llama-server.sh builds it" >&2; exit 1; }
 mkdir -p "$(dirname "$out")"
-# As scripts/servers.sh's start_peer: no weight repacking where the CPU advertises AMX, which
-# some VMs' kernels do not enable (SIGILL otherwise; the appliance's repack = "auto" does the same).
+# shellcheck source=scripts/servers.sh
+. "$root/scripts/servers.sh"  # repack_flag: no weight repacking where AMX is advertised
 repack=()
-grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && repack=(--no-repack)
+read -ra repack <<<"$(repack_flag)"
 run() { echo "== llama-batched-bench $*" | tee -a "$out"; flock "$lock" "$bin" -m "$model" -t "$threads" -tb "$threads" \
         -b 512 -ub 256 -kvu "${repack[@]}" "$@" 2>/dev/null | grep -E '^\|' | tee -a "$out"; }
 : > "$out"

@@ -20,14 +20,18 @@ wait_ok() {  # PORT [PATH]: until the server on 127.0.0.1:PORT answers PATH (def
   return 1
 }
 
+# Weight repacking as the appliance's repack = "auto" does it: off only where the CPU
+# advertises Intel AMX, which some VMs' kernels do not enable (SIGILL; docs/benchmarks/setup.md, "AMX").
+repack_flag() {
+  if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then echo --no-repack; fi
+}
+
 # The next two use the caller's $root, $peer_script and $model.
 # shellcheck disable=SC2154
 start_peer() {  # PORT LOG [llama-server flags]: llama-server on $model in the background
   local port=$1 log=$2; shift 2
-  # Weight repacking as the appliance's repack = "auto" does it: off only where the CPU
-  # advertises Intel AMX, which some VMs' kernels do not enable (docs/benchmarks/setup.md, "AMX").
   local repack=()
-  grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && repack=(--no-repack)
+  read -ra repack <<<"$(repack_flag)"
   "$peer_script" "$model" -c 16384 "${repack[@]}" --port "$port" "$@" >"$log" 2>&1 &
   pids+=($!)
 }
