@@ -82,7 +82,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         raise failure("encrypted_pdf", "the PDF is encrypted (it needs a password, or a cipher this reader lacks): "
                                        "send an unprotected copy") from None
     except LimitReachedError as e:
-        raise failure("zip_bomb", f"a compressed stream in the PDF expands beyond the reader's limit ({e})") from None
+        raise limit_failure(e) from None
     except (MemoryError, ApplianceError):
         raise
     except Exception as e:
@@ -92,6 +92,21 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         raise failure("no_text_found", f"the PDF ({pages}) has no text layer: "
                                        "it may be a scan (text in images is not read)")
     return _done(Kind.PDF, sink, count)
+
+
+# pypdf raises one LimitReachedError for all its limits. Only those on what a stream inflates
+# to are a zip bomb; the rest bound the structure: tokens per content stream (2,000,000, which
+# a page of a million drawn characters reaches), array and dictionary entries, page and
+# outline trees, font tables. Their messages are pypdf's (pinned in pyproject.toml).
+INFLATE_LIMITS = ("decompressing", "decoding work")
+
+
+def limit_failure(e: LimitReachedError) -> ApplianceError:
+    if any(words in str(e).lower() for words in INFLATE_LIMITS):
+        return failure("zip_bomb", f"a compressed stream in the PDF expands beyond the reader's limit ({e})")
+    return failure("pdf_too_complex", f"the PDF is built past a limit of the reader ({e}): a page drawn "
+                                      "with millions of operations, or a damaged or hostile file; "
+                                      "print it to a new PDF and send that")
 
 
 def read_docx(data: bytes, limits: DocumentLimits) -> Document:

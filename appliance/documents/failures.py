@@ -3,8 +3,8 @@ The worker reports a code and a message; the server rebuilds the error from this
 
 413: file_too_large, too_many_pages. 415: unsupported_type, type_mismatch, invalid_text.
 400: empty_file. 422 (readable request, unusable content): encrypted_pdf, broken_pdf,
-broken_docx, zip_bomb, no_text_found (a scan without a text layer), extraction_timeout,
-extraction_out_of_memory, extraction_failed.
+pdf_too_complex (past one of pypdf's structure limits), broken_docx, zip_bomb, no_text_found
+(a scan without a text layer), extraction_timeout, extraction_out_of_memory, extraction_failed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ CODES: dict[str, type[ApplianceError]] = {
     "empty_file": BadRequest,
     "encrypted_pdf": UnprocessableEntity,
     "broken_pdf": UnprocessableEntity,
+    "pdf_too_complex": UnprocessableEntity,
     "broken_docx": UnprocessableEntity,
     "zip_bomb": UnprocessableEntity,
     "no_text_found": UnprocessableEntity,

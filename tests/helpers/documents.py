@@ -82,6 +82,17 @@ def inflating_pdf(size: int) -> bytes:
     return _one_page(b"BT /F1 12 Tf (x) Tj ET" + b" " * size)
 
 
+def token_heavy_pdf(tokens: int = 2_000_100) -> bytes:
+    """One page whose content stream is `tokens` save-state operators (`q`): 4 MB in ~4 KB of
+    deflate, past pypdf's default 2,000,000 tokens per content stream (~1.8 us a token to walk)."""
+    return _one_page(b"BT /F1 12 Tf (x) Tj ET " + b"q " * tokens)
+
+
+def wide_array_pdf(elements: int = 100_001) -> bytes:
+    """One page whose content stream holds an array of `elements` numbers, past pypdf's 100,000."""
+    return _one_page(b"BT /F1 12 Tf (x) Tj ET [" + b"0 " * elements + b"] 0 d")
+
+
 def _one_page(content: bytes) -> bytes:
     writer = PdfWriter()
     font, _ = _font(writer, "")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.documents import docx_bytes, pdf_bytes, with_member
+from helpers.documents import docx_bytes, pdf_bytes, wide_array_pdf, with_member
 from helpers.fakes import FakeModel
 from helpers.inprocess import CTX, MODEL_ID, USER, as_users, error_of, is_ready, wait_health
 from starlette.testclient import TestClient
@@ -104,6 +104,7 @@ def test_text_beyond_max_chars_is_cut(client: TestClient) -> None:
     (pdf_bytes([FACT, FACT])[:400], "cut.pdf", PDF, 422, "broken_pdf"),
     (pdf_bytes([FACT], blank=60), "huge.pdf", PDF, 413, "too_many_pages"),
     (pdf_bytes([], blank=3), "scan.pdf", PDF, 422, "no_text_found"),
+    (wide_array_pdf(), "wide.pdf", PDF, 422, "pdf_too_complex"),
     (with_member(docx_bytes([FACT]), "word/media/image1.png", 20 * MiB), "bomb.docx", DOCX, 422, "zip_bomb"),
     (pdf_bytes([FACT]), "report.docx", DOCX, 415, "type_mismatch"),
     (b"\x89PNG\r\n\x1a\n\x00\x00", "photo.png", "image/png", 415, "unsupported_type"),

@@ -26,10 +26,13 @@ from helpers.documents import (
     raw_pdf,
     replace_member,
     slow_pdf,
+    token_heavy_pdf,
+    wide_array_pdf,
     with_member,
 )
 
 from appliance.documents.document import Document, DocumentLimits
+from appliance.documents.extract import read_pdf
 from appliance.documents.failures import failure
 from appliance.documents.kinds import Kind, claimed, decide
 from appliance.documents.reader import PACKAGE_ROOT, DocumentReader, extract_text, reply
@@ -207,6 +210,21 @@ def test_a_huge_page_count() -> None:
 def test_pdf_decompression_bomb() -> None:
     e = refused(inflating_pdf(80_000_000), "bomb.pdf")  # 80 MB of spaces in 80 KB
     assert (e.status, e.code) == (422, "zip_bomb")
+
+
+def test_a_pdf_past_the_readers_token_limit_is_not_a_zip_bomb() -> None:
+    # pypdf's own limit at its default (2,000,000 tokens per content stream), read in process:
+    # through the worker its 5 s of CPU would race the ~3.6 s the walk takes on a loaded machine.
+    with pytest.raises(ApplianceError) as caught:
+        read_pdf(token_heavy_pdf(), LIMITS)
+    e = caught.value
+    assert (e.status, e.code) == (422, "pdf_too_complex"), e.body()
+    assert "tokens per stream" in e.message and "compressed" not in e.message
+
+
+def test_a_pdf_past_a_structure_limit_is_refused_through_the_worker() -> None:
+    e = refused(wide_array_pdf(), "wide.pdf")
+    assert (e.status, e.code) == (422, "pdf_too_complex") and "array element count" in e.message
 
 
 @pytest.mark.parametrize(("data", "message"), [
