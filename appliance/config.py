@@ -121,6 +121,9 @@ class Config:
     prefill_chunk: int = field(default=64, metadata=_opt(
         "prompt tokens per step while other streams generate, and in a long prompt's first step "
         "(its first progress note); 0 = batch_tokens", _non_negative))
+    prefill_steps: int = field(default=4, metadata=_opt(
+        "while others stream, read a long prompt in about this many steps (at most half of "
+        "batch_tokens a step, at least prefill_chunk); 0 = prefill_chunk pieces", _non_negative))
     prefill_group: int = field(default=256, metadata=_opt(
         "finish the shortest waiting prompts that fit in this many tokens in one step, for earlier "
         "first tokens; 0 = off", _non_negative))

@@ -58,7 +58,8 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     repack = cpu.use_repack(cfg)
     limits = Limits(
         slots=cfg.slots, batch_tokens=cfg.batch_tokens, prefill_chunk=cfg.prefill_chunk,
-        prefill_group=cfg.prefill_group, kv_tokens=cfg.kv_tokens, ctx_limit=cfg.ctx_per_slot,
+        prefill_steps=cfg.prefill_steps, prefill_group=cfg.prefill_group, kv_tokens=cfg.kv_tokens,
+        ctx_limit=cfg.ctx_per_slot,
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
         queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s)
 

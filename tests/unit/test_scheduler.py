@@ -256,6 +256,55 @@ def test_prefill_chunk_is_smaller_while_streams_wait() -> None:
     assert step.decode == [short] and step.prefill == [(long, 10)]
 
 
+def _streaming_beside(s: Scheduler, clock: FakeClock, n_prompt: int) -> tuple[Turn, Turn]:
+    """One stream decoding, then a prompt of `n_prompt` admitted beside it."""
+    streaming = seq(clock, n_prompt=2, max_tokens=500)
+    s.waiting.append(streaming)
+    s.admit()
+    run_step(s)
+    paste = seq(clock, n_prompt=n_prompt)
+    s.waiting.append(paste)
+    s.admit()
+    return streaming, paste
+
+
+def test_prefill_steps_reads_a_paste_in_that_many_steps_beside_streams() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=512, prefill_chunk=16, prefill_steps=4, max_wait_s=0.0)
+    streaming, paste = _streaming_beside(s, clock, 700)
+    chunks = []
+    while paste.state is State.PREFILL:
+        step = s.schedule()
+        assert step.decode == [streaming]  # the stream advances every step
+        chunks.append(dict(step.prefill)[paste])
+        run_step(s)
+    assert chunks == [175, 175, 175, 175]
+
+
+def test_prefill_steps_takes_at_most_half_a_step_and_at_least_the_chunk() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=512, prefill_chunk=64, prefill_steps=4, max_wait_s=0.0)
+    _, paste = _streaming_beside(s, clock, 3000)
+    assert s.schedule().prefill == [(paste, 256)]  # 3000 / 4 is more than half of 512
+    s2 = make(clock, slots=4, batch_tokens=512, prefill_chunk=64, prefill_steps=4, max_wait_s=0.0)
+    _, small = _streaming_beside(s2, clock, 200)
+    assert s2.schedule().prefill == [(small, 64)]  # 200 / 4 is less than the chunk
+
+
+def test_prefill_steps_counts_only_what_the_prompt_must_compute() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=512, prefill_chunk=16, prefill_steps=4, max_wait_s=0.0)
+    streaming = seq(clock, n_prompt=2, max_tokens=500)
+    s.waiting.append(streaming)
+    s.admit()
+    run_step(s)
+    paste = seq(clock, n_prompt=900)
+    paste.n_cached = paste.n_reused = 500  # a cached system prompt and earlier turns
+    s.waiting.append(paste)
+    s.admit()
+    assert s.schedule().prefill == [(paste, 100)]
+
+
 # -- first tokens sooner: prefill groups ----------------------------------------------------
 
 def test_prefill_group_finishes_the_shortest_prompts_first_when_idle() -> None:
