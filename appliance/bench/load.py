@@ -67,7 +67,10 @@ async def _read_stream(
     resp: httpx.Response, res: RequestResult, first_token: asyncio.Event | None
 ) -> None:
     try:
-        async for event in sse.aiter_events(sse.alines(resp.aiter_text())):
+        async for event in sse.aiter_events(sse.alines(resp.aiter_text()), comments=True):
+            if isinstance(event, sse.Comment):
+                _heard(event.text, res)
+                continue
             if event == sse.DONE:
                 res.done = True
                 return
@@ -91,6 +94,16 @@ async def _read_stream(
                     first_token.set()
     except ValueError:
         res.reason = "bad json in stream"
+
+
+def _heard(note: str, res: RequestResult) -> None:
+    """Keep the first `queued N eta S` note's estimate (the appliance's; others send none)."""
+    words = note.split()
+    if res.eta_s is None and len(words) == 4 and words[0] == "queued" and words[2] == "eta":
+        try:
+            res.eta_s, res.eta_heard = float(words[3]), time.perf_counter()
+        except ValueError:
+            pass
 
 
 async def measure(

@@ -170,9 +170,22 @@ def _office(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
                            markdown, _OFFICE_RATIO_OF)
     if any(lv.by_pad() for level in done.values() for lv in level.values()):
         lines += [""] + _pad_table(done, labels, lw, markdown, "pasted document (0 = a question)")
-    lines += _engine_table(done, labels, markdown)
+    lines += _engine_table(done, labels, markdown) + _estimates(done, labels)
     more = ", ttft95/99 = {b}/{a}, utok10 = {a}/{b}, fair = {b}/{a}"
     return lines + _ratio_legend(labels, ", ttft50@2+ = {b}/{a}", more) + _failures(done, labels)
+
+
+def _estimates(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> list[str]:
+    """How the queue notes' wait estimates came true, where a server sent them."""
+    out = []
+    for c, level in done.items():
+        for lb in labels:
+            e = level[lb].estimates() if lb in level else None
+            if e and e["eta_checked"]:
+                out.append(f"{c} {lb}: {e['eta_checked']} waits of 2 s or more after a queue note; actual/estimated "
+                           f"p10 {e['eta_ratio_p10']}, p50 {e['eta_ratio_p50']}, p90 {e['eta_ratio_p90']}; "
+                           f"within 30 %: {e['eta_within_30pct']:.0%}")
+    return ([""] + out) if out else []
 
 
 _ENGINE_COLUMNS = [("decode", "decode_share"), ("sample", "sample_share"), ("admit", "admit_share"),

@@ -30,6 +30,8 @@ class RequestResult:
     pad_tokens: int | None = None  # the conversation's --prompt-mix document, None = no mix
     done: bool = False  # saw `data: [DONE]`
     reason: str = ""  # why it failed; empty when it succeeded
+    eta_s: float | None = None  # the first `: queued N eta S` note's estimate (the appliance)
+    eta_heard: float = 0.0  # when that note came
 
     @property
     def ok(self) -> bool:
@@ -60,6 +62,11 @@ class RequestResult:
                 "t_end": round(self.t_end - t0, 3), "ttft_ms": ms(self.ttft), "status": self.status,
                 "ok": self.ok, "completion_tokens": self.completion_tokens if self.ok else 0,
                 "reason": self.reason}
+
+    @property
+    def waited(self) -> float | None:
+        """From its first queue note to its first token: what the note's estimate foretold."""
+        return self.token_times[0] - self.eta_heard if self.eta_s is not None and self.token_times else None
 
     @property
     def gaps(self) -> list[float]:
@@ -249,6 +256,7 @@ class LevelResult:
             "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
             "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
             "engine": engine_time.breakdown(self.engine, self.wall_s) if self.engine else None,
+            **self.estimates(),
             # The last answer's end, from the moment all requests were let go (burst: how long
             # the person waits for the whole list).
             "last_answer_s": round(max((r.t_end for r in self.results), default=0.0)
@@ -259,19 +267,26 @@ class LevelResult:
         }
 
 
+    def estimates(self) -> dict[str, Any]:
+        """How the queue notes' estimates came true: the waits that followed a note, as actual
+        / estimated (p10, p50, p90), and the share within 30 %. An estimate is whole seconds,
+        rounded up, so waits under two seconds are not counted."""
+        pairs = [(w, r.eta_s) for r in self.completed if (w := r.waited) is not None and r.eta_s and w >= 2]
+        ratios = [w / eta for w, eta in pairs]
+        return {"eta_checked": len(ratios),
+                "eta_ratio_p10": _r2(percentile(ratios, 10)), "eta_ratio_p50": _r2(percentile(ratios, 50)),
+                "eta_ratio_p90": _r2(percentile(ratios, 90)),
+                "eta_within_30pct": _r2(sum(0.7 <= x <= 1.3 for x in ratios) / len(ratios)) if ratios else None}
+
     def user_summary(self) -> dict[str, Any]:
         """Per-user pace (tokens/s p50 and p10: the slow users) and fairness: the worst user's
         median TTFT over the best user's (1 = everyone waits alike)."""
         stream, flight, medians = self.user_tokens_per_s(), self.user_tokens_per_s(True), self.user_ttft_medians()
-
-        def r2(x: float | None) -> float | None:
-            return None if x is None else round(x, 2)
-
         return {"users_answered": len(self.by_user()),
-                "user_tokens_per_s_p50": r2(percentile(stream, 50)),
-                "user_tokens_per_s_p10": r2(percentile(stream, 10)),
-                "user_inflight_tokens_per_s_p50": r2(percentile(flight, 50)),
-                "user_inflight_tokens_per_s_p10": r2(percentile(flight, 10)),
+                "user_tokens_per_s_p50": _r2(percentile(stream, 50)),
+                "user_tokens_per_s_p10": _r2(percentile(stream, 10)),
+                "user_inflight_tokens_per_s_p50": _r2(percentile(flight, 50)),
+                "user_inflight_tokens_per_s_p10": _r2(percentile(flight, 10)),
                 "user_ttft_ms_p50_best": ms(min(medians, default=None)),
                 "user_ttft_ms_p50_worst": ms(max(medians, default=None)),
                 "fairness_ttft_p50": _ratio(max(medians, default=None), min(medians, default=None))}
@@ -285,6 +300,10 @@ def percentile(values: list[float], q: float) -> float | None:
     pos = (len(v) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _r2(x: float | None) -> float | None:
+    return round(x, 2) if x is not None else None
 
 
 def ms(seconds: float | None) -> float | None:

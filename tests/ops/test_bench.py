@@ -73,6 +73,8 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
                 streaming[0] -= 1
 
         async def reply() -> AsyncIterator[str]:
+            yield ": queued 2 eta 3\n\n"  # the appliance's queue note: its estimate is kept
+            yield ": queued 1 eta 1\n\n"  # only the first counts
             yield _chunk({"role": "assistant", "content": ""})  # must not count as a token
             yield ": keep-alive\n\n"
             if is_long:
@@ -213,6 +215,20 @@ def test_measure_counts_tokens_and_skips_empty_first_delta(
     s = level.summary()
     assert s["ttft_ms_p50"] <= s["ttft_ms_p95"] <= s["e2e_ms_p95"]
     assert s["concurrency"] == concurrency
+
+
+def test_the_first_queue_note_s_estimate_is_kept_and_checked_against_the_wait(fast: FakeServer) -> None:
+    level = _measure(fast.url, 2, 2)
+    assert [r.eta_s for r in level.results] == [3.0, 3.0]
+    assert all(r.eta_heard and r.waited is not None and 0 < r.waited < 3 for r in level.results)
+    # Waits under 2 s are not checked: an estimate is whole seconds, rounded up.
+    assert level.summary()["eta_checked"] == 0
+    # Three waits after notes: 3 s for an estimate of 3 s, 5 s for 4, 2 s for 4.
+    e = bench.LevelResult(label="x", concurrency=1, wall_s=1.0, results=[
+        bench.RequestResult(t_start=0, status=200, done=True, token_times=[10.0], eta_s=eta, eta_heard=10.0 - w)
+        for w, eta in [(3, 3), (5, 4), (2, 4)]]).estimates()
+    assert e["eta_checked"] == 3 and e["eta_ratio_p50"] == 1.0 and e["eta_within_30pct"] == round(2 / 3, 2)
+    assert e["eta_ratio_p10"] == 0.6 and e["eta_ratio_p90"] == 1.2
 
 
 def test_request_shape(fast: FakeServer) -> None:
