@@ -40,5 +40,7 @@ args=(--url http://127.0.0.1:18181
 echo "== appliance bench ${args[*]}" | tee "$out/office.md"
 # The exit code is the report's (1: a server answered nothing); keep going to stop the servers.
 flock "$lock" "$root/.venv/bin/appliance" bench "${args[@]}" | tee -a "$out/office.md" || true
+echo "peak RSS (VmHWM, MiB): appliance $(peak_rss 18181), llama-server-np16 $(peak_rss 18080)," \
+     "llama-server-np8 $(peak_rss 18081)" | tee -a "$out/office.md"
 stop_all
 echo "reports in $out"

@@ -43,3 +43,9 @@ start_app() {  # PORT LOG [appliance serve flags]: the appliance in the backgrou
     >"$log" 2>&1 &
   pids+=($!)
 }
+
+peak_rss() {  # PORT: the peak resident memory (VmHWM, MiB) of the process listening on 127.0.0.1:PORT
+  local pid
+  pid=$(ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+  if [ -n "$pid" ]; then awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status"; else echo "?"; fi
+}
