@@ -342,7 +342,9 @@ def test_prefill_group_completes_a_short_prompt_while_others_stream() -> None:
     s.admit()
     step = s.schedule()
     assert step.decode == [streaming]
-    assert step.prefill == [(short, 50)]  # whole, beyond the 16-token chunk
+    # The short one whole, beyond the 16-token chunk; the paste its chunk on top, so a
+    # stream of short first turns cannot starve it.
+    assert step.prefill == [(short, 50), (paste, 16)]
     run_step(s)
     step = s.schedule()
     assert step.prefill == [(paste, 16)]  # a long paste still goes in chunks
