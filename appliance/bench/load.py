@@ -99,11 +99,8 @@ async def _read_stream(
 def _heard(note: str, res: RequestResult) -> None:
     """Keep the first `queued N eta S` note's estimate (the appliance's; others send none)."""
     words = note.split()
-    if res.eta_s is None and len(words) == 4 and words[0] == "queued" and words[2] == "eta":
-        try:
-            res.eta_s, res.eta_heard = float(words[3]), time.perf_counter()
-        except ValueError:
-            pass
+    if res.eta_s is None and len(words) == 4 and words[0] == "queued" and words[2] == "eta" and words[3].isdigit():
+        res.eta_s, res.eta_heard = float(words[3]), time.perf_counter()  # whole seconds (App.wait_estimate)
 
 
 async def measure(
