@@ -22,10 +22,10 @@ from starlette.responses import Response, StreamingResponse
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
 from appliance.engine.names import session_name
-from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
+from appliance.errors import ApplianceError, BadRequest, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
 from appliance.http.state import App
-from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
+from appliance.http.validate import MAX_BODY_BYTES, Biases, check_tokens, new_session_id, parse_json, precheck
 from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
@@ -144,12 +144,37 @@ async def read_body(request: Request) -> bytes:
 
 
 async def templated(app: App, messages: list[dict[str, Any]], params: SamplingParams,
-                    tools: list[dict[str, Any]] | None) -> Prompt:
+                    tools: list[dict[str, Any]] | None, grammar_param: str | None = None) -> Prompt:
     """Messages through the chat template (cut to leave room for max_tokens), and the answer's
     grammar checked, before anything is queued."""
     prompt = await app.engine.prepare(messages, params.max_tokens, tools)
-    await app.engine.check_grammar(params.grammar)
+    await check_grammar(app, params.grammar, grammar_param)
     return prompt
+
+
+async def check_grammar(app: App, grammar: str | None, param: str | None = None) -> None:
+    """A grammar llama.cpp refuses is a 400; `param` names the client's own raw GBNF field."""
+    try:
+        await app.engine.check_grammar(grammar)
+    except BadRequest as e:
+        if param is None:
+            raise
+        raise BadRequest(f"'{param}' is not a GBNF grammar llama.cpp accepts (a syntax error, an undefined rule, "
+                         "left recursion or a repetition above about 1,000)", param=param, code=e.code) from None
+
+
+async def biased(app: App, params: SamplingParams, raw: Biases) -> SamplingParams:
+    """logit_bias resolved: a text's every token gets its bias (llama-server's), every id is
+    checked against the vocabulary (llama.cpp would read past its logits). At most
+    MAX_LOGIT_BIAS texts of MAX_BIAS_TEXT characters each are tokenized."""
+    if not raw:
+        return params
+    pairs: list[tuple[int, float]] = []
+    for key, bias in raw:
+        ids = [key] if isinstance(key, int) else await app.engine.tokenize(key, False)
+        check_tokens(ids, app.engine.n_vocab, "logit_bias")
+        pairs += [(t, bias) for t in ids]
+    return dataclasses.replace(params, logit_bias=tuple(pairs))
 
 
 # -- submitting ------------------------------------------------------------------------------
