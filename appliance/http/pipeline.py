@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
@@ -163,17 +164,20 @@ async def check_grammar(app: App, grammar: str | None, param: str | None = None)
                          "left recursion or a repetition above about 1,000)", param=param, code=e.code) from None
 
 
-async def biased(app: App, params: SamplingParams, raw: Biases) -> SamplingParams:
+async def biased(app: App, params: SamplingParams, raw: Biases, ignore_eos: bool = False) -> SamplingParams:
     """logit_bias resolved: a text's every token gets its bias (llama-server's), every id is
     checked against the vocabulary (llama.cpp would read past its logits). At most
-    MAX_LOGIT_BIAS texts of MAX_BIAS_TEXT characters each are tokenized."""
-    if not raw:
+    MAX_LOGIT_BIAS texts of MAX_BIAS_TEXT characters each are tokenized. ignore_eos (llama-server's)
+    bans the end-of-generation tokens: the answer runs to max_tokens or a stop string."""
+    if not raw and not ignore_eos:
         return params
     pairs: list[tuple[int, float]] = []
     for key, bias in raw:
         ids = [key] if isinstance(key, int) else await app.engine.tokenize(key, False)
         check_tokens(ids, app.engine.n_vocab, "logit_bias")
         pairs += [(t, bias) for t in ids]
+    if ignore_eos:
+        pairs += [(t, -math.inf) for t in await app.engine.eog_tokens()]
     return dataclasses.replace(params, logit_bias=tuple(pairs))
 
 

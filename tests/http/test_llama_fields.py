@@ -168,3 +168,17 @@ def test_continue_final_message_is_the_same_prefill() -> None:
         r = c.post("/v1/chat/completions", json={"messages": [*USER, {"role": "assistant", "content": "a"}],
                                                  "continue_final_message": True, "add_generation_prompt": False})
         assert r.status_code == 200
+
+
+# -- ignore_eos ------------------------------------------------------------------------------
+def test_ignore_eos_bans_the_end_of_generation_tokens() -> None:
+    model = recording()
+    with serving(lambda: model) as c:
+        body = c.post("/completion", json={"prompt": "hi", "n_predict": 2, "ignore_eos": True}).json()
+        assert model.params[-1].logit_bias == ((0, -math.inf),)  # the fake's one EOG token
+        assert body["generation_settings"]["logit_bias"] == [{"token": 0, "bias": None}]  # JSON has no -inf
+        assert c.post("/completion", json={"prompt": "hi", "n_predict": 2}).json()["generation_settings"]["logit_bias"] == []
+        for path, body in (("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "hi"})):
+            assert c.post(path, json={**body, "ignore_eos": True, "logit_bias": {"104": 1}}).status_code == 200
+            assert model.params[-1].logit_bias == ((104, 1.0), (0, -math.inf))
+        assert error_of(chat(c, ignore_eos="yes"), 400)["param"] == "ignore_eos"

@@ -52,6 +52,7 @@ class ChatRequest:
     tool_names: frozenset[str] = frozenset()  # non-empty: the answer is parsed for tool calls
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
+    ignore_eos: bool = False  # llama-server's: answer up to max_tokens
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def parse_chat_request(data: dict[str, Any], bounds: RequestBounds, session_head
     if session is not None and not valid_session_id(session):
         raise BadRequest(SESSION_RULE, param="session_id")
     return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names,
-                       parse_logit_bias(data.get("logit_bias")), raw_param)
+                       parse_logit_bias(data.get("logit_bias")), raw_param, boolean(data, "ignore_eos"))
 
 
 # -- responses -------------------------------------------------------------------------
@@ -224,7 +225,7 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        params = await biased(app, req.params, req.bias)
+        params = await biased(app, req.params, req.bias, req.ignore_eos)
         prompt = await templated(app, req.messages, params, req.tools, req.grammar_param)
     job = Job(caller, prompt, choices(params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None)

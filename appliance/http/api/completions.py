@@ -48,6 +48,7 @@ class CompletionRequest:
     echo: bool
     model: str | None
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    ignore_eos: bool = False  # llama-server's: answer up to max_tokens
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> Com
     params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs, grammar=grammar)
     stream, include_usage = parse_stream(data)
     return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data),
-                             parse_logit_bias(data.get("logit_bias")))
+                             parse_logit_bias(data.get("logit_bias")), boolean(data, "ignore_eos"))
 
 
 async def completion_prompt(engine: Engine, req: CompletionRequest) -> tuple[list[int], bool]:
@@ -208,7 +209,7 @@ class CompletionShape:
 
 async def completions(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_completion_request(data, app.bounds)) as (caller, req):
-        params = await biased(app, req.params, req.bias)
+        params = await biased(app, req.params, req.bias, req.ignore_eos)
         await check_grammar(app, params.grammar, "grammar")
         tokens, _ = await completion_prompt(app.engine, req)
     echo = ""

@@ -6,6 +6,7 @@ shape, chat token counting, and the read-only GET /props and GET /slots (engine 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +46,12 @@ class NativeRequest:
     fields: list[str]  # response_fields, as /infill reads them
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
+    ignore_eos: bool = False
 
 
-# /infill's refusals, less what /completion implements: n_probs, a grammar or schema, logit_bias.
+# /infill's refusals, less what /completion implements: n_probs, a grammar or schema, logit_bias, ignore_eos.
 NATIVE_UNSUPPORTED = {k: v for k, v in LLAMA_UNSUPPORTED.items() if k not in ("n_probs", "grammar", "json_schema",
-                                                                             "logit_bias")}
+                                                                             "logit_bias", "ignore_eos")}
 NATIVE_UNSUPPORTED["post_sampling_probs"] = False
 
 
@@ -81,7 +83,7 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
     params = dataclasses.replace(sampling_as(sampling, bounds, {"n_predict": "max_tokens"}), grammar=grammar,
                                  logprobs=parse_n_probs(data))
     return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields,
-                         parse_logit_bias(data.get("logit_bias")), grammar_param)
+                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"))
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -91,7 +93,9 @@ def generation_settings(params: SamplingParams, ctx: int) -> dict[str, Any]:
             "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p,
             "repeat_penalty": params.repeat_penalty, "repeat_last_n": params.penalty_last_n,
             "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-            "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop)}
+            "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop),
+            # JSON has no -inf: a banned token's bias is null, as llama-server writes it.
+            "logit_bias": [{"token": t, "bias": b if math.isfinite(b) else None} for t, b in params.logit_bias]}
 
 
 def _prob(token: bytes, tid: int, logprob: float) -> dict[str, Any]:
@@ -141,11 +145,11 @@ async def completion(app: App, request: Request) -> Response:
     """llama-server's POST /completion: a raw prompt (text, control-token text parsed, or ids)."""
     slots = max(1, app.engine.snapshot.slots)
     async with intake(app, request, lambda data: parse_native_request(data, app.bounds, slots)) as (caller, req):
-        params = await biased(app, req.params, req.bias)
-        await check_grammar(app, params.grammar, req.grammar_param)
+        req = dataclasses.replace(req, params=await biased(app, req.params, req.bias, req.ignore_eos))
+        await check_grammar(app, req.params.grammar, req.grammar_param)
         raw = await tokens_of(app.engine, req.prompt, special=True)
-        tokens = fit(raw, app.engine.prompt_limit(params.max_tokens))
-    job = Job(caller, tokens, (params,), req.stream)
+        tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
+    job = Job(caller, tokens, (req.params,), req.stream)
     return await respond(app, request, job, NativeShape(app, req, len(tokens) < len(raw)))
 
 
