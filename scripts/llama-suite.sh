@@ -19,7 +19,8 @@
 # (test_compat_anthropic, test_compat_gcp), MCP, proxy and built-in tools (test_mcp_servers,
 # test_proxy, test_tools_builtin), other models' chat templates (test_template, test_tool_call:
 # each loads another template or model), and server-flag features with our own counterparts
-# (test_ctx_shift, test_slot_save, test_kv_keep_only_active, test_metrics).
+# (test_ctx_shift, test_slot_save, test_kv_keep_only_active, test_metrics). The one server
+# takes the suite's presets' answer length (n_predict 64) as its default max_tokens.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/llama-suite}
@@ -48,7 +49,7 @@ mkdir -p "$out"
 . "$root/scripts/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 # As start_app, but `python -m` from $root, so a worktree runs its own code, not the venv's editable install.
 (cd "$root" && exec "$root/.venv/bin/python" -m appliance serve --host 127.0.0.1 --port "$port" --log-level warning \
-  --state-dir "" --model "$model" --slots 4) >"$out/server.log" 2>&1 &
+  --state-dir "" --model "$model" --slots 4 --default-max-tokens 64) >"$out/server.log" 2>&1 &
 pids+=($!)
 wait_ok "$port"
 
