@@ -182,3 +182,18 @@ def test_ignore_eos_bans_the_end_of_generation_tokens() -> None:
             assert c.post(path, json={**body, "ignore_eos": True, "logit_bias": {"104": 1}}).status_code == 200
             assert model.params[-1].logit_bias == ((104, 1.0), (0, -math.inf))
         assert error_of(chat(c, ignore_eos="yes"), 400)["param"] == "ignore_eos"
+
+
+# -- timings ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "hi"})])
+def test_llama_servers_timings_end_each_openai_answer(path: str, body: dict[str, Any]) -> None:
+    with serving() as c:
+        whole = c.post(path, json={**body, "max_tokens": 3}).json()
+        assert whole["timings"]["predicted_n"] == 3 and whole["timings"]["prompt_n"] + whole["timings"]["cache_n"] > 0
+        chunks = dicts(events_of(c.post(path, json={**body, "max_tokens": 3, "stream": True})))
+        assert [("timings" in ch) for ch in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["timings"]["predicted_n"] == 3
+        used = dicts(events_of(c.post(path, json={**body, "max_tokens": 3, "stream": True,
+                                                  "stream_options": {"include_usage": True}})))
+        assert used[-1]["choices"] == [] and used[-1]["timings"]["predicted_n"] == 3
+        assert not any("timings" in ch for ch in used[:-1])

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done
 from appliance.errors import ApplianceError, BadRequest
+from appliance.http.api.llama import timings
 from appliance.http.choices import Choice
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, biased, choices, intake, respond, templated
@@ -166,6 +167,11 @@ def _usage(ends: list[Done]) -> dict[str, Any]:
     return usage(first.prompt_tokens, sum(d.completion_tokens for d in ends), first.cached_tokens)
 
 
+def _all(ends: list[Done]) -> Done:
+    """The choices' ends as one, for llama-server's timings: one prompt, every choice's tokens."""
+    return dataclasses.replace(ends[0], completion_tokens=sum(d.completion_tokens for d in ends))
+
+
 class ChatShape:
     """OpenAI's chat answer: chunks of `choices` entries (choices.py) as SSE, or one body."""
 
@@ -179,6 +185,7 @@ class ChatShape:
         self.choices = [Choice(i, req.tool_names, req.params.logprobs is not None) for i in range(req.n)]
         self._headers = {"X-Session-Id": session}
         self.extra: dict[str, Any] = {}
+        self.timing = Timing()
         if dropped:
             self._headers["X-Dropped-Messages"] = str(dropped)
             self.extra["dropped_messages"] = dropped
@@ -197,12 +204,17 @@ class ChatShape:
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         entries, reason = self.choices[i].finish(done)
-        entries.append({**self.choices[i].entry({}), "finish_reason": reason})
-        return [self._chunk([entry]) for entry in entries]
+        out = [self._chunk([entry]) for entry in entries]
+        # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
+        self.timing = timing
+        extra = {} if self.req.include_usage else {"timings": timings(done, timing)}
+        return [*out, self._chunk([{**self.choices[i].entry({}), "finish_reason": reason}], **extra)]
 
     def close(self, ends: list[Done]) -> list[bytes]:
-        use = [sse(usage_chunk(self.cid, self.created, self.model, _usage(ends)))] if self.req.include_usage else []
-        return [*use, sse("[DONE]")]
+        if not self.req.include_usage:
+            return [sse("[DONE]")]
+        use = usage_chunk(self.cid, self.created, self.model, _usage(ends))
+        return [sse({**use, "timings": timings(_all(ends), self.timing)}), sse("[DONE]")]
 
     def error(self, err: ApplianceError) -> bytes:
         return sse_error(err)
@@ -216,7 +228,9 @@ class ChatShape:
             for d in deltas:
                 choice.delta(d)
             messages.append(choice.message(done))
-        body = completion_of(self.cid, self.created, self.model, messages, _usage([d for _, d in answer]), **self.extra)
+        ends = [d for _, d in answer]
+        body = completion_of(self.cid, self.created, self.model, messages, _usage(ends), **self.extra,
+                             timings=timings(_all(ends), timing))
         return JSONResponse(body, headers=self._headers)
 
 

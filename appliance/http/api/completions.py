@@ -17,6 +17,7 @@ from appliance.engine.engine import Engine
 from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
+from appliance.http.api.llama import timings
 from appliance.http.pipeline import Answer, Job, Timing, biased, check_grammar, intake, respond
 from appliance.http.state import App
 from appliance.http.validate import (
@@ -184,10 +185,12 @@ class CompletionShape:
         return [sse(completion_chunk(self.cid, self.created, self.model, ev.text, logprobs=lps))]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
-        out = [sse(completion_chunk(self.cid, self.created, self.model, "", finish_reason(done)))]
-        if self.req.include_usage:
-            out.append(sse(usage_chunk(self.cid, self.created, self.model, _usage(done))))
-        return out
+        # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
+        finish = completion_chunk(self.cid, self.created, self.model, "", finish_reason(done))
+        if not self.req.include_usage:
+            return [sse({**finish, "timings": timings(done, timing)})]
+        use = usage_chunk(self.cid, self.created, self.model, _usage(done))
+        return [sse(finish), sse({**use, "timings": timings(done, timing)})]
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return [sse("[DONE]")]
@@ -203,8 +206,8 @@ class CompletionShape:
         text = "".join(d.text for d in deltas)
         lps = legacy_logprobs([e for d in deltas for e in d.logprobs]) if self.req.params.logprobs is not None else None
         use = _usage(done)
-        return JSONResponse(completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done),
-                                            use, lps))
+        body = completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done), use, lps)
+        return JSONResponse({**body, "timings": timings(done, timing)})
 
 
 async def completions(app: App, request: Request) -> Response:
