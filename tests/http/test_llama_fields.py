@@ -197,3 +197,19 @@ def test_llama_servers_timings_end_each_openai_answer(path: str, body: dict[str,
                                                   "stream_options": {"include_usage": True}})))
         assert used[-1]["choices"] == [] and used[-1]["timings"]["predicted_n"] == 3
         assert not any("timings" in ch for ch in used[:-1])
+
+
+# -- llama-server's other spellings ----------------------------------------------------------
+def test_a_json_object_with_a_schema_and_a_prompt_object() -> None:
+    model = recording()
+    with serving(lambda: model) as c:
+        schema = {"type": "object", "properties": {"answer": {"const": "42"}}}
+        assert chat(c, response_format={"type": "json_object", "schema": schema}).status_code == 200
+        assert model.params[-1].grammar is not None and "42" in model.params[-1].grammar
+        assert error_of(chat(c, response_format={"type": "json_object", "schema": 123}), 400)["param"] == \
+            "response_format.schema"
+        r = c.post("/completion", json={"prompt": {"prompt_string": "hi"}, "n_predict": 2})
+        assert r.status_code == 200 and r.json()["prompt"] == "hi"
+        for prompt, param in (({"prompt_string": "hi", "multimodal_data": ["aGk="]}, "prompt.multimodal_data"),
+                              ({"text": "hi"}, "prompt")):
+            assert error_of(c.post("/completion", json={"prompt": prompt}), 400)["param"] == param

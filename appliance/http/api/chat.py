@@ -68,7 +68,12 @@ def parse_response_format(data: dict[str, Any]) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return JSON_OBJECT
+        if rf.get("schema") is None:
+            return JSON_OBJECT
+        # llama-server's extension: a json_object with its schema, as json_schema's.
+        if not isinstance(rf["schema"], (dict, bool)):
+            raise BadRequest("'response_format.schema' must be a JSON schema object", param="response_format.schema")
+        return schema_grammar(json_text(rf["schema"], "response_format.schema"))
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):

@@ -63,8 +63,21 @@ def parse_n_probs(data: dict[str, Any]) -> int | None:
 
 
 # -- parsing ---------------------------------------------------------------------------------
+def native_prompt(raw: Any) -> str | list[int]:
+    """A prompt as text or ids, or llama-server's object form {"prompt_string": text}; its
+    multimodal_data is refused (the appliance reads no images or audio)."""
+    if isinstance(raw, dict):
+        if raw.get("multimodal_data"):
+            raise BadRequest("'prompt.multimodal_data' is not supported: this server reads text only",
+                             param="prompt.multimodal_data")
+        if not isinstance(raw.get("prompt_string"), str):
+            raise BadRequest("'prompt' as an object needs a 'prompt_string'", param="prompt")
+        raw = raw["prompt_string"]
+    return parse_prompt(raw)
+
+
 def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int) -> NativeRequest:
-    prompt = parse_prompt(data.get("prompt"))
+    prompt = native_prompt(data.get("prompt"))
     check_chars(bounds, prompt)
     refuse_changed(data, NATIVE_UNSUPPORTED)
     # cache_prompt is accepted: what is cached and for whom follows the appliance's own client
