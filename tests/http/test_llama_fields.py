@@ -213,3 +213,11 @@ def test_a_json_object_with_a_schema_and_a_prompt_object() -> None:
         for prompt, param in (({"prompt_string": "hi", "multimodal_data": ["aGk="]}, "prompt.multimodal_data"),
                               ({"text": "hi"}, "prompt")):
             assert error_of(c.post("/completion", json={"prompt": prompt}), 400)["param"] == param
+
+
+def test_schema_refusals_name_the_field_they_came_in() -> None:
+    with serving() as c:
+        tuple_items = {"items": [{"type": "integer"}]}  # draft-04's tuple form: prefixItems is the one taken
+        err = error_of(chat(c, response_format={"type": "json_object", "schema": tuple_items}), 400)
+        assert err["param"] == "response_format.schema" and "#/items" in err["message"]
+        assert error_of(chat(c, json_schema=tuple_items), 400)["param"] == "json_schema"

@@ -73,7 +73,7 @@ def parse_response_format(data: dict[str, Any]) -> str | None:
         # llama-server's extension: a json_object with its schema, as json_schema's.
         if not isinstance(rf["schema"], (dict, bool)):
             raise BadRequest("'response_format.schema' must be a JSON schema object", param="response_format.schema")
-        return schema_grammar(json_text(rf["schema"], "response_format.schema"))
+        return schema_grammar(json_text(rf["schema"], "response_format.schema"), "response_format.schema")
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
@@ -93,7 +93,7 @@ def parse_constraint(data: dict[str, Any]) -> tuple[str | None, str | None]:
     if schema is not None:
         if not isinstance(schema, (dict, bool)):
             raise BadRequest("'json_schema' must be a JSON schema object", param="json_schema")
-        return schema_grammar(json_text(schema, "json_schema")), None
+        return schema_grammar(json_text(schema, "json_schema"), "json_schema"), None
     return raw, None if raw is None else "grammar"
 
 
