@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
@@ -23,10 +22,11 @@ from starlette.responses import Response, StreamingResponse
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
 from appliance.engine.names import session_name
-from appliance.errors import ApplianceError, BadRequest, EngineFailure, PayloadTooLarge
+from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
+from appliance.http.resolve import check_grammar
 from appliance.http.state import App
-from appliance.http.validate import MAX_BODY_BYTES, Biases, check_tokens, new_session_id, parse_json, precheck
+from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
 from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
@@ -151,34 +151,6 @@ async def templated(app: App, messages: list[dict[str, Any]], params: SamplingPa
     prompt = await app.engine.prepare(messages, params.max_tokens, tools)
     await check_grammar(app, params.grammar, grammar_param)
     return prompt
-
-
-async def check_grammar(app: App, grammar: str | None, param: str | None = None) -> None:
-    """A grammar llama.cpp refuses is a 400; `param` names the client's own raw GBNF field."""
-    try:
-        await app.engine.check_grammar(grammar)
-    except BadRequest as e:
-        if param is None:
-            raise
-        raise BadRequest(f"'{param}' is not a GBNF grammar llama.cpp accepts (a syntax error, an undefined rule, "
-                         "left recursion or a repetition above about 1,000)", param=param, code=e.code) from None
-
-
-async def biased(app: App, params: SamplingParams, raw: Biases, ignore_eos: bool = False) -> SamplingParams:
-    """logit_bias resolved: a text's every token gets its bias (llama-server's), every id is
-    checked against the vocabulary (llama.cpp would read past its logits). At most
-    MAX_LOGIT_BIAS texts of MAX_BIAS_TEXT characters each are tokenized. ignore_eos (llama-server's)
-    bans the end-of-generation tokens: the answer runs to max_tokens or a stop string."""
-    if not raw and not ignore_eos:
-        return params
-    pairs: list[tuple[int, float]] = []
-    for key, bias in raw:
-        ids = [key] if isinstance(key, int) else await app.engine.tokenize(key, False)
-        check_tokens(ids, app.engine.n_vocab, "logit_bias")
-        pairs += [(t, bias) for t in ids]
-    if ignore_eos:
-        pairs += [(t, -math.inf) for t in await app.engine.eog_tokens()]
-    return dataclasses.replace(params, logit_bias=tuple(pairs))
 
 
 # -- submitting ------------------------------------------------------------------------------

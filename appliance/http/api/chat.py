@@ -18,7 +18,8 @@ from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.llama import timings
 from appliance.http.choices import Choice
 from appliance.http.messages import message_chars, parse_messages, parse_tools
-from appliance.http.pipeline import Answer, Job, Timing, biased, choices, intake, respond, templated
+from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
+from appliance.http.resolve import biased
 from appliance.http.state import App
 from appliance.http.validate import (
     SESSION_RULE,

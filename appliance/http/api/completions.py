@@ -18,7 +18,8 @@ from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
 from appliance.http.api.llama import timings
-from appliance.http.pipeline import Answer, Job, Timing, biased, check_grammar, intake, respond
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.resolve import biased, check_grammar
 from appliance.http.state import App
 from appliance.http.validate import (
     MAX_TOP_LOGPROBS,

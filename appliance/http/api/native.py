@@ -21,7 +21,8 @@ from appliance.http.api.completions import parse_prompt
 from appliance.http.api.fim import fit, tokens_of
 from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Answer, Job, Timing, biased, check_grammar, intake, respond
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.resolve import biased, check_grammar
 from appliance.http.state import App
 from appliance.http.validate import (
     MAX_TOP_LOGPROBS,
