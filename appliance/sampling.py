@@ -24,6 +24,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: str | None = None  # GBNF the answer must follow (structured output, forced tool calls)
     logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit; -inf bans it)
 
     @property
     def greedy(self) -> bool:
@@ -31,4 +32,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """Anything that changes the logits before sampling (penalties, biases): such a turn
+        takes its sampler chain over the whole vocabulary, not the plain argmax, and no drafts."""
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or bool(self.logit_bias))

@@ -324,7 +324,7 @@ class EngineCore:
             return None
         lp, top = self.model.logprobs(row, token, k)
         piece = self.model.tokenizer.piece
-        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top])
+        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top], token, tuple(x for x, _ in top))
 
     def _accept(self, t: Turn, token: int, now: float, lp: TokenLogprob | None = None) -> bool:
         """Take one sampled token; False once the turn has finished."""

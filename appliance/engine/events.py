@@ -16,6 +16,8 @@ class TokenLogprob:
     token: bytes
     logprob: float
     top: list[tuple[bytes, float]]
+    id: int = -1  # the token's id, and each alternative's (llama-server's completion_probabilities)
+    top_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
 from appliance.engine.names import session_name
 from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
+from appliance.http.resolve import check_grammar
 from appliance.http.state import App
 from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
 from appliance.http.wire import prompt_note
@@ -144,11 +145,11 @@ async def read_body(request: Request) -> bytes:
 
 
 async def templated(app: App, messages: list[dict[str, Any]], params: SamplingParams,
-                    tools: list[dict[str, Any]] | None) -> Prompt:
+                    tools: list[dict[str, Any]] | None, grammar_param: str | None = None) -> Prompt:
     """Messages through the chat template (cut to leave room for max_tokens), and the answer's
     grammar checked, before anything is queued."""
     prompt = await app.engine.prepare(messages, params.max_tokens, tools)
-    await app.engine.check_grammar(params.grammar)
+    await check_grammar(app, params.grammar, grammar_param)
     return prompt
 
 

@@ -25,6 +25,13 @@ MAX_BODY_BYTES = 4 * 2**20  # far beyond any context this model holds (~16 KiB o
 # while the speculative path reads it whole: the C int range keeps the two the same. Any
 # value past the vocabulary (~152k) already means every token, so nothing is lost.
 MAX_TOP_K = 2**31 - 1
+MAX_LOGIT_BIAS = 1024  # entries in one logit_bias; each is a row of the sampler's bias table
+MAX_BIAS_TEXT = 256  # characters of a text key (llama-server's: every token of the text is biased)
+# A raw GBNF grammar (llama-server's `grammar`): json.gbnf is ~1 KiB, a grammar of 32 KiB is
+# already a generated one. llama.cpp's parser recurses once per nested group, so the nesting
+# is bounded too, before the parser ever sees it.
+MAX_GBNF_CHARS = 32 * 1024
+MAX_GBNF_DEPTH = 64
 # Long enough that ids cannot be guessed, and only characters safe in a header and a log.
 _SESSION_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 SESSION_RULE = "the session id must be 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
@@ -198,6 +205,73 @@ def parse_sampling(data: dict[str, Any], bounds: RequestBounds) -> SamplingParam
         seed=seed,
         stop=parse_stop(data.get("stop")),
     )
+
+
+Biases = tuple[tuple[int | str, float], ...]  # (token id or a text to tokenize, bias); -inf bans
+
+
+def _bias_value(v: Any, param: str) -> float:
+    if v is False:  # llama-server's way to ban a token
+        return -math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+        raise BadRequest(f"'{param}' values must be numbers between -100 and 100 (or false, which bans the token)",
+                         param=param)
+    return float(v)
+
+
+def _bias_key(k: Any, param: str) -> int | str:
+    """A token id, or (llama-server's) a text whose every token gets the bias."""
+    if isinstance(k, int) and not isinstance(k, bool):
+        return k
+    if not isinstance(k, str) or not k or len(k) > MAX_BIAS_TEXT:
+        raise BadRequest(f"'{param}' keys must be token ids or texts of 1-{MAX_BIAS_TEXT} characters", param=param)
+    return int(k) if re.fullmatch(r"-?[0-9]{1,10}", k) else text(k, param)
+
+
+def parse_logit_bias(raw: Any, param: str = "logit_bias") -> Biases:
+    """OpenAI's {"token id": bias} or llama-server's [[id or text, bias], ...] (or a text key),
+    bias in [-100, 100] or false; the ids are checked against the vocabulary once known."""
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        pairs = [(p[0], p[1]) for p in raw]
+    else:
+        raise BadRequest(f"'{param}' must be an object of token id -> bias, or an array of [token, bias] pairs",
+                         param=param)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"'{param}' may hold at most {MAX_LOGIT_BIAS} entries", param=param)
+    return tuple((_bias_key(k, param), _bias_value(v, param)) for k, v in pairs)
+
+
+def gbnf_depth(gbnf: str) -> int:
+    """How deeply a GBNF grammar nests its groups, outside string literals, character classes
+    and comments (a bracket there is text)."""
+    depth = deepest = 0
+    for m in re.finditer(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]', gbnf):
+        tok = m.group()
+        if tok == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif tok == ")":
+            depth -= 1
+    return deepest
+
+
+def parse_gbnf(raw: Any, param: str = "grammar") -> str | None:
+    """A raw GBNF grammar, bounded before llama.cpp parses it (that parse is checked later)."""
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise BadRequest(f"'{param}' must be a string of GBNF", param=param)
+    if len(raw) > MAX_GBNF_CHARS:
+        raise BadRequest(f"'{param}' may have at most {MAX_GBNF_CHARS} characters", param=param,
+                         code="grammar_too_large")
+    if gbnf_depth(raw) > MAX_GBNF_DEPTH:
+        raise BadRequest(f"'{param}' nests its groups more than {MAX_GBNF_DEPTH} deep", param=param,
+                         code="grammar_too_large")
+    return text(raw, param)
 
 
 def parse_stream(data: dict[str, Any]) -> tuple[bool, bool]:

@@ -161,7 +161,10 @@ class Sampler:
         need = 1 if params.greedy else params.top_k
         self.shortlist_need = 0 if params.has_penalties or need > SHORTLIST else need
         add = lambda s: C.llama_sampler_chain_add(self._chain, s)  # noqa: E731
-        if params.has_penalties:
+        if params.logit_bias:  # first, as llama.cpp's common sampler has it: the penalties see the biased logits
+            biases = (C.llama_logit_bias * len(params.logit_bias))(*(C.llama_logit_bias(t, b) for t, b in params.logit_bias))
+            add(C.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
+        if params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
             add(C.llama_sampler_init_penalties(
                 n_vocab, params.penalty_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))

@@ -113,9 +113,15 @@ class ChatTemplate:
 
     def encode(self, messages: list[dict[str, Any]], tokenize: Tokenize,
                tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Render and tokenize: control tokens come only from the template, never from content."""
+        """Render and tokenize: control tokens come only from the template, never from content.
+        A final assistant message (without tool calls) is continued, as llama-server and Ollama
+        do it: the turns before it with the generation prompt, then its text."""
+        prefill = len(messages) > 1 and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+        parts = self.render_parts(messages[:-1] if prefill else messages, tools=tools)
+        if prefill and messages[-1].get("content"):
+            parts.append((str(messages[-1]["content"]), False))
         tokens: list[int] = []
-        for text, special in self.render_parts(messages, tools=tools):
+        for text, special in parts:
             tokens += tokenize(text, special)
         return tokens
 

@@ -203,7 +203,7 @@ def test_a_plain_prompt_too_long_is_refused_and_counted(client: TestClient) -> N
     ({"prompt": "a", "best_of": 3}, "best_of"),
     ({"prompt": "a", "logprobs": 99}, "logprobs"),
     ({"prompt": "a", "logprobs": 2, "echo": True}, "logprobs"),
-    ({"prompt": "a", "logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"prompt": "a", "logit_bias": {"50256": -101}}, "logit_bias"),
     ({"prompt": "a", "echo": True, "suffix": "b"}, "echo"),
     ({"prompt": "a", "suffix": 3}, "suffix"),
     ({"prompt": "a", "temperature": "hot"}, "temperature"),

@@ -15,16 +15,22 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done
 from appliance.errors import ApplianceError, BadRequest
+from appliance.http.api.llama import timings
 from appliance.http.choices import Choice
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
+from appliance.http.resolve import biased
 from appliance.http.state import App
 from appliance.http.validate import (
     SESSION_RULE,
+    Biases,
     RequestBounds,
+    boolean,
     json_text,
     new_session_id,
     parse_choices,
+    parse_gbnf,
+    parse_logit_bias,
     parse_model,
     parse_sampling,
     parse_stream,
@@ -46,6 +52,9 @@ class ChatRequest:
     n: int = 1
     tools: list[dict[str, Any]] | None = None  # rendered by the chat template
     tool_names: frozenset[str] = frozenset()  # non-empty: the answer is parsed for tool calls
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
+    ignore_eos: bool = False  # llama-server's: answer up to max_tokens
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -60,7 +69,12 @@ def parse_response_format(data: dict[str, Any]) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return JSON_OBJECT
+        if rf.get("schema") is None:
+            return JSON_OBJECT
+        # llama-server's extension: a json_object with its schema, as json_schema's.
+        if not isinstance(rf["schema"], (dict, bool)):
+            raise BadRequest("'response_format.schema' must be a JSON schema object", param="response_format.schema")
+        return schema_grammar(json_text(rf["schema"], "response_format.schema"), "response_format.schema")
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
@@ -71,21 +85,56 @@ def parse_response_format(data: dict[str, Any]) -> str | None:
                      param="response_format.type")
 
 
+def parse_constraint(data: dict[str, Any]) -> tuple[str | None, str | None]:
+    """llama-server's own ways to constrain an answer, also on /completion: a raw GBNF
+    `grammar` or a top-level `json_schema` -> (grammar, "grammar" when it is the client's GBNF)."""
+    raw, schema = parse_gbnf(data.get("grammar")), data.get("json_schema")
+    if raw is not None and schema is not None:
+        raise BadRequest("give 'grammar' or 'json_schema', not both", param="grammar")
+    if schema is not None:
+        if not isinstance(schema, (dict, bool)):
+            raise BadRequest("'json_schema' must be a JSON schema object", param="json_schema")
+        return schema_grammar(json_text(schema, "json_schema"), "json_schema"), None
+    return raw, None if raw is None else "grammar"
+
+
+def check_prefill(data: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    """A final assistant message is continued, as llama-server does (the chat template renders
+    the turns before it and the prompt ends with its text); vLLM's continue_final_message
+    asks for the same explicitly."""
+    last_two = [m["role"] for m in messages[-2:]]
+    if last_two == ["assistant", "assistant"]:
+        raise BadRequest("the messages end with two assistant messages: the last one is continued, so there "
+                         "may be only one", param="messages")
+    if boolean(data, "continue_final_message"):
+        if boolean(data, "add_generation_prompt"):
+            raise BadRequest("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                             param="continue_final_message")
+        if last_two[-1:] != ["assistant"]:
+            raise BadRequest("'continue_final_message' needs a final assistant message", param="continue_final_message")
+
+
 def parse_chat_request(data: dict[str, Any], bounds: RequestBounds, session_header: str | None = None) -> ChatRequest:
     messages = parse_messages(data.get("messages"), bounds.max_messages, bounds.max_chars)
+    check_prefill(data, messages)
     model = parse_model(data)
 
     n, logprobs = parse_choices(data)
     tools, tool_names, forced = parse_tools(data, bounds.max_chars, message_chars(messages))
-    grammar = forced or parse_response_format(data)
-    params = dataclasses.replace(parse_sampling(data, bounds), grammar=grammar, logprobs=logprobs)
+    constraint, raw_param = parse_constraint(data)
+    given = [g for g in (forced, parse_response_format(data), constraint) if g is not None]
+    if len(given) > 1:
+        raise BadRequest("give one of a forced tool call, 'response_format', 'grammar' or 'json_schema'",
+                         param="grammar" if data.get("grammar") else "response_format")
+    params = dataclasses.replace(parse_sampling(data, bounds), grammar=given[0] if given else None, logprobs=logprobs)
     stream, include_usage = parse_stream(data)
 
     session = session_header if session_header else data.get("session_id")
     # It is echoed in a response header and named in logs by digest: a safe alphabet only.
     if session is not None and not valid_session_id(session):
         raise BadRequest(SESSION_RULE, param="session_id")
-    return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names)
+    return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names,
+                       parse_logit_bias(data.get("logit_bias")), raw_param, boolean(data, "ignore_eos"))
 
 
 # -- responses -------------------------------------------------------------------------
@@ -124,6 +173,11 @@ def _usage(ends: list[Done]) -> dict[str, Any]:
     return usage(first.prompt_tokens, sum(d.completion_tokens for d in ends), first.cached_tokens)
 
 
+def _all(ends: list[Done]) -> Done:
+    """The choices' ends as one, for llama-server's timings: one prompt, every choice's tokens."""
+    return dataclasses.replace(ends[0], completion_tokens=sum(d.completion_tokens for d in ends))
+
+
 class ChatShape:
     """OpenAI's chat answer: chunks of `choices` entries (choices.py) as SSE, or one body."""
 
@@ -137,6 +191,7 @@ class ChatShape:
         self.choices = [Choice(i, req.tool_names, req.params.logprobs is not None) for i in range(req.n)]
         self._headers = {"X-Session-Id": session}
         self.extra: dict[str, Any] = {}
+        self.timing = Timing()
         if dropped:
             self._headers["X-Dropped-Messages"] = str(dropped)
             self.extra["dropped_messages"] = dropped
@@ -155,12 +210,17 @@ class ChatShape:
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         entries, reason = self.choices[i].finish(done)
-        entries.append({**self.choices[i].entry({}), "finish_reason": reason})
-        return [self._chunk([entry]) for entry in entries]
+        out = [self._chunk([entry]) for entry in entries]
+        # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
+        self.timing = timing
+        extra = {} if self.req.include_usage else {"timings": timings(done, timing)}
+        return [*out, self._chunk([{**self.choices[i].entry({}), "finish_reason": reason}], **extra)]
 
     def close(self, ends: list[Done]) -> list[bytes]:
-        use = [sse(usage_chunk(self.cid, self.created, self.model, _usage(ends)))] if self.req.include_usage else []
-        return [*use, sse("[DONE]")]
+        if not self.req.include_usage:
+            return [sse("[DONE]")]
+        use = usage_chunk(self.cid, self.created, self.model, _usage(ends))
+        return [sse({**use, "timings": timings(_all(ends), self.timing)}), sse("[DONE]")]
 
     def error(self, err: ApplianceError) -> bytes:
         return sse_error(err)
@@ -174,7 +234,9 @@ class ChatShape:
             for d in deltas:
                 choice.delta(d)
             messages.append(choice.message(done))
-        body = completion_of(self.cid, self.created, self.model, messages, _usage([d for _, d in answer]), **self.extra)
+        ends = [d for _, d in answer]
+        body = completion_of(self.cid, self.created, self.model, messages, _usage(ends), **self.extra,
+                             timings=timings(_all(ends), timing))
         return JSONResponse(body, headers=self._headers)
 
 
@@ -183,7 +245,8 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        prompt = await templated(app, req.messages, req.params, req.tools)
-    job = Job(caller, prompt, choices(req.params, req.n), req.stream, req.session_id or new_session_id(),
+        params = await biased(app, req.params, req.bias, req.ignore_eos)
+        prompt = await templated(app, req.messages, params, req.tools, req.grammar_param)
+    job = Job(caller, prompt, choices(params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None)
     return await respond(app, request, job, ChatShape(app, req, job.session, prompt.dropped_messages))

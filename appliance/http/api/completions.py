@@ -17,15 +17,20 @@ from appliance.engine.engine import Engine
 from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
+from appliance.http.api.llama import timings
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.resolve import biased, check_grammar
 from appliance.http.state import App
 from appliance.http.validate import (
     MAX_TOP_LOGPROBS,
+    Biases,
     RequestBounds,
     boolean,
     check_chars,
     integer,
     is_tokens,
+    parse_gbnf,
+    parse_logit_bias,
     parse_model,
     parse_sampling,
     parse_stream,
@@ -44,6 +49,8 @@ class CompletionRequest:
     include_usage: bool
     echo: bool
     model: str | None
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    ignore_eos: bool = False  # llama-server's: answer up to max_tokens
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -75,8 +82,6 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
     best_of = integer(data, "best_of")
     if best_of is not None and best_of != 1:
         raise BadRequest("only 'best_of': 1 is supported", param="best_of")
-    if data.get("logit_bias"):
-        raise BadRequest("'logit_bias' is not supported", param="logit_bias")
 
 
 def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> CompletionRequest:
@@ -96,9 +101,11 @@ def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> Com
     if logprobs is not None and echo:
         raise BadRequest("'logprobs' with 'echo' would need the prompt's log-probabilities, which are not computed",
                          param="logprobs")
-    params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs)
+    grammar = parse_gbnf(data.get("grammar"))  # llama-server's raw GBNF, here too
+    params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs, grammar=grammar)
     stream, include_usage = parse_stream(data)
-    return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data))
+    return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data),
+                             parse_logit_bias(data.get("logit_bias")), boolean(data, "ignore_eos"))
 
 
 async def completion_prompt(engine: Engine, req: CompletionRequest) -> tuple[list[int], bool]:
@@ -179,10 +186,12 @@ class CompletionShape:
         return [sse(completion_chunk(self.cid, self.created, self.model, ev.text, logprobs=lps))]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
-        out = [sse(completion_chunk(self.cid, self.created, self.model, "", finish_reason(done)))]
-        if self.req.include_usage:
-            out.append(sse(usage_chunk(self.cid, self.created, self.model, _usage(done))))
-        return out
+        # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
+        finish = completion_chunk(self.cid, self.created, self.model, "", finish_reason(done))
+        if not self.req.include_usage:
+            return [sse({**finish, "timings": timings(done, timing)})]
+        use = usage_chunk(self.cid, self.created, self.model, _usage(done))
+        return [sse(finish), sse({**use, "timings": timings(done, timing)})]
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return [sse("[DONE]")]
@@ -198,15 +207,17 @@ class CompletionShape:
         text = "".join(d.text for d in deltas)
         lps = legacy_logprobs([e for d in deltas for e in d.logprobs]) if self.req.params.logprobs is not None else None
         use = _usage(done)
-        return JSONResponse(completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done),
-                                            use, lps))
+        body = completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done), use, lps)
+        return JSONResponse({**body, "timings": timings(done, timing)})
 
 
 async def completions(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_completion_request(data, app.bounds)) as (caller, req):
+        params = await biased(app, req.params, req.bias, req.ignore_eos)
+        await check_grammar(app, params.grammar, "grammar")
         tokens, _ = await completion_prompt(app.engine, req)
     echo = ""
     if req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else app.engine.detokenize(req.prompt)
-    job = Job(caller, tokens, (req.params,), req.stream)
+    job = Job(caller, tokens, (params,), req.stream)
     return await respond(app, request, job, CompletionShape(app, req, echo))

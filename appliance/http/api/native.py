@@ -6,23 +6,35 @@ shape, chat token counting, and the read-only GET /props and GET /slots (engine 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.engine.events import Delta, Done
+from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import BadRequest
 from appliance.http import wire
-from appliance.http.api.chat import parse_chat_request
+from appliance.http.api.chat import parse_chat_request, parse_constraint
 from appliance.http.api.completions import parse_prompt
 from appliance.http.api.fim import fit, tokens_of
 from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Job, Timing, intake, respond
+from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.resolve import biased, check_grammar
 from appliance.http.state import App
-from appliance.http.validate import RequestBounds, boolean, check_chars, integer, refuse_changed, sampling_as
+from appliance.http.validate import (
+    MAX_TOP_LOGPROBS,
+    Biases,
+    RequestBounds,
+    boolean,
+    check_chars,
+    integer,
+    parse_logit_bias,
+    refuse_changed,
+    sampling_as,
+)
 from appliance.sampling import SamplingParams
 
 
@@ -33,13 +45,42 @@ class NativeRequest:
     stream: bool
     warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
     fields: list[str]  # response_fields, as /infill reads them
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
+    ignore_eos: bool = False
+
+
+# /infill's refusals, less what /completion implements: n_probs, a grammar or schema, logit_bias, ignore_eos.
+NATIVE_UNSUPPORTED = {k: v for k, v in LLAMA_UNSUPPORTED.items() if k not in ("n_probs", "grammar", "json_schema",
+                                                                             "logit_bias", "ignore_eos")}
+NATIVE_UNSUPPORTED["post_sampling_probs"] = False
+
+
+def parse_n_probs(data: dict[str, Any]) -> int | None:
+    n = integer(data, "n_probs")
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'n_probs' must be between 0 and {MAX_TOP_LOGPROBS}", param="n_probs")
+    return n or None
 
 
 # -- parsing ---------------------------------------------------------------------------------
+def native_prompt(raw: Any) -> str | list[int]:
+    """A prompt as text or ids, or llama-server's object form {"prompt_string": text}; its
+    multimodal_data is refused (the appliance reads no images or audio)."""
+    if isinstance(raw, dict):
+        if raw.get("multimodal_data"):
+            raise BadRequest("'prompt.multimodal_data' is not supported: this server reads text only",
+                             param="prompt.multimodal_data")
+        if not isinstance(raw.get("prompt_string"), str):
+            raise BadRequest("'prompt' as an object needs a 'prompt_string'", param="prompt")
+        raw = raw["prompt_string"]
+    return parse_prompt(raw)
+
+
 def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int) -> NativeRequest:
-    prompt = parse_prompt(data.get("prompt"))
+    prompt = native_prompt(data.get("prompt"))
     check_chars(bounds, prompt)
-    refuse_changed(data, LLAMA_UNSUPPORTED)
+    refuse_changed(data, NATIVE_UNSUPPORTED)
     # cache_prompt is accepted: what is cached and for whom follows the appliance's own client
     # isolation (a client's conversations are reused by prefix, nobody else's), whatever it says.
     boolean(data, "cache_prompt", True)
@@ -52,8 +93,11 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
     sampling, warm_only = _n_predict(data, bounds)
-    params = sampling_as(sampling, bounds, {"n_predict": "max_tokens"})
-    return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields)
+    grammar, grammar_param = parse_constraint(data)
+    params = dataclasses.replace(sampling_as(sampling, bounds, {"n_predict": "max_tokens"}), grammar=grammar,
+                                 logprobs=parse_n_probs(data))
+    return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields,
+                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"))
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -63,30 +107,60 @@ def generation_settings(params: SamplingParams, ctx: int) -> dict[str, Any]:
             "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p,
             "repeat_penalty": params.repeat_penalty, "repeat_last_n": params.penalty_last_n,
             "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-            "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop)}
+            "seed": -1 if params.seed is None else params.seed, "stop": list(params.stop),
+            # JSON has no -inf: a banned token's bias is null, as llama-server writes it.
+            "logit_bias": [{"token": t, "bias": b if math.isfinite(b) else None} for t, b in params.logit_bias]}
+
+
+def _prob(token: bytes, tid: int, logprob: float) -> dict[str, Any]:
+    return {"id": tid, "token": token.decode("utf-8", "replace"), "bytes": list(token), "logprob": logprob}
+
+
+def completion_probabilities(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama-server's n_probs answer: each token with its likeliest alternatives (before sampling)."""
+    return [{**_prob(e.token, e.id, e.logprob),
+             "top_logprobs": [_prob(t, tid, lp) for (t, lp), tid in zip(e.top, e.top_ids)]} for e in entries]
 
 
 class NativeShape(InfillShape):
-    """llama-server's /completion answer: /infill's, with the slot and the sampling settings."""
+    """llama-server's /completion answer: /infill's, with the slot, the sampling settings and
+    (n_probs) each token's probabilities."""
+
+    def __init__(self, app: App, req: NativeRequest, truncated: bool) -> None:
+        super().__init__(app, req, truncated)
+        self.probs: list[TokenLogprob] = []  # a whole answer's, gathered as its deltas are read
 
     def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
         assert isinstance(self.req, NativeRequest)
         prompt = {"prompt": self.req.prompt} if isinstance(self.req.prompt, str) else {}  # the client's own text
-        return {**super().body(text, done, timing), **prompt, "id_slot": 0,
+        probs = {"completion_probabilities": completion_probabilities(self.probs)} if self.probs and text else {}
+        return {**super().body(text, done, timing), **prompt, "id_slot": 0, **probs,
                 "generation_settings": generation_settings(self.req.params, self.ctx)}
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         self.n += 1
         if self.req.warm_only:
             return []
-        return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0,
-                          "tokens_predicted": self.n})]
+        event = {"index": 0, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": self.n}
+        if not ev.logprobs:
+            return [wire.sse(event)]
+        # One event per token, as llama-server streams them: a delta holding several (bytes of
+        # one character, a stop string's held-back text) carries its text on the first.
+        probs = completion_probabilities(ev.logprobs)
+        return [wire.sse({**event, "content": ev.text if k == 0 else "", "completion_probabilities": [p]})
+                for k, p in enumerate(probs)]
+
+    async def whole(self, answer: Answer, timing: Timing) -> Response:
+        self.probs = [e for d in answer[0][0] for e in d.logprobs]
+        return await super().whole(answer, timing)
 
 
 async def completion(app: App, request: Request) -> Response:
     """llama-server's POST /completion: a raw prompt (text, control-token text parsed, or ids)."""
     slots = max(1, app.engine.snapshot.slots)
     async with intake(app, request, lambda data: parse_native_request(data, app.bounds, slots)) as (caller, req):
+        req = dataclasses.replace(req, params=await biased(app, req.params, req.bias, req.ignore_eos))
+        await check_grammar(app, req.params.grammar, req.grammar_param)
         raw = await tokens_of(app.engine, req.prompt, special=True)
         tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
     job = Job(caller, tokens, (req.params,), req.stream)
