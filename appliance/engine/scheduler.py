@@ -56,7 +56,7 @@ class Scheduler:
         self.reserved = 0  # sum of kv_reserve over running sequences
         self.pinned = 0  # cells held by public prefixes for good: no reservation may count on them
         self._admissions = 0  # turns admitted so far
-        self._last_admitted: dict[str, int] = {}  # client -> its latest admission's number
+        self._last_admitted: dict[str, tuple[float, int]] = {}  # client -> its latest admission (time, number)
 
     # -- the step ------------------------------------------------------------------------
     def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
@@ -98,7 +98,7 @@ class Scheduler:
 
     def order(self, now: float) -> list[Turn]:
         """The waiting turns in admission order. Fair shares: clients take turns
-        (round-robin), the one admitted least recently (or never) first, so one client's
+        (round-robin, ranked by `_client_rank`), so one client's
         backlog delays another client's first request by at most one admission per other
         client with requests waiting. Within one client, priority order (continuing
         conversations first, with ageing)."""
@@ -108,9 +108,7 @@ class Scheduler:
             queues.setdefault(t.client, []).append(t)
         if len(queues) < 2:
             return ranked
-        # Stable sort: clients never admitted (-1), or admitted equally long ago, keep the
-        # order of their most urgent turn.
-        active = sorted(queues, key=lambda c: self._last_admitted.get(c, -1))
+        active = sorted(queues, key=lambda c: self._client_rank(queues[c][0], c, now))
         out: list[Turn] = []
         i = 0
         while active:  # round i takes each remaining client's i-th turn: O(waiting)
@@ -123,6 +121,17 @@ class Scheduler:
             active = more
             i += 1
         return out
+
+    def _client_rank(self, head: Turn, client: str, now: float) -> tuple[int, float, int]:
+        """Where a client's round-robin turn comes: its most urgent turn's rank, its time
+        being the later of that turn's arrival and the client's last admission. A client with
+        a backlog so goes behind those who arrived since it was last served, and one with a
+        single request (an office: one person per PC) is served in arrival order. Ranking by
+        the admission alone let every client forgotten between turns (-1) overtake those still
+        remembered: at twice the capacity one user waited 57 s while others waited 1."""
+        urgent, arrival = self.priority(head, now)
+        at, n = self._last_admitted.get(client, (arrival, -1))
+        return urgent, max(arrival, at), n
 
     def admit(self) -> list[Turn]:
         """Move waiting sequences into free slots, in admission order (`order`), while the
@@ -145,7 +154,7 @@ class Scheduler:
             self.reserved += need
             self.running.append(turn)
             admitted.append(turn)
-            self._last_admitted[turn.client] = self._admissions
+            self._last_admitted[turn.client] = (now, self._admissions)
             self._admissions += 1
         if len(self._last_admitted) > len(self.running) + len(self.waiting):
             # Forget clients with nothing running or waiting (keeps the table small); a

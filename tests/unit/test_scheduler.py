@@ -434,6 +434,30 @@ def test_a_newcomer_is_first_even_behind_a_long_backlog_of_several_clients() -> 
     assert s.admit() == [a[1]]
 
 
+def test_one_request_per_client_is_served_in_arrival_order() -> None:
+    """An office: one person per PC, one request each. A client served before must not wait
+    behind newcomers who arrived after it (they were ranked first as never admitted)."""
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64)
+    (a1,), (y1,) = of(clock, "a"), of(clock, "y")
+    s.waiting.extend([a1, y1])
+    assert s.admit() == [a1]
+    clock.advance(1.0)
+    (a2,) = of(clock, "a")  # a's next turn, while y waits
+    s.waiting.append(a2)
+    s.release(a1)
+    assert s.admit() == [y1]  # y arrived first
+    clock.advance(1.0)
+    (b,) = of(clock, "b")
+    clock.advance(1.0)
+    (c,) = of(clock, "c")
+    s.waiting.extend([b, c])
+    clock.advance(1.0)
+    s.release(y1)
+    assert s.admit() == [a2]  # arrived at 1 s, before b (2 s) and c (3 s)
+    assert list(s.waiting) == [b, c]
+
+
 def test_within_a_client_continuing_conversations_still_go_first() -> None:
     clock = FakeClock()
     s = make(clock, slots=1, max_wait_s=0.0, max_queue=64, ageing_s=5.0)
