@@ -122,16 +122,17 @@ class Scheduler:
             i += 1
         return out
 
-    def _client_rank(self, head: Turn, client: str, now: float) -> tuple[int, float, int]:
-        """Where a client's round-robin turn comes: its most urgent turn's rank, its time
-        being the later of that turn's arrival and the client's last admission. A client with
-        a backlog so goes behind those who arrived since it was last served, and one with a
-        single request (an office: one person per PC) is served in arrival order. Ranking by
-        the admission alone let every client forgotten between turns (-1) overtake those still
-        remembered: at twice the capacity one user waited 57 s while others waited 1."""
-        urgent, arrival = self.priority(head, now)
-        at, n = self._last_admitted.get(client, (arrival, -1))
-        return urgent, max(arrival, at), n
+    def _client_rank(self, head: Turn, client: str, now: float) -> tuple[int, int, float]:
+        """Where a client's round-robin turn comes. A client whose most urgent turn arrived
+        after its last admission (or never admitted) is fresh: fresh ones go first, in
+        priority order, so one person per PC (an office) is served in arrival order. The
+        others have a backlog and go after them, the one admitted least recently first.
+        Ranking by the admission alone made clients forgotten between turns overtake
+        those remembered: at twice the capacity one user waited 57 s while others waited 1."""
+        last = self._last_admitted.get(client)
+        if last is None or head.arrival > last[0]:
+            return (-1, *self.priority(head, now))
+        return last[1], 0, 0.0
 
     def admit(self) -> list[Turn]:
         """Move waiting sequences into free slots, in admission order (`order`), while the
