@@ -5,6 +5,7 @@ top-level `json_schema`, and a final assistant message continued; every bad valu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 from helpers.fakes import FakeModel, FakeSampler
 from helpers.inprocess import REPLY, USER, chat, dicts, error_of, events_of, serving
 
+from appliance.engine.events import TokenLogprob
+from appliance.http.api.native import sampled_distribution
 from appliance.http.validate import MAX_GBNF_CHARS, MAX_GBNF_DEPTH, MAX_LOGIT_BIAS, gbnf_depth
 from appliance.sampling import SamplingParams
 
@@ -84,9 +87,43 @@ def test_n_probs_streams_one_token_per_event() -> None:
         assert "completion_probabilities" not in events[-1]
 
 
+def _entry(*probs: float) -> TokenLogprob:
+    return TokenLogprob(b"a", math.log(probs[0]), [(chr(97 + i).encode(), math.log(p)) for i, p in enumerate(probs)],
+                        1, tuple(range(1, len(probs) + 1)))
+
+
+def test_the_sampled_distribution_follows_llama_cpps_chain() -> None:
+    e = _entry(0.5, 0.3, 0.15, 0.05)
+    base = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+    def dist(**kw: Any) -> list[tuple[int, float]]:
+        return [(tid, round(p, 3)) for tid, _, p in sampled_distribution(e, dataclasses.replace(base, **kw))]
+
+    assert dist() == [(1, 0.5), (2, 0.3), (3, 0.15), (4, 0.05)]
+    assert dist(top_k=2) == [(1, 0.625), (2, 0.375)]
+    assert dist(top_p=0.7) == [(1, 0.625), (2, 0.375)]  # 0.5 + 0.3 is the smallest head with 0.7
+    assert dist(min_p=0.2) == [(1, 0.526), (2, 0.316), (3, 0.158)]  # 0.05 < 0.2 x 0.5
+    assert dist(top_k=2, temperature=0.5) == [(1, 0.735), (2, 0.265)]  # 0.25 : 0.09
+    assert dist(temperature=0.0) == [(1, 1.0)]  # greedy: the chosen token, surely
+
+
+def test_post_sampling_probs_gives_probabilities_the_sampler_drew_from() -> None:
+    with serving() as c:
+        for stream in (False, True):
+            r = c.post("/completion", json={"prompt": "hi", "n_predict": 4, "n_probs": 2, "temperature": 1.0,
+                                            "min_p": 0.0, "post_sampling_probs": True, "stream": stream})
+            probs = ([p for e in dicts(events_of(r)) for p in e.get("completion_probabilities", [])] if stream
+                     else r.json()["completion_probabilities"])
+            assert len(probs) == 4
+            for p, ch in zip(probs, REPLY):
+                assert p["id"] == ord(ch) and p["token"] == ch and "logprob" not in p
+                assert 0 < p["prob"] <= 1 and p["prob"] == p["top_probs"][0]["prob"]
+                assert len(p["top_probs"]) == 2 and sum(t["prob"] for t in p["top_probs"]) <= 1 + 1e-9
+                assert all(0 < t["prob"] <= 1 and t["bytes"] == list(t["token"].encode()) for t in p["top_probs"])
+
+
 @pytest.mark.parametrize("body,param", [
     ({"n_probs": 21}, "n_probs"), ({"n_probs": -1}, "n_probs"), ({"n_probs": "3"}, "n_probs"),
-    ({"n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
 ])
 def test_bad_n_probs_are_400s(body: dict[str, Any], param: str) -> None:
     with serving() as c:

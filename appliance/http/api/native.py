@@ -48,12 +48,15 @@ class NativeRequest:
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False
+    post_probs: int = 0  # post_sampling_probs: this many alternatives, as the sampler saw them
 
 
 # /infill's refusals, less what /completion implements: n_probs, a grammar or schema, logit_bias, ignore_eos.
 NATIVE_UNSUPPORTED = {k: v for k, v in LLAMA_UNSUPPORTED.items() if k not in ("n_probs", "grammar", "json_schema",
                                                                              "logit_bias", "ignore_eos")}
-NATIVE_UNSUPPORTED["post_sampling_probs"] = False
+# post_sampling_probs rebuilds the sampler's distribution from this many raw alternatives:
+# top_k's default 40 and then some (min_p's 0.05 already keeps far fewer).
+POST_SAMPLING_K = 64
 
 
 def parse_n_probs(data: dict[str, Any]) -> int | None:
@@ -94,10 +97,12 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
     sampling, warm_only = _n_predict(data, bounds)
     grammar, grammar_param = parse_constraint(data)
+    n_probs = parse_n_probs(data)
+    post = n_probs if n_probs and boolean(data, "post_sampling_probs") else 0
     params = dataclasses.replace(sampling_as(sampling, bounds, {"n_predict": "max_tokens"}), grammar=grammar,
-                                 logprobs=parse_n_probs(data))
+                                 logprobs=POST_SAMPLING_K if post else n_probs)
     return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields,
-                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"))
+                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"), post)
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -116,10 +121,48 @@ def _prob(token: bytes, tid: int, logprob: float) -> dict[str, Any]:
     return {"id": tid, "token": token.decode("utf-8", "replace"), "bytes": list(token), "logprob": logprob}
 
 
-def completion_probabilities(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
-    """llama-server's n_probs answer: each token with its likeliest alternatives (before sampling)."""
-    return [{**_prob(e.token, e.id, e.logprob),
-             "top_logprobs": [_prob(t, tid, lp) for (t, lp), tid in zip(e.top, e.top_ids)]} for e in entries]
+def sampled_distribution(e: TokenLogprob, params: SamplingParams) -> list[tuple[int, bytes, float]]:
+    """The distribution the sampler drew token `e` from, rebuilt from the raw log-probabilities
+    of its likeliest alternatives in llama.cpp's order: top_k, top_p, min_p, then temperature.
+    Tokens the chain cut are not in it (llama-server's post_sampling_probs leaves out zeros)."""
+    cands = [(tid, tok, lp) for (tok, lp), tid in zip(e.top, e.top_ids) if math.isfinite(lp)]
+    if params.greedy or not cands:
+        return [(e.id, e.token, 1.0)]
+    if params.top_k > 0:
+        cands = cands[:params.top_k]
+    total = sum(math.exp(lp) for _, _, lp in cands)
+    kept, mass = [], 0.0
+    for c in cands:  # top_p: the smallest head holding top_p of the mass
+        kept.append(c)
+        mass += math.exp(c[2]) / total
+        if mass >= params.top_p:
+            break
+    floor = cands[0][2] + math.log(params.min_p) if params.min_p > 0 else -math.inf
+    kept = [c for c in kept if c[2] >= floor]  # min_p: at least min_p of the likeliest's
+    weights = [math.exp((lp - kept[0][2]) / params.temperature) for _, _, lp in kept]
+    z = sum(weights)
+    return [(tid, tok, w / z) for (tid, tok, _), w in zip(kept, weights)]
+
+
+def _post(tid: int, token: bytes, prob: float) -> dict[str, Any]:
+    return {"id": tid, "token": token.decode("utf-8", "replace"), "bytes": list(token), "prob": prob}
+
+
+def completion_probabilities(entries: list[TokenLogprob], params: SamplingParams | None = None,
+                             n: int = 0) -> list[dict[str, Any]]:
+    """llama-server's n_probs answer: each token with its likeliest alternatives, before
+    sampling (log-probabilities), or with `params` after it (post_sampling_probs: the n
+    likeliest of what the sampler kept, as probabilities)."""
+    if params is None:
+        return [{**_prob(e.token, e.id, e.logprob),
+                 "top_logprobs": [_prob(t, tid, lp) for (t, lp), tid in zip(e.top, e.top_ids)]} for e in entries]
+    out = []
+    for e in entries:
+        dist = sampled_distribution(e, params)
+        # A token a grammar or a bias forced may be outside the rebuilt set: its raw probability.
+        chosen = next((p for tid, _, p in dist if tid == e.id), math.exp(e.logprob))
+        out.append({**_post(e.id, e.token, chosen), "top_probs": [_post(*d) for d in dist[:n]]})
+    return out
 
 
 class NativeShape(InfillShape):
@@ -133,7 +176,7 @@ class NativeShape(InfillShape):
     def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
         assert isinstance(self.req, NativeRequest)
         prompt = {"prompt": self.req.prompt} if isinstance(self.req.prompt, str) else {}  # the client's own text
-        probs = {"completion_probabilities": completion_probabilities(self.probs)} if self.probs and text else {}
+        probs = {"completion_probabilities": self._probs(self.probs)} if self.probs and text else {}
         return {**super().body(text, done, timing), **prompt, "id_slot": 0, **probs,
                 "generation_settings": generation_settings(self.req.params, self.ctx)}
 
@@ -146,9 +189,14 @@ class NativeShape(InfillShape):
             return [wire.sse(event)]
         # One event per token, as llama-server streams them: a delta holding several (bytes of
         # one character, a stop string's held-back text) carries its text on the first.
-        probs = completion_probabilities(ev.logprobs)
+        probs = self._probs(ev.logprobs)
         return [wire.sse({**event, "content": ev.text if k == 0 else "", "completion_probabilities": [p]})
                 for k, p in enumerate(probs)]
+
+    def _probs(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        assert isinstance(self.req, NativeRequest)
+        post = self.req.post_probs
+        return completion_probabilities(entries, self.req.params if post else None, post)
 
     async def whole(self, answer: Answer, timing: Timing) -> Response:
         self.probs = [e for d in answer[0][0] for e in d.logprobs]
