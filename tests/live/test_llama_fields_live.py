@@ -5,6 +5,7 @@ end to end through the openai SDK unchanged."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,24 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def client(server: Live) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_post_sampling_probs_are_what_the_sampler_kept(server: Live) -> None:
+    """The same prompt before and after sampling: the kept tokens are the raw likeliest, in
+    the same order, renormalised (top_k 3 keeps three, at temperature 1 their shares)."""
+    body = {"prompt": PROMPT, "n_predict": 4, "n_probs": 3, "temperature": 1.0, "top_k": 3, "min_p": 0.0, "seed": 7}
+    raw = server.client.post("/completion", json=body).json()["completion_probabilities"]
+    post = server.client.post("/completion", json={**body, "post_sampling_probs": True}).json()
+    probs = post["completion_probabilities"]
+    assert len(probs) == 4
+    first_raw, first = raw[0], probs[0]  # the first token's logits come from the same prompt
+    assert [t["id"] for t in first["top_probs"]] == [t["id"] for t in first_raw["top_logprobs"]]
+    assert sum(t["prob"] for t in first["top_probs"]) == pytest.approx(1.0, abs=1e-6)
+    shares = [math.exp(t["logprob"]) for t in first_raw["top_logprobs"]]
+    for t, share in zip(first["top_probs"], shares):
+        assert t["prob"] == pytest.approx(share / sum(shares), abs=0.02)
+    for p in probs:
+        assert 0 < p["prob"] <= 1 and p["id"] in [t["id"] for t in p["top_probs"]]
 
 
 def test_banning_the_likeliest_token_gives_the_second(server: Live) -> None:
