@@ -57,6 +57,7 @@ class Scheduler:
         self.pinned = 0  # cells held by public prefixes for good: no reservation may count on them
         self._admissions = 0  # turns admitted so far
         self._last_admitted: dict[str, tuple[float, int]] = {}  # client -> its latest admission (time, number)
+        self._idle_since: dict[str, float] = {}  # client -> when its last running turn ended
 
     # -- the step ------------------------------------------------------------------------
     def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
@@ -108,7 +109,8 @@ class Scheduler:
             queues.setdefault(t.client, []).append(t)
         if len(queues) < 2:
             return ranked
-        active = sorted(queues, key=lambda c: self._client_rank(queues[c][0], c, now))
+        busy = {t.client for t in self.running}
+        active = sorted(queues, key=lambda c: self._client_rank(queues[c][0], c, c in busy, now))
         out: list[Turn] = []
         i = 0
         while active:  # round i takes each remaining client's i-th turn: O(waiting)
@@ -122,15 +124,18 @@ class Scheduler:
             i += 1
         return out
 
-    def _client_rank(self, head: Turn, client: str, now: float) -> tuple[int, int, float]:
-        """Where a client's round-robin turn comes. A client whose most urgent turn arrived
-        after its last admission (or never admitted) is fresh: fresh ones go first, in
-        priority order, so one person per PC (an office) is served in arrival order. The
-        others have a backlog and go after them, the one admitted least recently first.
-        Ranking by the admission alone made clients forgotten between turns overtake
-        those remembered: at twice the capacity one user waited 57 s while others waited 1."""
+    def _client_rank(self, head: Turn, client: str, busy: bool, now: float) -> tuple[int, int, float]:
+        """Where a client's round-robin turn comes. A client that asked while it was waiting
+        on nothing is fresh: nothing of it runs, and its most urgent turn arrived after its
+        last turn ended (or it was never served). Fresh ones go first, in priority order, so
+        one person per PC (an office) is served in arrival order. The others have a backlog
+        (turns sent while one of theirs was served) and go after them, the one admitted
+        least recently first. Ranking by the admission alone made clients forgotten between
+        turns overtake those remembered: at twice the capacity one user waited 57 s while
+        others waited 1. Ranking by arrival alone let a backlog sent in a burst go ahead of
+        a newcomer, whose request came later."""
         last = self._last_admitted.get(client)
-        if last is None or head.arrival > last[0]:
+        if last is None or (not busy and head.arrival > self._idle_since.get(client, last[0])):
             return (-1, *self.priority(head, now))
         return last[1], 0, 0.0
 
@@ -162,6 +167,7 @@ class Scheduler:
             # client with a request running keeps its place in the rotation.
             present = {t.client for t in self.running} | {t.client for t in self.waiting}
             self._last_admitted = {c: n for c, n in self._last_admitted.items() if c in present}
+            self._idle_since = {c: n for c, n in self._idle_since.items() if c in present}
         return admitted
 
     def schedule(self) -> Step:
@@ -250,3 +256,5 @@ class Scheduler:
         if was_running:
             self.running.remove(turn)
             self.reserved -= turn.kv_reserve(self.limits.ctx_limit)
+            if all(t.client != turn.client for t in self.running):
+                self._idle_since[turn.client] = self.clock()

@@ -443,9 +443,10 @@ def test_one_request_per_client_is_served_in_arrival_order() -> None:
     s.waiting.extend([a1, y1])
     assert s.admit() == [a1]
     clock.advance(1.0)
-    (a2,) = of(clock, "a")  # a's next turn, while y waits
-    s.waiting.append(a2)
     s.release(a1)
+    clock.advance(0.5)
+    (a2,) = of(clock, "a")  # a read the answer and asks again, while y waits
+    s.waiting.append(a2)
     assert s.admit() == [y1]  # y arrived first
     clock.advance(1.0)
     (b,) = of(clock, "b")
@@ -456,6 +457,30 @@ def test_one_request_per_client_is_served_in_arrival_order() -> None:
     s.release(y1)
     assert s.admit() == [a2]  # arrived at 1 s, before b (2 s) and c (3 s)
     assert list(s.waiting) == [b, c]
+
+
+def test_a_backlog_sent_while_served_goes_behind_a_later_newcomer() -> None:
+    """A script sends its requests one after another while its first is being served: they
+    arrived after its admission, yet they are a backlog, not fresh requests. A newcomer who
+    arrives after all of them still goes next (the live fairness test's case)."""
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, max_queue=64)
+    (a1,) = of(clock, "a")
+    s.waiting.append(a1)
+    assert s.admit() == [a1]
+    backlog = []
+    for _ in range(5):
+        clock.advance(0.1)
+        (t,) = of(clock, "a")
+        backlog.append(t)
+    s.waiting.extend(backlog)
+    clock.advance(1.0)
+    (b,) = of(clock, "b")
+    s.waiting.append(b)
+    clock.advance(1.0)
+    s.release(a1)
+    assert s.admit() == [b]
+    assert list(s.waiting) == backlog
 
 
 def test_within_a_client_continuing_conversations_still_go_first() -> None:
