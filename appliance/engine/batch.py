@@ -36,6 +36,36 @@ class Batch:
         self.n_drafts += len(draft)
 
 
+# llama.cpp's CPU flash attention reads a batch of 64 rows or more in tiles of 64 rows
+# (GGML_FA_TILE_Q) and skips a tile of cells only when every row of the tile masks it all:
+# decode rows of many conversations in one tile attend over the union of their cells, where
+# a batch under 64 rows skips masked cells row by row. So a step that carries streams and a
+# prompt chunk costs more in one call than in two (measured on 2 cores, 18 conversations of
+# 600 cells: 12 streams and 60 prompt tokens 1,121 against 708 ms, 12 and 175 1,908 against
+# 1,461; in the office workload a pasted page's 118-token chunk beside 9 streams took ~1,120
+# ms in one call, ~790 + ~145 in two; under 64 rows one call wins by the second pass over
+# the weights).
+FA_TILE_ROWS = 64
+
+
+def split(step: Step) -> list[Step]:
+    """The step as llama_decode calls: one, or, when streams and prompt chunks together
+    reach a tile, the chunks that do not fit beside the streams under FA_TILE_ROWS first,
+    then the streams with the rest (short prompts finish beside them, as planned)."""
+    if not step.decode or step.n_tokens < FA_TILE_ROWS:
+        return [step]
+    rows = len(step.decode)
+    beside: list[tuple[Turn, int]] = []
+    alone: list[tuple[Turn, int]] = []
+    for t, n in step.prefill:  # shortest first: as many prompts as fit finish beside the streams
+        if rows + n < FA_TILE_ROWS:
+            beside.append((t, n))
+            rows += n
+        else:
+            alone.append((t, n))
+    return [Step(prefill=alone), Step(decode=step.decode, prefill=beside)]
+
+
 def build(step: Step, spec_budget: int, max_rows: int, ctx_cap: int) -> Batch:
     """The step's batch: max_rows is llama.cpp's n_batch, ctx_cap the most tokens one turn
     may hold (drafts never run past it)."""

@@ -11,16 +11,17 @@ import logging
 import time
 from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from appliance.engine.batch import Batch, build
+from appliance.engine.batch import FA_TILE_ROWS, Batch, build, split
 from appliance.engine.events import Delta, Done, Event, Failed, Progress, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
+from appliance.engine.model_api import Model
 from appliance.engine.names import log_name
 from appliance.engine.scheduler import Limits, Scheduler, Step
 from appliance.engine.snapshot import SessionView, Snapshot, Stats
@@ -29,57 +30,9 @@ from appliance.engine.textstream import TextStream
 from appliance.engine.threads import CoreShare
 from appliance.engine.turn import Sink, State, Turn
 from appliance.errors import ApplianceError, EngineFailure, KVCacheFull, Unavailable
-from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 Events = list[tuple[Sink, Event]]
-
-
-class Tokenizer(Protocol):
-    """What the engine needs from llm.Tokenizer: read-only vocabulary access, safe from any
-    thread (the event loop tokenizes and checks grammars while the engine thread decodes)."""
-
-    @property
-    def chat_template(self) -> str | None: ...  # the GGUF's Jinja template (None: ChatML)
-    @property
-    def bos_text(self) -> str: ...
-    @property
-    def eos_text(self) -> str: ...
-    @property
-    def control_texts(self) -> frozenset[str]: ...  # what client text must not contain
-    @property
-    def fim(self) -> tuple[int, int, int] | None: ...  # (prefix, suffix, middle), if the model has them
-    @property
-    def n_vocab(self) -> int: ...
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    def detokenize(self, tokens: list[int]) -> str: ...
-    def piece(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
-    def grammar_parses(self, gbnf: str) -> bool: ...
-
-
-class Model(Protocol):
-    """What the engine needs from llm.LLM; unit tests supply a fake."""
-
-    fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None: ...
-    def sample_all(self, picks: list[tuple[Any, int]]) -> list[int | Exception]: ...
-    def greedy_rows(self, first: int, n: int) -> list[int]: ...
-    def logits_rows(self, first: int, n: int) -> np.ndarray: ...
-    def new_sampler(self, params: SamplingParams) -> Any: ...
-    def logprobs(self, row: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]: ...
-    def set_threads(self, n: int) -> None: ...
-    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
-    def seq_pos_max(self, seq_id: int) -> int: ...
-    def seq_state(self, seq_id: int) -> bytes: ...
-    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
-    def close(self) -> None: ...
 
 
 class EngineCore:
@@ -171,14 +124,21 @@ class EngineCore:
             self.stats.spent(t0, t1, t1, t1, time.perf_counter())
             return False
         self._share_cores()
-        batch = build(step, self.spec_budget, self.limits.batch_tokens, self.ctx_cap)
-        t2 = time.perf_counter()
-        ok = self._decode(batch, step)
-        t3 = time.perf_counter()
-        if ok:
-            self._advance(step, batch)
-            self._sample(batch)
-        self.stats.spent(t0, t1, t2, t3, time.perf_counter())
+        parts = split(step)
+        # A split step's streams draft only within the tile they keep to (FA_TILE_ROWS).
+        rows = self.limits.batch_tokens if len(parts) == 1 else FA_TILE_ROWS - 1
+        start, admitted = t0, t1
+        for part in parts:
+            batch = build(part, self.spec_budget, max(rows, part.n_tokens), self.ctx_cap)
+            built = time.perf_counter()
+            ok = self._decode(batch, part)
+            decoded = time.perf_counter()
+            if ok:
+                self._advance(part, batch)
+                self._sample(batch)
+            end = time.perf_counter()
+            self.stats.spent(start, admitted, built, decoded, end)
+            start = admitted = end
         return True
 
     def _share_cores(self) -> None:
@@ -408,10 +368,11 @@ class EngineCore:
         # One line per request for the operator. The session id is a bearer secret: log a
         # short digest of it, enough to follow one conversation.
         ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
+        wait = f"{(t.admitted_at - t.arrival) * 1000:.0f} ms" if t.admitted_at else "-"
         log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
-                 "first token %s, total %.1f s", t.rid, log_name(t.session),
+                 "slot after %s, first token %s, total %.1f s", t.rid, log_name(t.session),
                  t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
-                 len(t.output), ttft, self.clock() - t.arrival)
+                 len(t.output), wait, ttft, self.clock() - t.arrival)
 
     def fail_all(self, error: ApplianceError, pending: list[Command]) -> None:
         """Shutting down or crashed: every queued and running request ends with `error`."""

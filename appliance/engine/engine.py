@@ -17,12 +17,13 @@ from enum import Enum
 from itertools import count
 from typing import Any
 
-from appliance.engine.core import EngineCore, Events, Model, Tokenizer
+from appliance.engine.core import EngineCore, Events
 from appliance.engine.events import End, Event
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
+from appliance.engine.model_api import Model, Tokenizer
 from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot

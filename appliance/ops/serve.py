@@ -18,9 +18,9 @@ from appliance.config import Config, ConfigError
 from appliance.documents.document import DocumentLimits, MiB
 from appliance.documents.reader import DocumentReader
 from appliance.engine import faults
-from appliance.engine.core import Model
 from appliance.engine.engine import Engine, EngineOptions, EngineState
 from appliance.engine.kv.store import CachePolicy
+from appliance.engine.model_api import Model
 from appliance.engine.scheduler import Limits
 from appliance.engine.threads import CoreShare
 from appliance.http import conn

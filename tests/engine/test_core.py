@@ -188,3 +188,31 @@ def test_a_grammar_with_no_way_on_fails_its_turn_only() -> None:
     assert "allows no further token" in stuck.end.error.message
     assert isinstance(other.end, Done) and other.text == "hello"
     assert not c.leaked_ids() and not c.core.sched.running
+
+
+def test_streams_beside_a_long_prompt_run_in_their_own_call_and_answer_the_same() -> None:
+    # batch.split: once streams and a prompt chunk reach 64 rows, the chunk runs in a call
+    # of its own, and the streams (drafts included) keep under 64 rows in theirs.
+    stream_prompts = [letters(ALPHA * 2 + "a"), letters(ALPHA * 2 + "m")]
+    texts = {}
+    for with_paste in (False, True):
+        model = RuleModel()
+        c = make(model, slots=3, batch_tokens=256, prefill_chunk=64, spec_budget=16)
+        recs = [c.submit(p, max_tokens=40, client=f"s{i}")[1] for i, p in enumerate(stream_prompts)]
+        for _ in range(3):
+            c.step()
+        if with_paste:
+            _, paste = c.submit(list(range(1000, 1300)), max_tokens=4, client="paste")
+        c.run()
+        assert all(isinstance(r.end, Done) for r in recs)
+        texts[with_paste] = [r.text for r in recs]
+        if with_paste:
+            assert isinstance(paste.end, Done)
+            streams_rows = [sum(t < 1000 for t in tokens) for tokens, *_ in model.calls]
+            big = [i for i, (tokens, *_) in enumerate(model.calls) if len(tokens) >= 64 and max(tokens) >= 1000]
+            assert big, "the paste was read in chunks of 64"
+            assert all(streams_rows[i] == 0 for i in big)  # no stream row in a call of a tile or more
+            # ... and the streams were not held back: they decoded in the iterations the
+            # chunks were read in (a call of stream rows right after each chunk's call).
+            assert all(streams_rows[i + 1] > 0 for i in big if i + 1 < len(model.calls))
+    assert texts[False] == texts[True]
