@@ -269,6 +269,9 @@ class LLM:
         # Saved sequence state is only valid for the same weights, llama.cpp and KV type.
         self.fingerprint = (f"{desc.value.decode(errors='replace')}|{C.llama_model_n_params(self.model)}|"
                             f"{C.llama_model_size(self.model)}|llama-cpp-python {C.__version__}|kv {spec.kv_type}")
+        # llama.cpp's own build number and commit are not in the wheel (built from an sdist
+        # without git: llama_build_info would say b0-unknown); the binding's version pins both.
+        self.build = C.__version__
         self._cap = spec.n_batch
 
     # -- decoding ------------------------------------------------------------------------
