@@ -187,7 +187,9 @@ def serve(cfg: Config, model_path: Path) -> int:
     faulthandler.enable()
     notifier = Notifier.from_env()
     limits = RequestBounds(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
-                          ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
+                          ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars,
+                          default_temperature=cfg.default_temperature,
+                          default_seed=None if cfg.default_seed == -1 else cfg.default_seed)
     web = Path(cfg.web_dir) if cfg.web_dir else None
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s)

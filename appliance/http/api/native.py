@@ -240,7 +240,8 @@ async def props(app: App, request: Request) -> Response:
     """llama-server's GET /props: the defaults, the slot count and the context; the model's
     name (never a file path) only for the operator, as /health shows it."""
     caller = caller_of(request.scope["state"])
-    defaults = dataclasses.replace(SamplingParams(), max_tokens=app.bounds.default_max_tokens)
+    b = app.bounds
+    defaults = SamplingParams(max_tokens=b.default_max_tokens, temperature=b.default_temperature, seed=b.default_seed)
     body: dict[str, Any] = {
         "default_generation_settings": {**_slot(app, 0, False),
                                         "params": generation_settings(defaults, app.bounds.ctx_limit)},
