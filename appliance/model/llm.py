@@ -248,7 +248,10 @@ class LLM:
                            "delete it and start again (the bundled model is re-assembled) or run `appliance pull`")
         cparams = C.llama_context_default_params()
         cparams.n_ctx = spec.n_ctx
-        cparams.n_batch = spec.n_batch
+        # llama.cpp reserves one output row per sequence id as the context is made and aborts
+        # the process unless they fit in n_batch (batch_tokens 32 with 55 sequence ids): its
+        # buffer gets that floor, the steps we send stay within spec.n_batch (self._cap).
+        cparams.n_batch = max(spec.n_batch, spec.n_seq_max)
         cparams.n_ubatch = min(spec.n_ubatch or spec.n_batch, spec.n_batch)
         cparams.n_seq_max = spec.n_seq_max
         cparams.n_threads = spec.threads
