@@ -10,7 +10,8 @@
 # onto `appliance serve` (a context of 256, -np, --api-key, --alias, --seed, --batch-size, ...),
 # always on the bundled model, and refuses the flags it cannot honour. About 3 s of start-up a
 # test; EXTERNAL=1 runs the older, quicker mode instead: one appliance for every test
-# (DEBUG_EXTERNAL, PORT), where a test's own flags are not applied.
+# (DEBUG_EXTERNAL, PORT), where a test's own flags are not applied (those tests then fail by
+# setup, marked NEW: docs/COMPATIBILITY.md's table is for the default mode).
 #
 # Writes OUT/run.txt (pytest's output), OUT/junit.xml and OUT/summary.txt: the pass counts and
 # each failure with its first error line, marked NEW when docs/COMPATIBILITY.md does not list
