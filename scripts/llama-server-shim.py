@@ -37,7 +37,8 @@ SPELLINGS = {"-m": "--model", "-hf": "--hf-repo", "-hfr": "--hf-repo", "-hff": "
              "-c": "--ctx-size", "-np": "--parallel", "-b": "--batch-size", "-ub": "--ubatch-size",
              "-t": "--threads", "-n": "--n-predict", "-a": "--alias", "-s": "--seed", "-v": "--verbose",
              "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
-             "-fa": "--flash-attn", "--no-webui": "--no-ui", "--webui": "--ui", "--predict": "--n-predict"}
+             "-fa": "--flash-attn", "--no-webui": "--no-ui", "--webui": "--ui", "--predict": "--n-predict",
+             "-kvu": "--kv-unified", "-cb": "--cont-batching"}
 # Flags without a value whose meaning the appliance already has, so they change nothing.
 SAME = {
     "--offline": "the appliance never downloads while serving",
@@ -202,7 +203,8 @@ def command(argv: list[str]) -> tuple[list[str], list[str]]:
     out, settings, notes = read(argv)
     model = os.environ.get("MODEL") or str(BUNDLED)
     serve = ["-m", "appliance", "serve", "--model", model, "--state-dir", "", "--log-level", "warning",
-             "--grace-s", "1", "--save-timeout-s", "0", *sized(settings, "--kv-unified" in argv), *out]
+             "--grace-s", "1", "--save-timeout-s", "0",
+             *sized(settings, any(SPELLINGS.get(a, a) == "--kv-unified" for a in argv)), *out]
     if "--api-key" in settings:
         serve += ["--api-keys-file", keys_file(settings["--api-key"])]
     return serve, notes

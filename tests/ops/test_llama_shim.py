@@ -63,7 +63,7 @@ def test_the_suites_preset_becomes_the_appliance_it_describes() -> None:
 
 
 def test_a_unified_cache_gives_each_slot_the_whole_context_and_spellings_map() -> None:
-    cfg, _ = effective(["-c", "1024", "-np", "4", "--kv-unified", "-b", "64", "-ub", "16", "-t", "1",
+    cfg, _ = effective(["-c", "1024", "-np", "4", "-kvu", "-b", "64", "-ub", "16", "-t", "1",
                         "-ctk", "q8_0", "-ctv", "q8_0", "-ngl", "0", "--seed=-1", "-n", "4096", "-v"])
     assert (cfg.slots, cfg.kv_tokens, cfg.ctx_per_slot, cfg.batch_tokens, cfg.ubatch_tokens) == (4, 1024, 1024, 64, 16)
     assert (cfg.threads, cfg.kv_type, cfg.default_seed, cfg.log_level) == (1, "q8_0", -1, "debug")
