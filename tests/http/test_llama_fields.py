@@ -35,12 +35,16 @@ def recording() -> Recording:
     return Recording(reply=REPLY)
 
 
-# -- logit_bias ------------------------------------------------------------------------------
-@pytest.mark.parametrize("path,body", [
+# The routes that sample, each with the smallest body it takes.
+SAMPLING_ROUTES = [
     ("/v1/chat/completions", {"messages": USER}),
     ("/v1/completions", {"prompt": "hi"}),
     ("/completion", {"prompt": "hi"}),
-])
+]
+
+
+# -- logit_bias ------------------------------------------------------------------------------
+@pytest.mark.parametrize("path,body", SAMPLING_ROUTES)
 def test_logit_bias_reaches_the_sampler_in_each_spelling(path: str, body: dict[str, Any]) -> None:
     model = recording()
     with serving(lambda: model) as c:
@@ -261,11 +265,7 @@ def test_schema_refusals_name_the_field_they_came_in() -> None:
 
 
 # -- the server's defaults (llama-server's --temp and --seed) --------------------------------
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": USER}),
-    ("/v1/completions", {"prompt": "hi"}),
-    ("/completion", {"prompt": "hi"}),
-])
+@pytest.mark.parametrize("path,body", SAMPLING_ROUTES)
 def test_a_request_without_temperature_or_seed_takes_the_servers(path: str, body: dict[str, Any]) -> None:
     model = recording()
     with serving(lambda: model, defaults={"default_temperature": 0.25, "default_seed": 42}) as c:
