@@ -204,6 +204,11 @@ class Config:
     tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
+    default_temperature: float = field(default=0.7, metadata=_opt(
+        "temperature when a request gives none (0 = greedy)", lambda v: None if 0 <= v <= 2 else "must be 0-2"))
+    default_seed: int = field(default=-1, metadata=_opt(
+        "seed when a request gives none: -1 = a fresh one each request; any other value makes the same unseeded "
+        "request sample the same answer (llama-server's --seed)", lambda v: None if v >= -1 else "must be >= -1"))
     request_timeout_s: float = field(default=600.0, metadata=_opt("wall-clock limit of one generation", _positive))
     grace_s: float = field(default=30.0, metadata=_opt("on SIGTERM, how long running streams may finish", _non_negative))
     save_timeout_s: float = field(default=15.0, metadata=_opt(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from appliance.engine.batch import FA_TILE_ROWS, Batch, build, split
-from appliance.engine.events import Delta, Done, Event, Failed, Progress, TokenLogprob
+from appliance.engine.events import Delta, Done, Event, Failed, Report, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.commons import Commons, CommonsPolicy
@@ -169,6 +169,8 @@ class EngineCore:
                 turn.sampler = self.model.new_sampler(turn.params)
                 turn.text = TextStream(turn.params.stop)
                 turn.drafts = self._new_drafts(turn)
+                if turn.progress is Report.EVERY:  # where its reading starts: what the cache held
+                    self.events.append((turn.sink, turn.reading))
             except Exception as e:  # noqa: BLE001 - fail this request, keep serving
                 log.exception("could not start request %d", turn.rid)
                 self._finish(turn, "error", EngineFailure(f"could not start the request: {e}"))
@@ -227,10 +229,10 @@ class EngineCore:
             t.n_cached += 1
         for t, n in step.prefill:
             t.n_cached += n
-            # One small object per step per long prompt that asked, before its first
-            # Delta (sampled after this); nothing per token, nothing for the decode rows.
-            if t.progress and t.long_prompt(self.limits.batch_tokens):
-                self.events.append((t.sink, Progress(t.n_cached, t.n_prompt)))
+            # One small object per step per prompt that asked (Turn.reports), before its
+            # first Delta (sampled after this); nothing per token, nothing for the decode rows.
+            if t.reports(self.limits.batch_tokens):
+                self.events.append((t.sink, t.reading))
 
     def _sample(self, batch: Batch) -> None:
         now = self.clock()
@@ -327,8 +329,9 @@ class EngineCore:
             # the HTTP side to write, not one per token, on a core llama.cpp wants back.
             last[1].text += text
             last[1].logprobs.extend(t.logprobs)
+            last[1].tokens.extend(t.unsent())
         else:
-            self.events.append((t.sink, Delta(text, t.logprobs)))
+            self.events.append((t.sink, Delta(text, t.logprobs, t.unsent())))
         t.logprobs = []
 
     # -- finishing -----------------------------------------------------------------------
@@ -344,8 +347,8 @@ class EngineCore:
             self.events.append((t.sink, Failed(error)))
             return
         tail = t.text.flush() if t.text is not None else ""
-        if tail or t.logprobs:  # held-back text, or tokens whose text a stop string swallowed
-            self.events.append((t.sink, Delta(tail, t.logprobs)))
+        if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
+            self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
             t.logprobs = []
         self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
 

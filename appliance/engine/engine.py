@@ -7,6 +7,7 @@ snapshot published after every iteration. The HTTP side never holds a Turn.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import threading
@@ -18,7 +19,7 @@ from itertools import count
 from typing import Any
 
 from appliance.engine.core import EngineCore, Events
-from appliance.engine.events import End, Event
+from appliance.engine.events import End, Event, Report
 from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
@@ -127,6 +128,7 @@ class Engine:
         self.park_budget = self._policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
         self.state = EngineState.LOADING
         self.load_error = ""
+        self.system_fingerprint = ""  # OpenAI's, set once the model has loaded
         self.ready = threading.Event()
         self.snapshot = Snapshot(slots=self._limits.slots)  # replaced whole by the engine thread
         self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
@@ -245,10 +247,10 @@ class Engine:
         return self._eog
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
-               session: str = "", named: bool = True, progress: bool = False) -> Handle:
+               session: str = "", named: bool = True, progress: Report | bool = Report.NONE) -> Handle:
         """Queue one request (or refuse it: QueueFull, Unavailable). Loop thread only: the
         ids are handed out in the order the inbox receives them (Snapshot.position). With
-        `progress`, a long prompt's Progress events come before its first Delta."""
+        `progress` (True: Report.LONG), its prompt's Progress events come before its first Delta."""
         self._check_accepting()
         tokens, public, system = ((prompt.tokens, prompt.public_len, prompt.system_len) if isinstance(prompt, Prompt)
                                   else (prompt, 0, 0))
@@ -257,7 +259,7 @@ class Engine:
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
                     client=client, session=session or f"{self._anon}{rid}", public_len=public, system_len=system,
-                    named=named and bool(session), progress=progress)
+                    named=named and bool(session), progress=Report(int(progress)))
         try:
             self._inbox.submit(turn)
         except ApplianceError as e:
@@ -304,6 +306,10 @@ class Engine:
             self._options.on_fatal()
             return
         self.core = core
+        # llama-server's form, b<build>-<hash>: one value per server, another whenever the
+        # model, llama.cpp or the KV type changes (what may change an answer for a seed).
+        digest = hashlib.sha256(core.model.fingerprint.encode()).hexdigest()[:8]
+        self.system_fingerprint = f"b{core.model.build}-{digest}"
         self.snapshot = core.snapshot()
         self._progress_at = time.monotonic()
         self.state = EngineState.READY

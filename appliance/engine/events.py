@@ -1,10 +1,11 @@
-"""What crosses from the engine to a request's HTTP stream: a long prompt's progress (when
+"""What crosses from the engine to a request's HTTP stream: a prompt's progress (when
 asked), text deltas, then how it ended. Delivered on the asyncio loop, in order, to the
 request's handle."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from appliance.errors import ApplianceError
 
@@ -20,20 +21,30 @@ class TokenLogprob:
     top_ids: tuple[int, ...] = ()
 
 
+class Report(IntEnum):
+    """Which prompts a turn reports the reading of (Progress events)."""
+
+    NONE = 0
+    LONG = 1  # prompts longer than one step, after each step (the streams' `: prompt N/M` notes)
+    EVERY = 2  # every prompt: once when its turn starts, then after each step (llama-server's return_progress)
+
+
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A long prompt being read: `done` of its `total` tokens are in the KV cache (reused
-    ones included). Only before the first Delta, at most once per step, for a turn that
-    asked for it (Engine.submit(progress=True))."""
+    """A prompt being read: `done` of its `total` tokens are in the KV cache, `cached` of
+    them found there (reused, not computed). Only before the first Delta, at most once per
+    step, for a turn that asked for it (Engine.submit(progress=...), Report)."""
 
     done: int
     total: int
+    cached: int = 0
 
 
 @dataclass(slots=True)
 class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind `text`, when asked
+    tokens: list[int] = field(default_factory=list)  # the ids generated since the last Delta (behind `text`)
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ class Model(Protocol):
     """What the engine needs from llm.LLM; unit tests supply a fake."""
 
     fingerprint: str  # model + llama.cpp version + KV type: what saved state must match
+    build: str  # the llama.cpp build as its binding names it (llama-cpp-python's version)
 
     @property
     def tokenizer(self) -> Tokenizer: ...

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from appliance.engine.events import Event, TokenLogprob
+from appliance.engine.events import Event, Progress, Report, TokenLogprob
 from appliance.sampling import SamplingParams
 
 Sink = Callable[[Event], None]  # where a turn's events go (called on the event loop)
@@ -36,7 +36,7 @@ class Turn:
     system_len: int = 0  # leading tokens through its one system message: public once common (kv/commons)
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
-    progress: bool = False  # its stream shows a long prompt's progress (events.Progress)
+    progress: Report = Report.NONE  # which prompts' reading its stream hears of (events.Progress)
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
@@ -56,6 +56,7 @@ class Turn:
     text: Any = field(default=None, repr=False)
     drafts: Any = field(default=None, repr=False)
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # not yet sent with a Delta
+    n_sent: int = 0  # leading tokens of `output` whose ids went out with a Delta
 
     @property
     def n_prompt(self) -> int:
@@ -70,6 +71,19 @@ class Turn:
         such a turn reports progress. A prompt one step computes gets its first token after
         that step (512 tokens: ~2 s on 2 cores), so a note would tell its reader nothing."""
         return len(self.prompt) - self.n_reused > step_tokens
+
+    def reports(self, step_tokens: int) -> bool:
+        """It asked to hear of its prompt's reading, and this prompt is one to report."""
+        return self.progress is Report.EVERY or (self.progress is Report.LONG and self.long_prompt(step_tokens))
+
+    @property
+    def reading(self) -> Progress:
+        return Progress(self.n_cached, len(self.prompt), self.n_reused)
+
+    def unsent(self) -> list[int]:
+        """The generated ids not yet sent with a Delta (now counted as sent)."""
+        out, self.n_sent = self.output[self.n_sent:], len(self.output)
+        return out
 
     @property
     def last_token(self) -> int:

@@ -213,7 +213,8 @@ class Guard:
     def _key(self, headers: Headers) -> Key | None:
         if not self.policy.keys.enabled:
             return None
-        token = bearer(headers.get("authorization"))
+        # Or X-Api-Key, as llama-server takes it (what Anthropic's SDKs send).
+        token = bearer(headers.get("authorization")) or headers.get("x-api-key", "").strip()
         return self.policy.keys.find(token) if token else None
 
     def _no(self, reason: str, err: ApplianceError) -> ApplianceError:
@@ -230,7 +231,7 @@ class Guard:
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
         response = Response(status_code=204, headers={
             "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-            "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Session-Id, X-File-Name",
+            "Access-Control-Allow-Headers": "Authorization, X-Api-Key, Content-Type, X-Session-Id, X-File-Name",
             "Access-Control-Max-Age": "600",
         })
         await response(scope, receive, _with_headers(send, origin))

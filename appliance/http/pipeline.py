@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from appliance.engine.engine import Handle
-from appliance.engine.events import Delta, Done, End, Event, Failed, Progress
+from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, Report
 from appliance.engine.names import session_name
 from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
@@ -50,6 +50,7 @@ class Job:
     stream: bool
     session: str = field(default_factory=new_session_id)
     named: bool = False  # the client named the session (it is kept and may be saved)
+    report: Report = Report.NONE  # a stream's prompt reading it asked to hear of (llama-server's return_progress)
 
 
 def choices(params: SamplingParams, n: int) -> tuple[SamplingParams, ...]:
@@ -66,6 +67,7 @@ class Shape(Protocol):
 
     def headers(self, stream: bool) -> dict[str, str]: ...
     def start(self) -> list[bytes]: ...
+    def progress(self, i: int, ev: Progress) -> list[bytes]: ...  # what a stream asked to hear of its prompt
     def delta(self, i: int, ev: Delta) -> list[bytes]: ...
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]: ...
     def close(self, ends: list[Done]) -> list[bytes]: ...
@@ -154,12 +156,12 @@ async def templated(app: App, messages: list[dict[str, Any]], params: SamplingPa
 
 
 # -- submitting ------------------------------------------------------------------------------
-def submit(app: App, job: Job, progress: bool = False) -> list[Handle]:
+def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
     """One engine request per choice. They are submitted together with one prompt, so the
     engine computes it once and the others copy its cells (kvstore's followers); only the
     first continues the session. A session the client did not name may still continue or
     share its own client's cached conversations by prefix, and nobody else's. With
-    `progress`, a long prompt's handles carry its Progress events."""
+    `progress`, the handles carry their prompt's Progress events (Report)."""
     handles: list[Handle] = []
     ns = job.caller.namespace
     try:
@@ -179,9 +181,10 @@ def submit(app: App, job: Job, progress: bool = False) -> list[Handle]:
 async def respond(app: App, request: Request, job: Job, shape: Shape) -> Response:
     """Submit the job, then stream its answer or collect it whole, as `shape` writes it."""
     timing = Timing()
-    # Only a stream that can carry notes hears a prompt's progress: a whole answer or an
-    # NDJSON stream would have nothing to write it with.
-    handles = admit(app, job, progress=job.stream and shape.notes)
+    # Only a stream hears a prompt's progress, a long one's for its notes (a whole answer or
+    # an NDJSON stream would have nothing to write it with), every one's if the job asked.
+    report = max(job.report, Report.LONG if shape.notes else Report.NONE) if job.stream else Report.NONE
+    handles = admit(app, job, progress=report)
     if job.stream:
         return StreamingResponse(guarded(stream(app, handles, shape, timing, job.caller), handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
@@ -195,7 +198,7 @@ async def respond(app: App, request: Request, job: Job, shape: Shape) -> Respons
     return await shape.whole(result, timing)
 
 
-def admit(app: App, job: Job, progress: bool = False) -> list[Handle]:
+def admit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
     """The caller's daily quota checked, then the job submitted; a refusal (over quota, a
     full queue, loading) is counted in the caller's usage."""
     try:
@@ -257,7 +260,7 @@ async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
                 return
             if isinstance(ev, Progress):
                 reading = prompt_note(ev.done, ev.total) if shape.notes and not timing.first else None
-                chunks = [reading] if reading else []
+                chunks = [reading, *shape.progress(i, ev)] if reading else shape.progress(i, ev)
             elif isinstance(ev, Delta):
                 timing.saw_text()
                 reading = None

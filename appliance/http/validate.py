@@ -46,6 +46,8 @@ class RequestBounds:
     ctx_limit: int  # a max_tokens beyond the context itself is an error, not a cap
     max_messages: int = 2048  # messages in one request
     max_chars: int = 1_000_000  # characters of message text in one request
+    default_temperature: float = SamplingParams().temperature  # a request's when it gives none
+    default_seed: int | None = None  # a request's when it gives none (None: a fresh one each request)
 
 
 def precheck(raw: bytes, max_messages: int) -> None:
@@ -194,7 +196,7 @@ def parse_sampling(data: dict[str, Any], bounds: RequestBounds) -> SamplingParam
     defaults = SamplingParams()
     return SamplingParams(
         max_tokens=parse_max_tokens(data, bounds),
-        temperature=number(data, "temperature", 0.0, 2.0, defaults.temperature),
+        temperature=number(data, "temperature", 0.0, 2.0, bounds.default_temperature),
         top_p=number(data, "top_p", 0.0, 1.0, defaults.top_p, lo_open=True),
         top_k=defaults.top_k if top_k is None else top_k,
         min_p=number(data, "min_p", 0.0, 1.0, defaults.min_p),
@@ -202,7 +204,7 @@ def parse_sampling(data: dict[str, Any], bounds: RequestBounds) -> SamplingParam
         presence_penalty=number(data, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=number(data, "frequency_penalty", -2.0, 2.0, 0.0),
         penalty_last_n=defaults.penalty_last_n if last_n is None else last_n,
-        seed=seed,
+        seed=bounds.default_seed if seed is None else seed,
         stop=parse_stop(data.get("stop")),
     )
 

@@ -248,7 +248,10 @@ class LLM:
                            "delete it and start again (the bundled model is re-assembled) or run `appliance pull`")
         cparams = C.llama_context_default_params()
         cparams.n_ctx = spec.n_ctx
-        cparams.n_batch = spec.n_batch
+        # llama.cpp reserves one output row per sequence id as the context is made and aborts
+        # the process unless they fit in n_batch (batch_tokens 32 with 55 sequence ids): its
+        # buffer gets that floor, the steps we send stay within spec.n_batch (self._cap).
+        cparams.n_batch = max(spec.n_batch, spec.n_seq_max)
         cparams.n_ubatch = min(spec.n_ubatch or spec.n_batch, spec.n_batch)
         cparams.n_seq_max = spec.n_seq_max
         cparams.n_threads = spec.threads
@@ -269,6 +272,9 @@ class LLM:
         # Saved sequence state is only valid for the same weights, llama.cpp and KV type.
         self.fingerprint = (f"{desc.value.decode(errors='replace')}|{C.llama_model_n_params(self.model)}|"
                             f"{C.llama_model_size(self.model)}|llama-cpp-python {C.__version__}|kv {spec.kv_type}")
+        # llama.cpp's own build number and commit are not in the wheel (built from an sdist
+        # without git: llama_build_info would say b0-unknown); the binding's version pins both.
+        self.build = C.__version__
         self._cap = spec.n_batch
 
     # -- decoding ------------------------------------------------------------------------

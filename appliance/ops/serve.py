@@ -160,6 +160,13 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def request_bounds(cfg: Config) -> RequestBounds:
+    return RequestBounds(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
+                         ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars,
+                         default_temperature=cfg.default_temperature,
+                         default_seed=None if cfg.default_seed == -1 else cfg.default_seed)
+
+
 def serve(cfg: Config, model_path: Path) -> int:
     # Set before llama.cpp (and libgomp) load in the engine thread.
     cpu.set_thread_waiting(os.environ, cfg.share_cores == "on")
@@ -186,12 +193,10 @@ def serve(cfg: Config, model_path: Path) -> int:
     # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
     faulthandler.enable()
     notifier = Notifier.from_env()
-    limits = RequestBounds(default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit,
-                          ctx_limit=cfg.ctx_per_slot, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
     web = Path(cfg.web_dir) if cfg.web_dir else None
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s)
-    app = create_app(App(engine, cfg.model_name or model_path.stem, limits, web, metrics,
+    app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
                          parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg)))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,

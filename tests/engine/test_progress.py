@@ -1,6 +1,8 @@
-"""A long prompt's prefill progress (events.Progress): emitted after each step that advanced
-it, only for turns that asked and prompts longer than one step, never after the first Delta
-or the end; the first step is one prefill_chunk, so the first note comes soon."""
+"""A prompt's prefill progress (events.Progress): emitted after each step that advanced it,
+only for turns that asked (Report.LONG: prompts longer than one step; Report.EVERY: every
+prompt, from where its reading starts, with the count found cached), never after the first
+Delta or the end; the first step is one prefill_chunk, so the first note comes soon. And
+each Delta carries the ids of the tokens behind its text."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import asyncio
 from helpers.engines import Recorder, collect, make, run, started
 from helpers.fakes import FakeModel
 
-from appliance.engine.events import Delta, Done, Failed, Progress
+from appliance.engine.events import Delta, Done, Failed, Progress, Report
 from appliance.engine.inbox import Cancel
 from appliance.sampling import SamplingParams
 
@@ -118,3 +120,38 @@ def test_a_handle_yields_progress_before_its_text_and_can_still_cancel() -> None
         assert isinstance(end, Done) and end.finish_reason == "cancelled" and end.completion_tokens == 0
         eng.stop()
     run(asyncio.wait_for(main(), 20))
+
+
+def test_every_prompt_reports_from_its_cached_start_when_asked_for_all() -> None:
+    model = FakeModel(reply="ok")
+    c = make(model, batch_tokens=64, prefill_chunk=16)
+    _, short = c.submit(list(range(100, 120)), session="s", progress=Report.EVERY)
+    c.run()
+    assert [(e.done, e.total, e.cached) for e in short.events if isinstance(e, Progress)] == [(0, 20, 0), (20, 20, 0)]
+    only_before_the_first_delta(short)
+    answer = [ord(ch) for ch in short.text]
+    _, follow = c.submit(list(range(100, 120)) + answer + [7, 8, 9], session="s", progress=Report.EVERY)
+    c.run()
+    held = 20 + len(answer)  # the last turn's prompt and answer, found in the cache
+    assert [(e.done, e.total, e.cached) for e in follow.events if isinstance(e, Progress)] == \
+        [(held, held + 3, held), (held + 3, held + 3, held)]
+    _, long = c.submit(list(range(300, 500)), progress=Report.EVERY)
+    c.run()
+    assert [e.done for e in long.events if isinstance(e, Progress)] == [0, 16, 80, 144, 200]
+
+
+def test_each_delta_carries_the_ids_behind_its_text_and_a_stop_string_keeps_its_own() -> None:
+    model = FakeModel(reply="hello world")
+    c = make(model)
+    _, rec = c.submit([1, 2, 3])
+    c.run()
+    deltas = [e for e in rec.events if isinstance(e, Delta)]
+    assert [e.tokens for e in deltas] == [[ord(ch)] for ch in "hello world"]
+    params = SamplingParams(max_tokens=20, temperature=0.0, stop=("o w",))
+    _, stopped = c.submit([4, 5, 6], params=params)
+    c.run()
+    assert stopped.text == "hell"
+    # "o", " " and "w" were held back, then cut by the stop string: their ids still go out, last.
+    ids = [t for e in stopped.events if isinstance(e, Delta) for t in e.tokens]
+    assert ids == [ord(ch) for ch in "hello w"]
+    assert isinstance(stopped.end, Done) and stopped.end.completion_tokens == len(ids)

@@ -10,7 +10,7 @@ from typing import Any
 
 from appliance.engine.core import EngineCore
 from appliance.engine.engine import Engine, EngineOptions, EngineState, Handle
-from appliance.engine.events import Delta, Done, Event, Failed
+from appliance.engine.events import Delta, Done, Event, Failed, Report
 from appliance.engine.inbox import Command, Inbox, Submit
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
@@ -47,13 +47,13 @@ class Core:
 
     def submit(self, prompt: list[int], max_tokens: int = 20, client: str = "c", session: str | None = None,
                params: SamplingParams | None = None, public_len: int = 0,
-               progress: bool = False, system_len: int = 0) -> tuple[Turn, Recorder]:
+               progress: Report | bool = False, system_len: int = 0) -> tuple[Turn, Recorder]:
         self.rid += 1
         rec = Recorder()
         turn = Turn(rid=self.rid, prompt=list(prompt), params=params or SamplingParams(max_tokens=max_tokens,
                                                                                        temperature=0.0),
                     arrival=self.clock(), sink=rec, client=client, session=session or f"anon-{self.rid}",
-                    named=session is not None, public_len=public_len, progress=progress, system_len=system_len)
+                    named=session is not None, public_len=public_len, progress=Report(int(progress)), system_len=system_len)
         self.core.inbox.submit(turn)
         return turn, rec
 

@@ -73,6 +73,7 @@ class FakeModel:
 
     reply: str = "abcdefghij"
     fingerprint: str = "fake-model|kv f16"
+    build: str = "0.0.1"
     fail_on_call: int = -1  # decode call index that raises
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     calls: list[tuple[list[int], list[int], list[int], list[bool]]] = field(default_factory=list)

@@ -161,6 +161,15 @@ def test_keys_guard_the_api_but_not_the_page_or_health(keys: KeyRing) -> None:
     assert refusals == ["no_key"] * 3
 
 
+def test_a_key_in_x_api_key_counts_as_llama_server_takes_it(keys: KeyRing) -> None:
+    with guarded(keys=keys) as c:
+        me = c.post("/v1/x", json={}, headers={"X-Api-Key": USER_KEY}).json()
+        assert me["client"].startswith("key:") and not me["admin"]
+        error(c.post("/v1/x", json={}, headers={"X-Api-Key": "wrong-key-xxxxxxxxxxxx"}), 401)
+        error(c.post("/v1/x", json={}, headers={"X-Api-Key": ""}), 401)
+        assert c.get("/metrics", headers={"X-Api-Key": ADMIN_KEY}).status_code == 200
+
+
 def test_llama_server_token_routes_need_a_key_like_the_api(keys: KeyRing) -> None:
     with guarded(keys=keys) as c:
         for path in ("/tokenize", "/detokenize", "/infill"):

@@ -35,12 +35,16 @@ def recording() -> Recording:
     return Recording(reply=REPLY)
 
 
-# -- logit_bias ------------------------------------------------------------------------------
-@pytest.mark.parametrize("path,body", [
+# The routes that sample, each with the smallest body it takes.
+SAMPLING_ROUTES = [
     ("/v1/chat/completions", {"messages": USER}),
     ("/v1/completions", {"prompt": "hi"}),
     ("/completion", {"prompt": "hi"}),
-])
+]
+
+
+# -- logit_bias ------------------------------------------------------------------------------
+@pytest.mark.parametrize("path,body", SAMPLING_ROUTES)
 def test_logit_bias_reaches_the_sampler_in_each_spelling(path: str, body: dict[str, Any]) -> None:
     model = recording()
     with serving(lambda: model) as c:
@@ -258,3 +262,23 @@ def test_schema_refusals_name_the_field_they_came_in() -> None:
         err = error_of(chat(c, response_format={"type": "json_object", "schema": tuple_items}), 400)
         assert err["param"] == "response_format.schema" and "#/items" in err["message"]
         assert error_of(chat(c, json_schema=tuple_items), 400)["param"] == "json_schema"
+
+
+# -- the server's defaults (llama-server's --temp and --seed) --------------------------------
+@pytest.mark.parametrize("path,body", SAMPLING_ROUTES)
+def test_a_request_without_temperature_or_seed_takes_the_servers(path: str, body: dict[str, Any]) -> None:
+    model = recording()
+    with serving(lambda: model, defaults={"default_temperature": 0.25, "default_seed": 42}) as c:
+        assert c.post(path, json=body).status_code == 200
+        assert (model.params[-1].temperature, model.params[-1].seed) == (0.25, 42)
+        assert c.post(path, json={**body, "temperature": 1.0, "seed": 7}).status_code == 200
+        assert (model.params[-1].temperature, model.params[-1].seed) == (1.0, 7)
+        settings = c.get("/props").json()["default_generation_settings"]["params"]
+        assert (settings["temperature"], settings["seed"]) == (0.25, 42)
+
+
+def test_without_a_server_seed_each_unseeded_request_samples_afresh() -> None:
+    model = recording()
+    with serving(lambda: model) as c:
+        assert c.post("/completion", json={"prompt": "hi"}).json()["generation_settings"]["seed"] == -1
+        assert model.params[-1].seed is None and model.params[-1].temperature == SamplingParams().temperature

@@ -127,7 +127,9 @@ def test_stream_framing_with_usage(client: TestClient) -> None:
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert len({c["id"] for c in chunks}) == 1
     assert {c["model"] for c in chunks} == {MODEL_ID}
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # content null, as OpenAI's first delta before a tool call and llama-server's always
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert {c["system_fingerprint"] for c in chunks} == {first["system_fingerprint"]}
     assert "".join(sse.content(d) for d in deltas) == REPLY
     assert all(d["choices"][0]["finish_reason"] is None for d in deltas)
     assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None,

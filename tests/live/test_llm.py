@@ -33,3 +33,21 @@ def test_a_grammar_with_no_way_on_is_refused_not_accepted(bundled_model: Path) -
             smp.free()
     finally:
         llm.close()
+
+
+@pytest.mark.integration
+def test_more_sequence_ids_than_batch_tokens_load_and_decode(bundled_model: Path) -> None:
+    # llama.cpp reserves an output row per sequence id in n_batch's buffer and aborted the
+    # whole process (GGML_ASSERT) when batch_tokens 32 met 55 sequence ids (llama-server's
+    # --batch-size 32 through scripts/llama-server-shim.py).
+    from appliance.model.llm import LLM, ContextSpec, LLMError
+
+    llm = LLM(bundled_model, ContextSpec(n_ctx=256, n_seq_max=40, n_batch=8, threads=1, repack=False))
+    try:
+        prompt = llm.tokenizer.tokenize("Hello there, how are you?", False, False)[:8]
+        llm.decode(prompt, list(range(len(prompt))), [39] * len(prompt), [False] * (len(prompt) - 1) + [True])
+        assert llm.seq_pos_max(39) == len(prompt) - 1
+        with pytest.raises(LLMError, match="exceeds n_batch"):  # the engine's own cap on a step still holds
+            llm.decode(list(range(9)), list(range(9)), [0] * 9, [False] * 9)
+    finally:
+        llm.close()

@@ -245,6 +245,10 @@ def test_cli_wrong_native_type(key: str, raw: object) -> None:
     ("document_timeout_s", "0.5"),
     ("document_timeout_s", "nan"),
     ("document_workers", "0"),
+    ("default_temperature", "2.5"),
+    ("default_temperature", "-0.1"),
+    ("default_temperature", "nan"),
+    ("default_seed", "-2"),
 ])
 def test_bad_values(key: str, raw: str) -> None:
     with pytest.raises(ConfigError) as e:

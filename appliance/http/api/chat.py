@@ -13,9 +13,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.engine.events import Delta, Done
+from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
-from appliance.http.api.llama import timings
+from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.choices import Choice
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
@@ -55,6 +55,7 @@ class ChatRequest:
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
+    telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -134,7 +135,8 @@ def parse_chat_request(data: dict[str, Any], bounds: RequestBounds, session_head
     if session is not None and not valid_session_id(session):
         raise BadRequest(SESSION_RULE, param="session_id")
     return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names,
-                       parse_logit_bias(data.get("logit_bias")), raw_param, boolean(data, "ignore_eos"))
+                       parse_logit_bias(data.get("logit_bias")), raw_param, boolean(data, "ignore_eos"),
+                       parse_telemetry(data))
 
 
 # -- responses -------------------------------------------------------------------------
@@ -192,6 +194,9 @@ class ChatShape:
         self._headers = {"X-Session-Id": session}
         self.extra: dict[str, Any] = {}
         self.timing = Timing()
+        self.meter = Meter(req.telemetry, req.n)
+        # On every chunk and body, as llama-server (and OpenAI) write it.
+        self.fingerprint = {"system_fingerprint": app.engine.system_fingerprint}
         if dropped:
             self._headers["X-Dropped-Messages"] = str(dropped)
             self.extra["dropped_messages"] = dropped
@@ -200,13 +205,21 @@ class ChatShape:
         return {**self._headers, **SSE_HEADERS} if stream else self._headers
 
     def _chunk(self, entries: list[dict[str, Any]], **extra: Any) -> bytes:
-        return sse(chunks(self.cid, self.created, self.model, entries, **extra))
+        return sse(chunks(self.cid, self.created, self.model, entries, **self.fingerprint, **extra))
 
     def start(self) -> list[bytes]:
-        return [self._chunk([c.entry({"role": "assistant", "content": ""}) for c in self.choices], **self.extra)]
+        # Content null, not "": what OpenAI sends before a tool call (so every OpenAI client
+        # takes it) and what llama-server sends always (its tests assert it).
+        return [self._chunk([c.entry({"role": "assistant", "content": None}) for c in self.choices], **self.extra)]
+
+    def progress(self, i: int, ev: Progress) -> list[bytes]:
+        asked = self.meter.progress(i, ev)
+        return [self._chunk([self.choices[i].entry({})], **asked)] if asked else []
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
-        return [self._chunk([entry]) for entry in self.choices[i].delta(ev)]
+        entries = self.choices[i].delta(ev)
+        timed = self.meter.delta(i, ev)  # on the delta's last chunk, as llama-server puts it
+        return [self._chunk([e], **(timed if k == len(entries) - 1 else {})) for k, e in enumerate(entries)]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         entries, reason = self.choices[i].finish(done)
@@ -220,7 +233,7 @@ class ChatShape:
         if not self.req.include_usage:
             return [sse("[DONE]")]
         use = usage_chunk(self.cid, self.created, self.model, _usage(ends))
-        return [sse({**use, "timings": timings(_all(ends), self.timing)}), sse("[DONE]")]
+        return [sse({**use, **self.fingerprint, "timings": timings(_all(ends), self.timing)}), sse("[DONE]")]
 
     def error(self, err: ApplianceError) -> bytes:
         return sse_error(err)
@@ -235,8 +248,8 @@ class ChatShape:
                 choice.delta(d)
             messages.append(choice.message(done))
         ends = [d for _, d in answer]
-        body = completion_of(self.cid, self.created, self.model, messages, _usage(ends), **self.extra,
-                             timings=timings(_all(ends), timing))
+        body = completion_of(self.cid, self.created, self.model, messages, _usage(ends), **self.fingerprint,
+                             **self.extra, timings=timings(_all(ends), timing))
         return JSONResponse(body, headers=self._headers)
 
 
@@ -248,5 +261,5 @@ async def chat(app: App, request: Request) -> Response:
         params = await biased(app, req.params, req.bias, req.ignore_eos)
         prompt = await templated(app, req.messages, params, req.tools, req.grammar_param)
     job = Job(caller, prompt, choices(params, req.n), req.stream, req.session_id or new_session_id(),
-              named=req.session_id is not None)
+              named=req.session_id is not None, report=req.telemetry.report)
     return await respond(app, request, job, ChatShape(app, req, job.session, prompt.dropped_messages))

@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import Engine
-from appliance.engine.events import Delta, Done, TokenLogprob
+from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
-from appliance.http.api.llama import timings
+from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond
 from appliance.http.resolve import biased, check_grammar
 from appliance.http.state import App
@@ -51,6 +51,7 @@ class CompletionRequest:
     model: str | None
     bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
+    telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> Com
     params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs, grammar=grammar)
     stream, include_usage = parse_stream(data)
     return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data),
-                             parse_logit_bias(data.get("logit_bias")), boolean(data, "ignore_eos"))
+                             parse_logit_bias(data.get("logit_bias")), boolean(data, "ignore_eos"),
+                             parse_telemetry(data))
 
 
 async def completion_prompt(engine: Engine, req: CompletionRequest) -> tuple[list[int], bool]:
@@ -173,25 +175,36 @@ class CompletionShape:
         self.model, self.req, self.echo = app.model_id, req, echo
         self.cid, self.created = new_id(), int(time.time())
         self.offset = 0  # characters of the answer so far (logprobs' text_offset)
+        self.meter = Meter(req.telemetry)
+        # On every chunk and body, as llama-server (and OpenAI) write it.
+        self.fingerprint = {"system_fingerprint": app.engine.system_fingerprint}
 
     def headers(self, stream: bool) -> dict[str, str]:
         return SSE_HEADERS if stream else {}
 
+    def _chunk(self, text: str, finish: str | None = None, logprobs: dict[str, Any] | None = None,
+               **extra: Any) -> bytes:
+        return sse({**completion_chunk(self.cid, self.created, self.model, text, finish, logprobs),
+                    **self.fingerprint, **extra})
+
     def start(self) -> list[bytes]:
-        return [sse(completion_chunk(self.cid, self.created, self.model, self.echo))] if self.echo else []
+        return [self._chunk(self.echo)] if self.echo else []
+
+    def progress(self, i: int, ev: Progress) -> list[bytes]:
+        asked = self.meter.progress(i, ev)
+        return [self._chunk("", **asked)] if asked else []
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         lps = legacy_logprobs(ev.logprobs, self.offset) if self.req.params.logprobs is not None else None
         self.offset += len(ev.text)
-        return [sse(completion_chunk(self.cid, self.created, self.model, ev.text, logprobs=lps))]
+        return [self._chunk(ev.text, None, lps, **self.meter.delta(i, ev))]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
-        finish = completion_chunk(self.cid, self.created, self.model, "", finish_reason(done))
         if not self.req.include_usage:
-            return [sse({**finish, "timings": timings(done, timing)})]
+            return [self._chunk("", finish_reason(done), timings=timings(done, timing))]
         use = usage_chunk(self.cid, self.created, self.model, _usage(done))
-        return [sse(finish), sse({**use, "timings": timings(done, timing)})]
+        return [self._chunk("", finish_reason(done)), sse({**use, **self.fingerprint, "timings": timings(done, timing)})]
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return [sse("[DONE]")]
@@ -208,7 +221,7 @@ class CompletionShape:
         lps = legacy_logprobs([e for d in deltas for e in d.logprobs]) if self.req.params.logprobs is not None else None
         use = _usage(done)
         body = completion_body(self.cid, self.created, self.model, self.echo + text, finish_reason(done), use, lps)
-        return JSONResponse({**body, "timings": timings(done, timing)})
+        return JSONResponse({**body, **self.fingerprint, "timings": timings(done, timing)})
 
 
 async def completions(app: App, request: Request) -> Response:
@@ -219,5 +232,5 @@ async def completions(app: App, request: Request) -> Response:
     echo = ""
     if req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else app.engine.detokenize(req.prompt)
-    job = Job(caller, tokens, (params,), req.stream)
+    job = Job(caller, tokens, (params,), req.stream, report=req.telemetry.report)
     return await respond(app, request, job, CompletionShape(app, req, echo))

@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import Engine
-from appliance.engine.events import Delta, Done
+from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest, PayloadTooLarge
 from appliance.http import wire
 from appliance.http.api.fim import fim_ids, fim_prompt
+from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond
 from appliance.http.state import App
 from appliance.http.validate import (
@@ -56,6 +57,7 @@ class InfillRequest:
     stream: bool
     warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
     fields: list[str]  # response_fields: only these, "a/b" = b of a, named "a/b"
+    telemetry: Telemetry = Telemetry()  # timings_per_token, return_progress
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ def parse_infill_request(data: dict[str, Any], bounds: RequestBounds) -> InfillR
     sampling, warm_only = _n_predict(data, bounds)
     params = sampling_as(sampling, bounds, {"n_predict": "max_tokens"})
     return InfillRequest(texts["input_prefix"], texts["input_suffix"], extra, texts["prompt"], params,
-                         boolean(data, "stream"), warm_only, fields)
+                         boolean(data, "stream"), warm_only, fields, parse_telemetry(data))
 
 
 async def infill_prompt(engine: Engine, req: InfillRequest) -> tuple[list[int], bool]:
@@ -127,21 +129,6 @@ async def infill_prompt(engine: Engine, req: InfillRequest) -> tuple[list[int], 
 
 
 # -- responses -------------------------------------------------------------------------------
-def timings(done: Done, timing: Timing) -> dict[str, Any]:
-    """llama-server's timings, from wall-clock marks (the prompt's includes any queueing)."""
-    prompt_n, predicted_n = done.prompt_tokens - done.cached_tokens, done.completion_tokens
-    prompt_ms, predicted_ms = timing.prompt_s * 1000, timing.predict_s * 1000
-    return {
-        "cache_n": done.cached_tokens,
-        "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-        "prompt_per_second": round(prompt_n * 1000 / prompt_ms, 3) if prompt_ms else 0.0,
-        "predicted_n": predicted_n, "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
-        "predicted_per_second": round(predicted_n * 1000 / predicted_ms, 3) if predicted_ms else 0.0,
-    }
-
-
 def pick_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     """llama-server's response_fields: "a/b" is body["a"]["b"], named "a/b"; missing ones are left out."""
     if not fields:
@@ -172,6 +159,8 @@ class LlamaAsk(Protocol):
     def warm_only(self) -> bool: ...
     @property
     def fields(self) -> list[str]: ...
+    @property
+    def telemetry(self) -> Telemetry: ...
 
 
 class InfillShape:
@@ -183,6 +172,7 @@ class InfillShape:
     def __init__(self, app: App, req: LlamaAsk, truncated: bool) -> None:
         self.model, self.ctx, self.req, self.truncated = app.model_id, app.bounds.ctx_limit, req, truncated
         self.n = 0
+        self.meter = Meter(req.telemetry)
 
     def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
         """The whole answer's fields (the last streamed event's), before response_fields picks."""
@@ -194,11 +184,21 @@ class InfillShape:
     def start(self) -> list[bytes]:
         return []
 
-    def delta(self, i: int, ev: Delta) -> list[bytes]:
-        self.n += 1
-        if self.req.warm_only:
+    def event(self, ev: Delta) -> dict[str, Any]:
+        """One streamed event: the delta's text and token ids (and its timings, if asked)."""
+        self.n += len(ev.tokens)
+        return {"index": 0, "content": ev.text, "tokens": ev.tokens, "stop": False, "tokens_predicted": self.n,
+                **self.meter.delta(0, ev)}
+
+    def progress(self, i: int, ev: Progress) -> list[bytes]:
+        asked = self.meter.progress(i, ev)
+        if not asked or self.req.warm_only:
             return []
-        return [wire.sse({"index": 0, "content": ev.text, "tokens": [], "stop": False, "tokens_predicted": self.n})]
+        return [wire.sse({"index": 0, "content": "", "tokens": [], "stop": False, "tokens_predicted": 0, **asked})]
+
+    def delta(self, i: int, ev: Delta) -> list[bytes]:
+        event = self.event(ev)
+        return [] if self.req.warm_only else [wire.sse(event)]
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         return [wire.sse(pick_fields(self.body("", done, timing), self.req.fields))]
@@ -222,7 +222,7 @@ async def infill(app: App, request: Request) -> Response:
     """llama-server's /infill: editor plugins' code completion (llama.vim, llama.vscode)."""
     async with intake(app, request, lambda data: parse_infill_request(data, app.bounds)) as (caller, req):
         tokens, truncated = await infill_prompt(app.engine, req)
-    job = Job(caller, tokens, (req.params,), req.stream)
+    job = Job(caller, tokens, (req.params,), req.stream, report=req.telemetry.report)
     return await respond(app, request, job, InfillShape(app, req, truncated))
 
 

@@ -20,6 +20,7 @@ from appliance.http.api.chat import parse_chat_request, parse_constraint
 from appliance.http.api.completions import parse_prompt
 from appliance.http.api.fim import fit, tokens_of
 from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
+from appliance.http.api.telemetry import Telemetry, parse_telemetry
 from appliance.http.guard import caller_of
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond
 from appliance.http.resolve import biased, check_grammar
@@ -49,6 +50,8 @@ class NativeRequest:
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False
     post_probs: int = 0  # post_sampling_probs: this many alternatives, as the sampler saw them
+    telemetry: Telemetry = Telemetry()  # timings_per_token, return_progress
+    return_tokens: bool = False  # the whole answer's token ids in `tokens` (a stream's events always carry theirs)
 
 
 # /infill's refusals, less what /completion implements: n_probs, a grammar or schema, logit_bias, ignore_eos.
@@ -102,7 +105,8 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
     params = dataclasses.replace(sampling_as(sampling, bounds, {"n_predict": "max_tokens"}), grammar=grammar,
                                  logprobs=POST_SAMPLING_K if post else n_probs)
     return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields,
-                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"), post)
+                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"), post,
+                         parse_telemetry(data), boolean(data, "return_tokens"))
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -172,26 +176,28 @@ class NativeShape(InfillShape):
     def __init__(self, app: App, req: NativeRequest, truncated: bool) -> None:
         super().__init__(app, req, truncated)
         self.probs: list[TokenLogprob] = []  # a whole answer's, gathered as its deltas are read
+        self.ids: list[int] = []  # the answer's token ids so far (return_tokens)
 
     def body(self, text: str, done: Done, timing: Timing) -> dict[str, Any]:
         assert isinstance(self.req, NativeRequest)
         prompt = {"prompt": self.req.prompt} if isinstance(self.req.prompt, str) else {}  # the client's own text
         probs = {"completion_probabilities": self._probs(self.probs)} if self.probs and text else {}
         return {**super().body(text, done, timing), **prompt, "id_slot": 0, **probs,
+                "tokens": self.ids if self.req.return_tokens and not self.req.warm_only else [],
                 "generation_settings": generation_settings(self.req.params, self.ctx)}
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
-        self.n += 1
+        self.ids += ev.tokens
+        event = {**self.event(ev), "id_slot": 0}
         if self.req.warm_only:
             return []
-        event = {"index": 0, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": self.n}
         if not ev.logprobs:
             return [wire.sse(event)]
         # One event per token, as llama-server streams them: a delta holding several (bytes of
         # one character, a stop string's held-back text) carries its text on the first.
         probs = self._probs(ev.logprobs)
-        return [wire.sse({**event, "content": ev.text if k == 0 else "", "completion_probabilities": [p]})
-                for k, p in enumerate(probs)]
+        return [wire.sse({**event, "content": ev.text if k == 0 else "", "tokens": [e.id],
+                          "completion_probabilities": [p]}) for k, (e, p) in enumerate(zip(ev.logprobs, probs))]
 
     def _probs(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
         assert isinstance(self.req, NativeRequest)
@@ -200,6 +206,7 @@ class NativeShape(InfillShape):
 
     async def whole(self, answer: Answer, timing: Timing) -> Response:
         self.probs = [e for d in answer[0][0] for e in d.logprobs]
+        self.ids = [t for d in answer[0][0] for t in d.tokens]
         return await super().whole(answer, timing)
 
 
@@ -211,7 +218,7 @@ async def completion(app: App, request: Request) -> Response:
         await check_grammar(app, req.params.grammar, req.grammar_param)
         raw = await tokens_of(app.engine, req.prompt, special=True)
         tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
-    job = Job(caller, tokens, (req.params,), req.stream)
+    job = Job(caller, tokens, (req.params,), req.stream, report=req.telemetry.report)
     return await respond(app, request, job, NativeShape(app, req, len(tokens) < len(raw)))
 
 
@@ -233,7 +240,8 @@ async def props(app: App, request: Request) -> Response:
     """llama-server's GET /props: the defaults, the slot count and the context; the model's
     name (never a file path) only for the operator, as /health shows it."""
     caller = caller_of(request.scope["state"])
-    defaults = dataclasses.replace(SamplingParams(), max_tokens=app.bounds.default_max_tokens)
+    b = app.bounds
+    defaults = SamplingParams(max_tokens=b.default_max_tokens, temperature=b.default_temperature, seed=b.default_seed)
     body: dict[str, Any] = {
         "default_generation_settings": {**_slot(app, 0, False),
                                         "params": generation_settings(defaults, app.bounds.ctx_limit)},

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import Engine, EngineState
-from appliance.engine.events import Delta, Done, TokenLogprob
+from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailable
 from appliance.http.api.fim import fim_ids, fim_prompt
 from appliance.http.api.ollama_wire import NDJSON, error_line, line, model_name, ollama_error, ollama_errors, stamp
@@ -247,6 +247,9 @@ class _Ndjson:
 
     def start(self) -> list[bytes]:
         return []
+
+    def progress(self, i: int, ev: Progress) -> list[bytes]:
+        return []  # never asked for (Ollama has no such field, and no notes)
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return []

@@ -11,6 +11,7 @@ from typing import Any
 
 from appliance.errors import BadRequest
 from appliance.http.api.chat import parse_response_format
+from appliance.http.api.telemetry import Telemetry, parse_telemetry
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.validate import RequestBounds, boolean, parse_model, sampling_as
 from appliance.sampling import SamplingParams
@@ -32,6 +33,7 @@ class ResponsesRequest:
     tools: list[dict[str, Any]] | None = None
     tool_names: frozenset[str] = frozenset()
     echo: dict[str, Any] = dataclasses.field(default_factory=dict)  # request fields the response repeats
+    telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- input items -> chat messages ------------------------------------------------------------
@@ -143,7 +145,7 @@ def parse_responses_request(data: dict[str, Any], bounds: RequestBounds,
                                  grammar=forced or text_format(data))
     echo: dict[str, Any] = {k: data[k] for k in ECHOED if k in data}
     return ResponsesRequest(raw, messages, params, boolean(data, "stream"), boolean(data, "store", True),
-                            parse_model(data), parse_previous(data), tools, tool_names, echo)
+                            parse_model(data), parse_previous(data), tools, tool_names, echo, parse_telemetry(data))
 
 
 def parse_previous(data: dict[str, Any]) -> str | None:

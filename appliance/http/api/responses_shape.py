@@ -12,11 +12,12 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from appliance.engine.events import Delta, Done
+from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError
 from appliance.http import wire
 from appliance.http.api.response_store import ResponseStore
 from appliance.http.api.responses_input import ResponsesRequest
+from appliance.http.api.telemetry import Meter, timings
 from appliance.http.pipeline import Answer, Timing
 from appliance.http.state import App
 from appliance.structured.tools import CallStream, ToolCall
@@ -52,6 +53,7 @@ class ResponseShape:
         self.output: list[dict[str, Any]] = []
         self.text: dict[str, Any] | None = None  # the open message item, while text streams into it
         self.seq = 0
+        self.meter = Meter(req.telemetry)
 
     # -- the response object and its events ---------------------------------------------------
     def body(self, status: str, done: Done | None = None) -> dict[str, Any]:
@@ -107,14 +109,14 @@ class ResponseShape:
                 self.event("response.function_call_arguments.done", **where, arguments=call.arguments),
                 self.event("response.output_item.done", output_index=where["output_index"], item=item)]
 
-    def _feed(self, shown: str, calls: list[ToolCall]) -> list[bytes]:
+    def _feed(self, shown: str, calls: list[ToolCall], timed: dict[str, Any] | None = None) -> list[bytes]:
         out = []
         if shown:
             out += self._open_text()
             assert self.text is not None
             self.text.setdefault("parts", []).append(shown)
             out.append(self.event("response.output_text.delta", output_index=len(self.output),
-                                  item_id=self.text["id"], content_index=0, delta=shown, logprobs=[]))
+                                  item_id=self.text["id"], content_index=0, delta=shown, logprobs=[], **(timed or {})))
         for call in calls:
             out += self._call(call)
         return out
@@ -146,14 +148,20 @@ class ResponseShape:
         return [self.event("response.created", response=self.body("in_progress")),
                 self.event("response.in_progress", response=self.body("in_progress"))]
 
+    def progress(self, i: int, ev: Progress) -> list[bytes]:
+        # llama-server's form: a response.in_progress event carrying the prompt_progress.
+        asked = self.meter.progress(i, ev)
+        return [self.event("response.in_progress", response=self.body("in_progress"), **asked)] if asked else []
+
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         shown, calls, _ = self.calls.feed(ev.text, None)
-        return self._feed(shown, calls)
+        return self._feed(shown, calls, self.meter.delta(i, ev))
 
     async def end(self, i: int, done: Done, timing: Timing) -> list[bytes]:
         out, status = self._finish(done)
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [*out, self.event(kind, response=self.body(status, done))]
+        # llama-server's timings end the stream, as they end chat's and completions'.
+        return [*out, self.event(kind, response=self.body(status, done), timings=timings(done, timing))]
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return []
