@@ -23,6 +23,7 @@ from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
 from appliance.engine.model_api import Model
 from appliance.engine.names import log_name
+from appliance.engine.pace import StepClock
 from appliance.engine.scheduler import Limits, Scheduler, Step
 from appliance.engine.snapshot import SessionView, Snapshot, Stats
 from appliance.engine.spec import NgramIndex, TurnDrafts, accept_greedy, accept_sampled, sparse_row
@@ -55,6 +56,10 @@ class EngineCore:
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
         self.taken = 0  # the highest request id taken from the inbox (queue positions)
+        self.pace = StepClock()
+        # When the step in progress should end (engine clock; 0: none). Read from the event
+        # loop's thread for the queue notes: one float, written whole.
+        self.step_ends = 0.0
 
     @property
     def ctx_cap(self) -> int:
@@ -124,7 +129,13 @@ class EngineCore:
             self.stats.spent(t0, t1, t1, t1, time.perf_counter())
             return False
         self._share_cores()
-        parts = split(step)
+        self._run(split(step), t0, t1)
+        return True
+
+    def _run(self, parts: list[Step], t0: float, t1: float) -> None:
+        """The step's llama_decode calls (one, or two: batch.split), each decoded, advanced
+        and sampled; first the step's end is forecast, for the queue notes' wait estimate."""
+        self.step_ends = self.clock() + self.pace.forecast(parts)
         # A split step's streams draft only within the tile they keep to (FA_TILE_ROWS).
         rows = self.limits.batch_tokens if len(parts) == 1 else FA_TILE_ROWS - 1
         start, admitted = t0, t1
@@ -134,12 +145,14 @@ class EngineCore:
             ok = self._decode(batch, part)
             decoded = time.perf_counter()
             if ok:
+                self.pace.called(part, len(batch.tokens), decoded - built)
                 self._advance(part, batch)
                 self._sample(batch)
             end = time.perf_counter()
             self.stats.spent(start, admitted, built, decoded, end)
             start = admitted = end
-        return True
+        self.pace.stepped(time.perf_counter() - t0)
+        self.step_ends = 0.0
 
     def _share_cores(self) -> None:
         if self.cores is None:
@@ -402,7 +415,8 @@ class EngineCore:
             waiting=tuple(t.rid for t in self.sched.waiting), taken=self.taken,
             sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
             cores_others=self.cores.others if self.cores else 0.0, counters=st.counters(),
-            cache_events=MappingProxyType(events), step_log=tuple(st.step_log))
+            cache_events=MappingProxyType(events), step_log=tuple(st.step_log),
+            admissible=self.sched.admissible(), step_s=self.pace.step_s)
 
 
 def _fields(obj: Any) -> dict[str, int]:

@@ -179,6 +179,12 @@ class Engine:
         return idle if idle > self._options.stall_s else 0.0
 
     @property
+    def step_ends(self) -> float:
+        """When the engine's step in progress should end (engine clock), 0.0 between steps:
+        the queue notes' wait estimate (the engine thread writes the float whole)."""
+        return self.core.step_ends if self.core is not None else 0.0
+
+    @property
     def status(self) -> str:
         """What /health says: loading, ok, stalled, draining, failed or stopped."""
         return "stalled" if self.stalled_s else self.state.value

@@ -170,6 +170,19 @@ class Scheduler:
             self._idle_since = {c: n for c, n in self._idle_since.items() if c in present}
         return admitted
 
+    def admissible(self) -> int:
+        """How many queue places the next admission would take as things stand: the waiting
+        turns, in order, while slots and the KV budget allow (as `admit`); when every one of
+        them fits, the free slots, open to those still arriving too."""
+        free = self.limits.slots - len(self.running)
+        reserved = self.reserved + self.pinned
+        for n, t in enumerate(self.waiting):
+            need = t.kv_reserve(self.limits.ctx_limit)
+            if n >= free or ((self.running or n) and reserved + need > self.limits.kv_tokens):
+                return n
+            reserved += need
+        return max(free, 0)
+
     def schedule(self) -> Step:
         """Plan one decode step over the running turns (call admit() first)."""
         step = Step()

@@ -92,6 +92,8 @@ class Snapshot:
     counters: Counters = field(default_factory=Counters)
     cache_events: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # hits, evictions...
     step_log: tuple[tuple[int, int, int, int], ...] = ()  # (decode, prefill seqs, prefill tokens, drafts)
+    admissible: int = 0  # queue places the next admission takes as things stand (Scheduler.admissible)
+    step_s: float = 0.0  # a recent step's length, s (pace.StepClock)
 
     @property
     def queue(self) -> int:

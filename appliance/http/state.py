@@ -54,18 +54,34 @@ class App:
             self.metrics.rejected.labels(reason).inc()
 
     def wait_estimate(self, position: int) -> int | None:
-        """Seconds until queue position `position` gets its first token: `position` answers
-        must end first (each frees what one waiting request needs), at the pace answers have
-        ended lately. Measured, because the slot count says little: when the KV budget holds
-        fewer streams than slots, the old `served time / slots` guess was 2-4x short. Before
-        PACE_MIN answers have ended in the last PACE_WINDOW_S, that guess is all there is."""
-        now = self.clock()
-        recent = [t for t in self._finished if now - t <= PACE_WINDOW_S]
-        if len(recent) >= PACE_MIN:
-            return math.ceil(position * (now - recent[0]) / len(recent))
-        if not self._served:
+        """Seconds until queue place `position` gets its first token: the step in progress
+        ends, the places the next admission takes are admitted then, each place beyond them
+        waits for an answer to end (each frees what one waiting request needs, at the pace
+        answers have ended lately), and its own first step reads its prompt. Measured, not
+        derived from the slot count: when the KV budget holds fewer streams than slots, the
+        old `served time / slots` guess was 2-4x short; and with slots free (an office at
+        capacity on 24 slots) the wait is the step in progress, which counting answers
+        missed by 2x. Before PACE_MIN answers have ended in the last PACE_WINDOW_S, the old
+        guess is all there is for the places beyond."""
+        snap, now = self.engine.snapshot, self.clock()
+        ahead = position - snap.admissible
+        if ahead <= 0:
+            if not snap.step_s:
+                return None  # nothing has run yet: no step to go by
+            per_place = 0.0
+        elif (pace := self._pace(now)) is not None:
+            per_place = pace
+        elif self._served:
+            per_place = (sum(self._served) / len(self._served)) / max(1, snap.slots)
+        else:
             return None
-        return math.ceil(position * (sum(self._served) / len(self._served)) / max(1, self.engine.snapshot.slots))
+        boundary = max(0.0, self.engine.step_ends - now)
+        return max(1, math.ceil(boundary + max(0, ahead) * per_place + snap.step_s))
+
+    def _pace(self, now: float) -> float | None:
+        """Seconds between answers ending, over the last PACE_WINDOW_S (None: too few)."""
+        recent = [t for t in self._finished if now - t <= PACE_WINDOW_S]
+        return (now - recent[0]) / len(recent) if len(recent) >= PACE_MIN else None
 
     def queue_note(self, position: int) -> bytes:
         """The SSE comment a waiting stream hears: its place in the queue and the wait."""

@@ -555,3 +555,32 @@ def test_window_still_starts_at_the_first_arrival_when_the_queue_is_reordered() 
     assert s.window_open_until() == pytest.approx(a.arrival + 0.05)
     clock.advance(0.021)
     assert s.admit() == [b, a]
+
+
+def test_admissible_counts_the_places_the_next_admission_takes() -> None:
+    # What the queue notes' estimate asks: which waiting places get in at the next step, and
+    # it must agree with what admit() then does.
+    clock = FakeClock()
+    s = make(clock, slots=4, kv_tokens=300, max_wait_s=0.0)
+    assert s.admissible() == 4  # idle: every slot open, also to those still arriving
+    first = seq(clock, n_prompt=84)  # reserves 100 cells
+    s.waiting.append(first)
+    s.admit()
+    assert s.admissible() == 3  # three slots left, nobody waiting
+    big, small = seq(clock, n_prompt=184), seq(clock, n_prompt=34)  # 200 cells do not fit beside 100
+    s.waiting.extend([small, big])
+    assert s.admissible() == 1  # small fits (150 of 300), big waits for cache space
+    assert s.admit() == [small] and list(s.waiting) == [big]
+    assert s.admissible() == 0
+    for t in (first, small):
+        s.release(t)
+    assert s.admissible() == 4  # big fits now, and the other three slots are open
+    assert s.admit() == [big]
+
+
+def test_admissible_stops_at_the_slots() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=2, max_wait_s=0.0)
+    s.waiting.extend(seq(clock) for _ in range(5))
+    assert s.admissible() == 2
+    assert len(s.admit()) == 2 and s.admissible() == 0

@@ -1,4 +1,5 @@
-"""The queue notes' wait estimate (`: queued N eta S`): the pace answers have ended lately."""
+"""The queue notes' wait estimate (`: queued N eta S`): the step in progress, the places the
+next admission takes, the pace answers have ended lately beyond them, and the first step."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ class Clock:
         return self.now
 
 
-def app_at(clock: Clock, slots: int = 16) -> App:
-    engine = cast(Any, SimpleNamespace(snapshot=SimpleNamespace(slots=slots)))
+def app_at(clock: Clock, slots: int = 16, admissible: int = 0, step_s: float = 0.0, step_ends: float = 0.0) -> App:
+    snapshot = SimpleNamespace(slots=slots, admissible=admissible, step_s=step_s)
+    engine = cast(Any, SimpleNamespace(snapshot=snapshot, step_ends=step_ends))
     app = App(engine, "m", RequestBounds(default_max_tokens=32, max_tokens_limit=64, ctx_limit=512))
     app.clock = clock
     return app
@@ -60,3 +62,32 @@ def test_after_a_lull_the_served_times_guess_until_the_pace_is_known_again() -> 
     clock.now += PACE_WINDOW_S + 1  # a quiet hour's minute: those ends are forgotten
     app.note_served(clock.now - 8.0)
     assert app.wait_estimate(2) == 4  # 2 places x 8 s held / 4 slots
+
+
+def test_a_place_the_next_admission_takes_waits_for_the_step_in_progress_and_its_own() -> None:
+    # An office at capacity on 24 slots: slots are free, and a newcomer waits for the step
+    # in progress (a pasted page's chunk: 1.4 s more) and then the step that reads its
+    # prompt (0.5 s). Counting answers said 1 s where people waited 2.
+    clock = Clock()
+    app = app_at(clock, admissible=3, step_s=0.5, step_ends=clock.now + 1.4)
+    for _ in range(8):  # answers ending every 1 s: not what this place waits for
+        clock.now += 1.0
+        app.note_served(clock.now - 10.0)
+    app.engine.step_ends = clock.now + 1.4
+    assert app.wait_estimate(1) == 2  # ceil(1.4 + 0.5)
+    assert app.wait_estimate(3) == 2
+    # The fourth place needs an answer to end first: 1 s apart.
+    assert app.wait_estimate(4) == 3  # ceil(1.4 + 1 + 0.5)
+    assert app.wait_estimate(6) == 5
+    app.engine.step_ends = 0.0  # between steps: the next one starts now
+    assert app.wait_estimate(1) == 1
+
+
+def test_a_step_already_late_counts_as_ending_now() -> None:
+    clock = Clock()
+    app = app_at(clock, admissible=1, step_s=0.8, step_ends=clock.now - 2.0)
+    assert app.wait_estimate(1) == 1
+
+
+def test_nothing_run_yet_no_estimate_even_with_slots_free() -> None:
+    assert app_at(Clock(), admissible=4).wait_estimate(1) is None
