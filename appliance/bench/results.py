@@ -61,7 +61,8 @@ class RequestResult:
                 "doc_tokens": self.pad_tokens, "t_start": round(self.t_start - t0, 3),
                 "t_end": round(self.t_end - t0, 3), "ttft_ms": ms(self.ttft), "status": self.status,
                 "ok": self.ok, "completion_tokens": self.completion_tokens if self.ok else 0,
-                "reason": self.reason}
+                "reason": self.reason, "eta_s": self.eta_s,
+                "eta_heard": round(self.eta_heard - t0, 3) if self.eta_s is not None else None}
 
     @property
     def waited(self) -> float | None:

@@ -60,6 +60,9 @@ class EngineCore:
         # When the step in progress should end (engine clock; 0: none). Read from the event
         # loop's thread for the queue notes: one float, written whole.
         self.step_ends = 0.0
+        # Called by the engine thread once turns are admitted, before the step: a snapshot
+        # published then keeps queue places true through a long step (Engine._run).
+        self.publish: Callable[[], None] | None = None
 
     @property
     def ctx_cap(self) -> int:
@@ -121,7 +124,8 @@ class EngineCore:
         t0 = time.perf_counter()
         self.kv.expire()
         self._expire_turns()
-        self._admit()
+        if self._admit() and self.publish is not None:
+            self.publish()  # the admitted hear "busy", not a place, during the step
         t1 = time.perf_counter()
         self.kv.resolve_followers()
         step = self.sched.schedule()
@@ -169,10 +173,10 @@ class EngineCore:
                 self.inbox.dequeued()
             self._finish(turn, "queue_timeout" if err else "cancelled", err)
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
         admitted = self.sched.admit()
         if not admitted:
-            return
+            return 0
         self.inbox.dequeued(len(admitted))
         for turn in admitted:
             if self.metrics:
@@ -193,6 +197,7 @@ class EngineCore:
         # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
         # A restore that finds no free cells makes its own room (kvstore._set_state).
         self.kv.make_room()
+        return len(admitted)
 
     def _new_drafts(self, turn: Turn) -> TurnDrafts | None:
         p = turn.params

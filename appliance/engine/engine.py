@@ -312,6 +312,7 @@ class Engine:
             self._options.on_fatal()
             return
         self.core = core
+        core.publish = lambda: setattr(self, "snapshot", core.snapshot())
         # llama-server's form, b<build>-<hash>: one value per server, another whenever the
         # model, llama.cpp or the KV type changes (what may change an answer for a seed).
         digest = hashlib.sha256(core.model.fingerprint.encode()).hexdigest()[:8]

@@ -144,6 +144,31 @@ def test_queue_positions_come_from_the_snapshot_and_a_handle_holds_no_turn() -> 
     run(main())
 
 
+def test_a_turn_admitted_hears_busy_through_the_step_that_reads_it() -> None:
+    # The snapshot is published once turns are admitted, before the step: through a long
+    # step (a pasted page's chunk takes ~1 s) the admitted turn is not told it is queued.
+    async def main() -> None:
+        model = FakeModel(reply="q" * 50, delay=0.005)
+        eng = await started(model, slots=2)
+        a = eng.submit([1], SamplingParams(max_tokens=50))
+        await a.events().__anext__()  # a is running
+        first, second = threading.Event(), threading.Event()
+        model.gate = first
+        await until(lambda: model.gated == 1, what="the engine stopped in a's step")
+        b = eng.submit([2] * 8, SamplingParams(max_tokens=5))
+        model.gate = second  # the next step (it takes b from the inbox) stops too
+        first.set()
+        await until(lambda: model.gated == 2, what="the engine stopped in the step that reads b")
+        # Without the publish after admission, the snapshot would be the one before b was
+        # taken: b would hear `queued 1` for the whole step.
+        assert b.position == 0 and eng.step_ends > 0
+        second.set()
+        a.cancel()
+        await asyncio.gather(collect(a), collect(b))
+        eng.stop()
+    run(main())
+
+
 def test_decode_failure_fails_that_step_and_engine_keeps_serving() -> None:
     async def main() -> None:
         model = FakeModel(reply="ok", fail_on_call=2)  # calls 0 and 1: the warm-up and the public prefix

@@ -79,6 +79,7 @@ class FakeModel:
     calls: list[tuple[list[int], list[int], list[int], list[bool]]] = field(default_factory=list)
     kv: dict[int, list[int]] = field(default_factory=dict)  # seq -> positions held
     gate: threading.Event | None = None
+    gated: int = 0  # decode calls that have waited at a gate (counted as they start waiting)
     delay: float = 0.0  # seconds per decode call, like a real (slow) model
     copies: list[tuple[int, int, int]] = field(default_factory=list)
     capacity: int = 0  # KV cells (distinct positions over all sequences); 0 = unlimited
@@ -87,8 +88,9 @@ class FakeModel:
     threads: list[int] = field(default_factory=list)  # every set_threads call
 
     def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None:
-        if self.gate is not None:
-            self.gate.wait(5)
+        if (gate := self.gate) is not None:
+            self.gated += 1
+            gate.wait(5)
         if self.delay:
             time.sleep(self.delay)
         self.calls.append((list(tokens), list(pos), list(seq_ids), list(logits)))
