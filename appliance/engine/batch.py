@@ -40,19 +40,21 @@ class Batch:
 # (GGML_FA_TILE_Q) and skips a tile of cells only when every row of the tile masks it all:
 # decode rows of many conversations in one tile attend over the union of their cells, where
 # a batch under 64 rows skips masked cells row by row. So a step that carries streams and a
-# prompt chunk costs more in one call than in two (measured on 2 cores, 18 conversations of
-# 600 cells: 12 streams and 60 prompt tokens 1,121 against 708 ms, 12 and 175 1,908 against
-# 1,461; in the office workload a pasted page's 118-token chunk beside 9 streams took ~1,120
-# ms in one call, ~790 + ~145 in two; under 64 rows one call wins by the second pass over
-# the weights).
+# prompt chunk costs more in one call than in two once the streams hold enough cells, and
+# less below that by the second pass over the weights (2 cores, streams + a 60/120-token
+# prompt, one call against two: 8 streams of 140 cells 0.97x/1.01x, 8 of 340 1.27x/1.26x,
+# 16 of 340 1.40x/1.24x, 12 of 540 1.84x/1.32x; an office's pasted page's 118-token chunk
+# beside 9 streams ~1,120 ms in one call, ~790 + ~145 in two).
 FA_TILE_ROWS = 64
+SPLIT_MIN_CELLS = 1536  # the streams' cells (together) from which two calls pay
 
 
 def split(step: Step) -> list[Step]:
     """The step as llama_decode calls: one, or, when streams and prompt chunks together
-    reach a tile, the chunks that do not fit beside the streams under FA_TILE_ROWS first,
-    then the streams with the rest (short prompts finish beside them, as planned)."""
-    if not step.decode or step.n_tokens < FA_TILE_ROWS:
+    reach a tile and the streams hold SPLIT_MIN_CELLS, the chunks that do not fit beside
+    the streams under FA_TILE_ROWS first, then the streams with the rest (short prompts
+    finish beside them, as planned)."""
+    if not step.decode or step.n_tokens < FA_TILE_ROWS or sum(t.n_cached for t in step.decode) < SPLIT_MIN_CELLS:
         return [step]
     rows = len(step.decode)
     beside: list[tuple[Turn, int]] = []

@@ -193,13 +193,13 @@ def test_a_grammar_with_no_way_on_fails_its_turn_only() -> None:
 def test_streams_beside_a_long_prompt_run_in_their_own_call_and_answer_the_same() -> None:
     # batch.split: once streams and a prompt chunk reach 64 rows, the chunk runs in a call
     # of its own, and the streams (drafts included) keep under 64 rows in theirs.
-    stream_prompts = [letters(ALPHA * 2 + "a"), letters(ALPHA * 2 + "m")]
+    stream_prompts = [letters(ALPHA * 30 + "a"), letters(ALPHA * 30 + "m")]  # 1,562 cells together
     texts = {}
     for with_paste in (False, True):
         model = RuleModel()
         c = make(model, slots=3, batch_tokens=256, prefill_chunk=64, spec_budget=16)
-        recs = [c.submit(p, max_tokens=40, client=f"s{i}")[1] for i, p in enumerate(stream_prompts)]
-        for _ in range(3):
+        recs = [c.submit(p, max_tokens=200, client=f"s{i}")[1] for i, p in enumerate(stream_prompts)]
+        while not all(r.text for r in recs):  # both streaming
             c.step()
         if with_paste:
             _, paste = c.submit(list(range(1000, 1300)), max_tokens=4, client="paste")
