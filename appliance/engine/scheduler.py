@@ -152,7 +152,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.limits.slots:
             turn = self.waiting[0]
             need = turn.kv_reserve(self.limits.ctx_limit)
-            if self.running and self.reserved + self.pinned + need > self.limits.kv_tokens:
+            if not self._fits(bool(self.running), self.reserved + self.pinned, need):
                 break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
             turn.state = State.PREFILL
@@ -178,10 +178,15 @@ class Scheduler:
         reserved = self.reserved + self.pinned
         for n, t in enumerate(self.waiting):
             need = t.kv_reserve(self.limits.ctx_limit)
-            if n >= free or ((self.running or n) and reserved + need > self.limits.kv_tokens):
+            if n >= free or not self._fits(bool(self.running) or n > 0, reserved, need):
                 return n
             reserved += need
         return max(free, 0)
+
+    def _fits(self, others_run: bool, reserved: int, need: int) -> bool:
+        """Whether a turn needing `need` KV cells is admitted beside `reserved` ones. The
+        first to run always is (a prompt longer than the budget still gets its turn, alone)."""
+        return not others_run or reserved + need <= self.limits.kv_tokens
 
     def schedule(self) -> Step:
         """Plan one decode step over the running turns (call admit() first)."""
