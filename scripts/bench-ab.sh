@@ -4,12 +4,16 @@
 # with rounds interleaved, chat at 1, 8 and 16 clients, without and with X-Session-Id.
 #
 #   scripts/bench-ab.sh OUT COMMIT [LEVELS] [ROUNDS]   (about 20 minutes on 2 cores for 2 rounds)
+#   TURNS=4 scripts/bench-ab.sh OUT COMMIT 16 3        the multi-turn table's workload: 4-turn
+#       conversations, think 1 s, 48-token answers (about 20 minutes for 3 rounds)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: bench-ab.sh OUT COMMIT [LEVELS] [ROUNDS]}
 commit=${2:?usage: bench-ab.sh OUT COMMIT [LEVELS] [ROUNDS]}
 levels=${3:-1,8,16}
 rounds=${4:-2}
+workload=(--max-tokens 64)
+[ -n "${TURNS:-}" ] && workload=(--turns "$TURNS" --think-s 1 --max-tokens 48)
 peer_script=${PEER_SCRIPT:-$root/../shared/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 mkdir -p "$out"
@@ -25,10 +29,10 @@ for port in 18080 18181 18182; do wait_ok "$port"; done
 
 bench() {  # NAME [bench flags]
   local name=$1; shift
-  echo "== $name: --concurrency $levels --rounds $rounds $*" | tee -a "$out/all.txt"
+  echo "== $name: --concurrency $levels ${workload[*]} --rounds $rounds $*" | tee -a "$out/all.txt"
   "$root/.venv/bin/appliance" bench --url http://127.0.0.1:18181 --label this \
     --compare "$commit=http://127.0.0.1:18182" --compare llama-server=http://127.0.0.1:18080 \
-    --concurrency "$levels" --max-tokens 64 --temperature 0 --rounds "$rounds" "$@" \
+    --concurrency "$levels" "${workload[@]}" --temperature 0 --rounds "$rounds" "$@" \
     --json "$out/$name.json" | tee -a "$out/all.txt"
 }
 bench no-ids --no-session-id
