@@ -109,6 +109,43 @@ def test_engine_knows_no_http() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_engine_imports_nothing_of_the_http_side() -> None:
+    # The engine publishes (snapshot, events) and the HTTP side reads: the engine, its KV code
+    # included, imports no HTTP module and no Prometheus object to write into.
+    offenders = sorted({f"{name} imports {target}"
+                        for name, target in _importers_of(("appliance.http", "prometheus_client", "starlette"))
+                        if _in(name, "appliance.engine")})
+    assert not offenders, "\n".join(offenders)
+
+
+def test_kv_code_sits_below_the_scheduler() -> None:
+    # One owner of the KV budget below both the scheduler and the store (nano-vllm's block
+    # manager): kv/ never reads the scheduler's lists.
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("appliance.engine.scheduler",))
+                        if _in(name, "appliance.engine.kv")})
+    assert not offenders, "\n".join(offenders)
+
+
+def _api_of(name: str) -> str | None:
+    """The API folder (openai, llama, ollama, ...) a module of http/api/ belongs to, or None."""
+    parts = name.split(".")
+    return parts[3] if len(parts) >= 4 and parts[:3] == ["appliance", "http", "api"] else None
+
+
+def test_api_folders_import_no_other_api() -> None:
+    # A front-end speaks one API and imports only shared modules: every module under
+    # http/api/ lives in its API's folder, and none imports another API folder's modules.
+    loose = sorted(name for name in MODULES if _api_of(name) and MODULES[name].parent == PACKAGE / "http" / "api")
+    assert not loose, "modules of http/api/ outside an API folder:\n" + "\n".join(loose)
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("appliance.http.api",))
+                        if _api_of(name) is not None and _api_of(target) != _api_of(name)})
+    assert not offenders, "\n".join(offenders)
+
+
 def test_only_the_model_package_imports_llama_cpp() -> None:
     offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("llama_cpp",))
                         if not (name == "appliance.model" or name.startswith("appliance.model."))})
