@@ -6,6 +6,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh" bundled-model,test,plot  # plot: tests/ops/test_bench.py draws a chart
 cd "$root"
-"$root/.venv/bin/ruff" check appliance tests scripts
+"$root/.venv/bin/ruff" check appliance tests scripts bench compat
 "$root/.venv/bin/mypy"
 exec "$root/.venv/bin/python" -m pytest "$@"

@@ -75,7 +75,7 @@ class DraftState:
     # Armed, draft the longest length at once: past the first tile of four rows a step's
     # cost hardly grows with its rows (1/4/8/16 rows 23/67/101/117 ms on a Zen 4 VM), and an
     # armed lookup mostly holds. Replayed against the bench's rewrite answers
-    # (scripts/spec-bound.py's costs from three VMs), 16 after three right guesses beat
+    # (bench/speculation/spec-bound.py's costs from three VMs), 16 after three right guesses beat
     # 4 after two by 1-5% in the decode phase, chat unchanged (docs/benchmarks/speculation.md).
     start: int = 16
     max_len: int = 16  # the whole default step budget: beyond it a step is compute-bound
@@ -121,7 +121,7 @@ def step_budget(n_decode: int, budget_tokens: int = 16) -> int:
     """Draft tokens allowed in a step with n_decode generating sequences.
 
     On 2 cores a step is compute-bound from its second row: measured with the bundled model
-    (scripts/measure-rows.py), 1/2/4/8/16 rows take 28/49/76/141/264 ms, about 15 ms per
+    (bench/speculation/rows.py), 1/2/4/8/16 rows take 28/49/76/141/264 ms, about 15 ms per
     extra row whatever the batch. A draft row pays only when it is accepted often enough to
     beat that: with one stream, drafts of 4 that keep 3 give +50% tokens/s; with four
     streams even 3 of 4 kept per stream loses. So the budget falls fourfold per extra
@@ -132,7 +132,7 @@ def step_budget(n_decode: int, budget_tokens: int = 16) -> int:
 
 # llama.cpp's CPU matmuls take the batch's rows four at a time (ggml-cpu repack.cpp's gemm;
 # the rows left over run one by one through gemv, each nearly a one-row step's cost).
-# Measured with the bundled model on 2 cores (scripts/measure-rows.py, every row with
+# Measured with the bundled model on 2 cores (bench/speculation/rows.py, every row with
 # logits): 1/2/3/4 rows take 25/47/73/76 ms, 5 take 101, 7/8 take 133/128, 11/12 take
 # 172/178, 15/16 take 220/242, 17 take 307. So a row that rounds a step up to a multiple of
 # four is nearly free, and one past a multiple costs about a whole one-row step.
@@ -230,7 +230,7 @@ def _sample(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int
 
 def sparse_row(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
                min_p: float = 0.0) -> Row:
-    """The distribution our llama.cpp chain samples from (appliance/llm.py `Sampler`, without
+    """The distribution our llama.cpp chain samples from (appliance/model/llm.py `Sampler`, without
     penalties): top_k, top_p, min_p on temperature-1 probabilities, then logits / temperature,
     softmax. temperature <= 0 is greedy: the first argmax with probability 1.
 

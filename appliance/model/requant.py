@@ -18,7 +18,7 @@ REQUANT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q5_0", "q4_k_m")
 
 def find_tool(name: str, given: str = "") -> Path:
     """A llama.cpp tool (llama-quantize, llama-perplexity): given, $LLAMA_TOOLS_DIR, PATH, or the
-    peer build that ../shared/peers/llama-server.sh and scripts/quant-table.sh make."""
+    peer build under $PEERS_DIR (bench/peers/llama-server.sh and bench/memory/quant-table.sh make one)."""
     candidates = [Path(given)] if given else []
     if os.environ.get("LLAMA_TOOLS_DIR"):
         candidates.append(Path(os.environ["LLAMA_TOOLS_DIR"]) / name)
@@ -29,8 +29,10 @@ def find_tool(name: str, given: str = "") -> Path:
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c
-    raise ModelFileError(f"{name} not found: build it with `scripts/quant-table.sh --tools-only` "
-                         f"(llama.cpp from the llama-cpp-python sdist) or give its path")
+    raise ModelFileError(f"{name} not found: build it from llama.cpp's source, the llama-cpp-python sdist's "
+                         f"vendor/llama.cpp (the commit the appliance runs): `cmake -B build && "
+                         f"cmake --build build --target {name}`; then put it on PATH or in $LLAMA_TOOLS_DIR, "
+                         f"or give its path")
 
 
 def requantize(src: Path, quant: str, models_dir: Path, tool: str = "", threads: int = 0) -> Path:

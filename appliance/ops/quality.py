@@ -1,5 +1,5 @@
 """Perplexity and top-token agreement of a model file, through the appliance's own llama.cpp
-(`appliance requantize` reports both for the file it made; scripts/measure-quant.py tabulates them)."""
+(`appliance requantize` reports both for the file it made; bench/memory/quant-quality.py tabulates them)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """llama-server's stream fields on the real model, with the server started as llama.cpp's tests
-start llama-server: through scripts/llama-server-shim.py with their preset's flags (a context of
+start llama-server: through compat/llama-server-shim.py with their preset's flags (a context of
 1024 over two slots, --batch-size 32, --temp 0.8, --seed 42, --alias, --api-key). Checked: the
 flags took (/props, the key, the name), system_fingerprint on every answer and chunk, the first
 chat delta read by the openai SDK, timings_per_token, return_progress (a long prompt batch by
@@ -42,7 +42,7 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
            "LLAMA_SUITE_PYTHON": sys.executable, "LLAMA_SUITE_TMP": str(tmp), "MODEL": str(bundled_model)}
     log = tmp / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "llama-server-shim.py"), *argv], env=env,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "compat" / "llama-server-shim.py"), *argv], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
     live = Live(proc, port, log)
     live.client.headers["Authorization"] = f"Bearer {KEY}"

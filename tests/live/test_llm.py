@@ -39,7 +39,7 @@ def test_a_grammar_with_no_way_on_is_refused_not_accepted(bundled_model: Path) -
 def test_more_sequence_ids_than_batch_tokens_load_and_decode(bundled_model: Path) -> None:
     # llama.cpp reserves an output row per sequence id in n_batch's buffer and aborted the
     # whole process (GGML_ASSERT) when batch_tokens 32 met 55 sequence ids (llama-server's
-    # --batch-size 32 through scripts/llama-server-shim.py).
+    # --batch-size 32 through compat/llama-server-shim.py).
     from appliance.model.llm import LLM, ContextSpec, LLMError
 
     llm = LLM(bundled_model, ContextSpec(n_ctx=256, n_seq_max=40, n_batch=8, threads=1, repack=False))

@@ -1,4 +1,4 @@
-"""scripts/llama-server-shim.py: llama-server's command line as llama.cpp's server tests build it
+"""compat/llama-server-shim.py: llama-server's command line as llama.cpp's server tests build it
 (utils.py) mapped onto `appliance serve` options, each option then read by the appliance's own
 config loader; the flags it cannot honour refused with the flag named; an API key as a keys file
 of one operator key."""
@@ -19,7 +19,7 @@ from appliance import config
 from appliance.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "scripts" / "llama-server-shim.py"
+SHIM = ROOT / "compat" / "llama-server-shim.py"
 # ServerPreset.tinyllama2() as utils.py starts it: every test's flags but its own.
 TINYLLAMA2 = ["--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "--offline",
               "--hf-repo", "ggml-org/test-model-stories260K", "--batch-size", "32", "--no-slots", "--alias",

@@ -115,7 +115,7 @@ def test_find_tool_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("PEERS_DIR", str(tmp_path / "peers"))
     monkeypatch.delenv("LLAMA_TOOLS_DIR", raising=False)
-    with pytest.raises(ModelFileError, match="scripts/quant-table.sh --tools-only"):
+    with pytest.raises(ModelFileError, match="cmake --build build --target llama-quantize"):
         requant.find_tool("llama-quantize")
     peer = tmp_path / "peers" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "build" / "bin"
     peer.mkdir(parents=True)

@@ -138,7 +138,7 @@ def test_unit_hardening_and_paths(unit: Unit) -> None:
 
 
 def test_unit_stop_timeout_covers_drain_and_saving(unit: Unit) -> None:
-    # appliance/serve.py: drain up to grace_s, then at most 5 s for what is left, then
+    # appliance/ops/serve.py: drain up to grace_s, then at most 5 s for what is left, then
     # sessions saved for at most save_timeout_s; a few seconds to unload and exit.
     cfg = config_mod.Config()
     assert float(one(unit, "Service", "TimeoutStopSec")) >= cfg.grace_s + 5 + cfg.save_timeout_s + 5

@@ -71,7 +71,7 @@ def test_cgroup_memory_limit_v1_and_v2(tmp_path: Path) -> None:
 
 # -- the choice ------------------------------------------------------------------------------
 def two_core_x86() -> Measured:
-    """`appliance tune --dry-run` on this 2-core x86-64 VM, as scripts/ubatch-table.sh ran it
+    """`appliance tune --dry-run` on this 2-core x86-64 VM, as bench/memory/ubatch-table.sh ran it
     (docs/benchmarks/memory.md, the ubatch_tokens table)."""
     return Measured(threads=2, model_mb=468.6, kv_bytes_per_token=12309,
                     prompt_tps={64: 103.7, 128: 102.2, 256: 123.1, 512: 122.9},
@@ -80,7 +80,7 @@ def two_core_x86() -> Measured:
 
 
 def small_board() -> Measured:
-    """`appliance tune` inside scripts/small-board.sh's 1 GiB cgroup on one core of this VM
+    """`appliance tune` inside compat/small-board.sh's 1 GiB cgroup on one core of this VM
     (docs/SERVICE.md, "A small board, simulated")."""
     return Measured(threads=1, model_mb=468.6, kv_bytes_per_token=12309,
                     prompt_tps={64: 64.3, 128: 63.0, 256: 52.7, 512: 65.2},
