@@ -4,7 +4,7 @@
 # and llama-cpp-python's own server (bench/peers/llama-cpp-python.sh) on the bundled model,
 # then runs `appliance bench` against all three: a burst of 20, a chat run at 1/4/8 users with
 # a plot, and a soak at 8 users with the servers' RSS. Stops them and leaves the reports
-# (NAME.md: the command and its Markdown report; NAME.json, runs.jsonl, chat.png) in OUT (default bench-results/issue12).
+# (NAME.md: the command and its Markdown report; NAME.json, runs.jsonl, chat.png) in OUT (default bench-results/bursts-soak).
 #
 #   bench/bursts-soak/burst-chat-soak.sh [OUT]        (about 25 minutes on 2 cores; SOAK_S=180 per server)
 #   RUNS="burst chat" bench/bursts-soak/burst-chat-soak.sh [OUT]     only some of the runs (default: burst chat soak)
@@ -13,7 +13,7 @@
 # others share; the servers wait idle meanwhile. Needs the plot extra (matplotlib).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-out=${1:-$root/bench-results/issue12}
+out=${1:-$root/bench-results/bursts-soak}
 peer_script=${PEER_SCRIPT:-$root/bench/peers/llama-server.sh}
 model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 soak_s=${SOAK_S:-180}

@@ -1,6 +1,6 @@
 """How long one llama_decode takes with 1, 2, 4, 8 and 16 rows (one sequence, 300 tokens of
 context), with logits for every row (as drafts need) or the last only. The speculation
-budget in appliance/spec.py comes from these numbers.
+budget in appliance/engine/spec.py comes from these numbers.
 
     .venv/bin/python bench/speculation/rows.py
     ALL=1 ROWS="$(seq -s ' ' 1 20)" .venv/bin/python bench/speculation/rows.py   every count, all logits
