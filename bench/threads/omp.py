@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from live import start  # noqa: E402
+from helpers.live import start  # noqa: E402
 
 from appliance.bench import sse  # noqa: E402
 
