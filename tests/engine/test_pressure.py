@@ -9,7 +9,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from helpers.fakes import FakeModel
+from helpers.fakes import FakeClock, FakeModel
 from helpers.polling import until
 
 from appliance.cpu import Memory, Sensors, Thermal, cgroup_memory_limit, read_memory, read_thermal
@@ -131,10 +131,10 @@ def test_sensors_read_at_most_once_per_interval() -> None:
     def mem() -> Memory:
         return Memory(GiB, next(calls), 0.0)
 
-    now = [100.0]
-    s = Sensors(max_age_s=0.2, memory=mem, thermal=lambda: Thermal(), clock=lambda: now[0])
+    clock = FakeClock()
+    s = Sensors(max_age_s=0.2, memory=mem, thermal=lambda: Thermal(), clock=clock)
     assert s.read()[0].available == 0 and s.read()[0].available == 0
-    now[0] += 0.25
+    clock.advance(0.25)
     assert s.read()[0].available == 1
 
 
