@@ -676,7 +676,7 @@ def test_soak_runs_for_its_duration_and_samples_the_servers_rss(
     assert _run("--url", fast.url, "--workload", "soak", "--concurrency", "2", "--duration-s", "1",
                 "--rss-every-s", "0.2", "--warmup-s", "0.5", "--turns", "2", "--think-s", "0",
                 "--max-tokens", "8", "--quiet", "--json", str(out_path)) == 0
-    assert 1.0 <= time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 >= 1.0  # its duration at least (how much longer a busy machine takes: no bound)
     (level,) = json.loads(out_path.read_text())["levels"]
     s = level["results"]["appliance"]
     assert s["requests"] > 4 and s["completed"] == s["requests"]  # steady: many, all answered
