@@ -30,7 +30,7 @@ def set_thread_waiting(environ: MutableMapping[str, str], share_cores: bool = Tr
     becomes a futex sleep and wake-up; libgomp's default spins ~300k rounds first, 1.2-1.3x
     faster again than 600 rounds for one stream, but it collapses when another process takes
     one of the cores (docs/benchmarks/threads.md, "llama.cpp's threads"). With share_cores the engine
-    leaves such a core to the other process (cores.CoreShare), so it spins the default count;
+    leaves such a core to the other process (engine/threads.py's CoreShare), so it spins the default count;
     without, 600 rounds: most of the quiet speed, and as fast as passive with a core taken.
     OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment (a systemd drop-in) wins."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
@@ -39,7 +39,7 @@ def set_thread_waiting(environ: MutableMapping[str, str], share_cores: bool = Tr
 
 def cpu_seconds(cpus: list[int]) -> tuple[float, float]:
     """(busy seconds of these CPUs, by every process, since boot; this process's CPU seconds),
-    for cores.CoreShare. (0, 0) where they cannot be read."""
+    for engine/threads.py's CoreShare. (0, 0) where they cannot be read."""
     try:
         per_cpu, own = psutil.cpu_times(percpu=True), psutil.Process().cpu_times()
     except (OSError, psutil.Error):
@@ -190,6 +190,21 @@ def _cgroup_memory(proc: Path, cgroups: Path) -> tuple[int, int, float]:
     return (min(real) if real else 0), max(0, usage), pressure
 
 
+def _meminfo(proc: Path) -> dict[str, int]:
+    return _keyed(_read(proc / "meminfo"))
+
+
+def ram_bytes(proc: Path = Path("/proc")) -> int:
+    """The machine's RAM (MemTotal), whatever a cgroup allows; 0 if it cannot be read."""
+    return _meminfo(proc).get("MemTotal", 0)
+
+
+def cgroup_memory_limit(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The tightest memory limit of this process's cgroup and its parents (v2: the lower of
+    memory.max and memory.high; v1: memory.limit_in_bytes and the hierarchical limit), or None."""
+    return _cgroup_memory(proc, cgroups)[0] or None
+
+
 def read_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> Memory:
     """What memory is left for this process, and how hard the kernel is working for it.
 
@@ -197,7 +212,7 @@ def read_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup
     before the machine runs out, so headroom is the limit minus what the cgroup uses
     beyond inactive file pages (the "working set": what reclaim cannot free cheaply).
     """
-    info = _keyed(_read(proc / "meminfo"))
+    info = _meminfo(proc)
     total = info.get("MemTotal", 0)
     available = info.get("MemAvailable", info.get("MemFree", 0))
     limit, used, pressure = _cgroup_memory(proc, cgroups)
@@ -236,17 +251,18 @@ def read_thermal(root: Path = Path("/sys/class/thermal")) -> Thermal:
 
 class Sensors:
     """Memory and thermal readings for /health and /metrics, read at most once per
-    `max_age_s` however often they are asked for (reading is a few small files)."""
+    `max_age_s` of `clock` however often they are asked for (reading is a few small files)."""
 
     def __init__(self, max_age_s: float = 1.0, memory: Callable[[], Memory] = read_memory,
-                 thermal: Callable[[], Thermal] = read_thermal) -> None:
+                 thermal: Callable[[], Thermal] = read_thermal, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
         self._read = (memory, thermal)
+        self._clock = clock
         self._last: tuple[float, Memory, Thermal] | None = None
 
     def read(self) -> tuple[Memory, Thermal]:
         last = self._last
-        now = time.monotonic()
+        now = self._clock()
         if last is None or now - last[0] > self.max_age_s:
             last = self._last = (now, self._read[0](), self._read[1]())
         return last[1], last[2]
@@ -266,7 +282,8 @@ SENSORS = Sensors()  # the HTTP side's: /health and /metrics share one reading a
 
 
 def rss_bytes() -> int:
-    """This process's resident memory (the admin page's RSS), 0 if it cannot be read."""
+    """This process's resident memory (the admin page's RSS; `appliance tune`'s after each
+    prompt), 0 if it cannot be read."""
     try:
         return int(psutil.Process().memory_info().rss)
     except (OSError, psutil.Error):

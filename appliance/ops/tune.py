@@ -62,29 +62,6 @@ def pick_cpus(allowed: list[int], sys_cpu: Path = Path("/sys/devices/system/cpu"
     return chosen, ", ".join(why)
 
 
-def cgroup_memory_limit(proc_cgroup: Path = Path("/proc/self/cgroup"),
-                        root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The memory limit of this process's cgroup (v2 memory.max or v1 memory.limit_in_bytes,
-    the tightest along the path), or None."""
-    text = _read(proc_cgroup) or ""
-    limits: list[int] = []
-    for line in text.splitlines():
-        _, ctrl, path = line.split(":", 2)
-        if ctrl == "":  # v2
-            dirs, name = [root, root / "unified"], "memory.max"
-        elif "memory" in ctrl.split(","):
-            dirs, name = [root / "memory"], "memory.limit_in_bytes"
-        else:
-            continue
-        for base in dirs:
-            rel = Path(path.lstrip("/"))
-            for d in [base / rel, *[base / p for p in rel.parents]]:
-                v = _read(d / name)
-                if v and v.isdigit() and int(v) < 2**60:
-                    limits.append(int(v))
-    return min(limits) if limits else None
-
-
 @dataclass(frozen=True, slots=True)
 class Machine:
     cpus: list[int]  # the cores to pin to
@@ -97,11 +74,8 @@ class Machine:
         from appliance import cpu
 
         cpus, why = pick_cpus(cpu.allowed_cpus())
-        total = 0
-        for line in (_read(Path("/proc/meminfo")) or "").splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-        limit = cgroup_memory_limit()
+        total = cpu.ram_bytes()
+        limit = cpu.cgroup_memory_limit()
         if limit is not None and limit < total:
             return Machine(cpus, why, limit, f"cgroup limit {limit / MiB:.0f} MiB (RAM {total / MiB:.0f} MiB)")
         return Machine(cpus, why, total, f"RAM {total / MiB:.0f} MiB")
@@ -118,11 +92,6 @@ class Measured:
     step_ms: dict[int, float] = field(default_factory=dict)  # rows -> ms per decode step
     by_threads: dict[int, float] = field(default_factory=dict)  # threads -> 8-row step ms
     kv_cells: int = 2048  # of the measuring context, inside rss_mb
-
-
-def _rss_mb() -> float:
-    pages = int((_read(Path("/proc/self/statm")) or "0 0").split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / MiB
 
 
 def _thread_candidates(n: int) -> list[int]:
@@ -158,12 +127,14 @@ def measure(model_path: Path, machine: Machine, repack: bool, quick: bool = Fals
 def _measure_ubatch(probe: _Probe, m: Measured, ub: int) -> None:
     """Prompt speed and resident memory at micro-batch `ub`; at the first one also the KV
     bytes a token and the decode step times."""
+    from appliance import cpu
+
     llm = probe.open(m.threads, ub)
     try:
         probe.prefill(llm, probe.prompt[:ub])  # warm-up: first touch of the weights and buffers
         llm.seq_rm(0)
         m.prompt_tps[ub] = probe.prefill(llm, probe.prompt)
-        m.rss_mb[ub] = _rss_mb()
+        m.rss_mb[ub] = cpu.rss_bytes() / MiB
         if ub == UBATCHES[0]:
             llm.seq_rm(0)
             llm.decode(probe.prompt[:64], list(range(64)), [0] * 64, [False] * 64)

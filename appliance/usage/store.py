@@ -1,23 +1,21 @@
 """The daily usage table in SQLite (the standard library's sqlite3) under state_dir: one row
 per (local day, identity) with counts only, added to in small transactions, old days pruned.
 
-The file is private like the session files: the directory is checked and made 0700 by
-kv/persist.open_dir (a symlink or another user's directory is refused), the file is created
-0600 without following a symlink, and SQLite gives its journal the file's mode.
+The file is private like the session files: statedir.private_file checks the directory and
+makes it 0700 (a symlink or another user's directory is refused) and creates the file 0600
+without following a symlink; SQLite gives its journal the file's mode.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-from appliance.engine.kv.persist import open_dir
+from appliance.statedir import private_file
 
 log = logging.getLogger(__name__)
 FILE_NAME = "usage.sqlite3"
@@ -30,7 +28,6 @@ _ADD = ("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, who) D
         "requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
         "cached_tokens = cached_tokens + excluded.cached_tokens, "
         "generated_tokens = generated_tokens + excluded.generated_tokens, refusals = refusals + excluded.refusals")
-_WRITE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 @dataclass(slots=True)
@@ -60,8 +57,7 @@ class UsageStore:
     (the ledger logs one line and goes on counting in memory)."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / FILE_NAME
-        _private_file(state_dir)
+        self.path = private_file(state_dir, FILE_NAME)
         # One connection, used by the ledger's writer thread after this (check_same_thread off
         # because it is created on the thread that builds the app).
         self._db = sqlite3.connect(self.path, timeout=5, check_same_thread=False, isolation_level=None)
@@ -102,25 +98,3 @@ class UsageStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-
-
-def _private_file(state_dir: Path) -> None:
-    """Create (or check) the database file: a regular file of ours, mode 0600, in a 0700
-    directory of ours; never through a symbolic link."""
-    fd = open_dir(state_dir, create=True)
-    assert fd is not None
-    try:
-        try:
-            file_fd = os.open(FILE_NAME, _WRITE_FLAGS, 0o600, dir_fd=fd)
-        except OSError as e:
-            raise OSError(e.errno, f"{state_dir / FILE_NAME}: {e.strerror} (a symbolic link is refused)") from None
-        try:
-            st = os.fstat(file_fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(f"{state_dir / FILE_NAME} is not a regular file: refusing it")
-            if stat.S_IMODE(st.st_mode) != 0o600:
-                os.fchmod(file_fd, 0o600)
-        finally:
-            os.close(file_fd)
-    finally:
-        os.close(fd)

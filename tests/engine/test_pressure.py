@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from pathlib import Path
 
 import pytest
-from helpers.fakes import FakeModel
+from helpers.fakes import FakeClock, FakeModel
 from helpers.polling import until
 
-from appliance.cpu import Memory, Sensors, Thermal, read_memory, read_thermal
+from appliance.cpu import Memory, Sensors, Thermal, cgroup_memory_limit, read_memory, read_thermal
 from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.events import Delta
 from appliance.engine.kv import persist
@@ -85,6 +84,20 @@ def test_cgroup_v1_hybrid_layout(tmp_path: Path) -> None:
     assert m == Memory(total=GiB, available=GiB - 600 * MiB, pressure=0.5, cgroup_limit=GiB)
 
 
+def test_cgroup_memory_limit_v1_and_v2(tmp_path: Path) -> None:
+    # What `appliance tune` plans for (tune.Machine.detect): the tightest limit on the path.
+    proc = tmp_path / "proc"
+    write(proc, {"self/cgroup": "4:memory:/box/board\n0::/\n"})
+    fs = tmp_path / "fs"
+    write(fs, {"memory/box/memory.limit_in_bytes": str(4 * 2**30), "memory/box/board/memory.limit_in_bytes": str(2**30)})
+    assert cgroup_memory_limit(proc, fs) == 2**30
+    write(proc, {"self/cgroup": "0::/svc\n"})
+    write(fs, {"cgroup.controllers": "cpu memory\n", "svc/memory.max": "max\n"})
+    assert cgroup_memory_limit(proc, fs) is None
+    write(fs, {"svc/memory.max": f"{768 * MiB}\n"})
+    assert cgroup_memory_limit(proc, fs) == 768 * MiB
+
+
 def test_readers_survive_missing_files(tmp_path: Path) -> None:
     m = read_memory(tmp_path / "no-proc", tmp_path / "no-cgroups")
     assert m == Memory(0, 0, 0.0, 0)
@@ -118,9 +131,10 @@ def test_sensors_read_at_most_once_per_interval() -> None:
     def mem() -> Memory:
         return Memory(GiB, next(calls), 0.0)
 
-    s = Sensors(max_age_s=0.2, memory=mem, thermal=lambda: Thermal())
+    clock = FakeClock()
+    s = Sensors(max_age_s=0.2, memory=mem, thermal=lambda: Thermal(), clock=clock)
     assert s.read()[0].available == 0 and s.read()[0].available == 0
-    time.sleep(0.25)
+    clock.advance(0.25)
     assert s.read()[0].available == 1
 
 

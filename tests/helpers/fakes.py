@@ -26,6 +26,25 @@ class FakeClock:
         self.t += dt
 
 
+@dataclass
+class Pauses:
+    """Stands in for a module's `threading` where it pauses (`threading.Event().wait(s)`, as
+    faults.py does): records each pause's seconds, so a test asserts which pauses were taken
+    rather than timing them; waits them too when `real` (a test that looks in meanwhile)."""
+
+    real: bool = False
+    seconds: list[float | None] = field(default_factory=list)
+
+    def Event(self) -> Pauses:  # noqa: N802 - threading's name
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.seconds.append(timeout)
+        if self.real:
+            threading.Event().wait(timeout)
+        return False
+
+
 class FakeTokenizer:
     """One token per character; token = ord(char). Token 0 ends the answer. Satisfies the
     engine's Tokenizer protocol (engine/core.py)."""

@@ -49,12 +49,6 @@ from appliance.http.validate import RequestBounds
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def fim() -> Iterator[tuple[TestClient, FakeModel]]:
     model = FakeModel(reply=REPLY, tokenizer=FimTokenizer())
     with serving(lambda: model) as c:

@@ -27,7 +27,10 @@ from appliance.http.conn import ABORT_AFTER_S, ConnLimits, GuardedH11Protocol, h
 from appliance.http.identity import parse_networks
 
 DEADLINE = 0.5
-SLACK = 1.0  # timers on a busy 2-core machine: how late a close may come
+# How long a wait for a close may take on a busy machine (a wait ends once its condition holds).
+# What closed a connection is told by its 408, or the limits' timed_out count, never by an
+# upper bound on the time it took: a machine kept busy by neighbours only makes it later.
+SLACK = 5.0
 
 
 @dataclass
@@ -162,7 +165,7 @@ def test_a_silent_connection_is_closed_after_the_deadline_without_a_response() -
             c = await srv.connect()
             t0 = time.monotonic()
             assert await c.until_closed() == b""  # nothing was asked, nothing is answered
-            assert DEADLINE - 0.05 <= time.monotonic() - t0 <= DEADLINE + SLACK
+            assert time.monotonic() - t0 >= DEADLINE - 0.05  # not before the deadline; by it: timed_out
             await until(lambda: srv.limits.stats().open == 0, 2)
             assert srv.limits.stats().timed_out == 1
 
@@ -181,7 +184,7 @@ def test_trickled_headers_get_a_408_and_the_connection_closed() -> None:
             trickler.cancel()
             status, err = status_and_error(data)
             assert status == 408 and err["code"] == "request_timeout"
-            assert DEADLINE - 0.05 <= elapsed <= DEADLINE + SLACK
+            assert elapsed >= DEADLINE - 0.05
             assert srv.seen.disconnects == []  # the app never saw a request
             assert srv.limits.stats().timed_out == 1
 
@@ -199,7 +202,7 @@ def test_a_trickled_body_is_dropped_and_the_app_sees_a_disconnect() -> None:
             elapsed = time.monotonic() - t0
             trickler.cancel()
             assert status_and_error(data)[0] == 408
-            assert DEADLINE - 0.05 <= elapsed <= DEADLINE + SLACK
+            assert elapsed >= DEADLINE - 0.05
             await until(lambda: srv.seen.disconnects == ["/upload"], 2)
 
     run(main())
@@ -244,7 +247,7 @@ def test_the_deadline_runs_again_from_the_end_of_each_response() -> None:
             data = await c.until_closed()
             trickler.cancel()
             assert status_and_error(data)[0] == 408
-            assert DEADLINE - 0.05 <= time.monotonic() - t_end <= DEADLINE + SLACK
+            assert time.monotonic() - t_end >= DEADLINE - 0.05
 
             # A keep-alive connection that says nothing more is closed quietly.
             c = await srv.connect()
@@ -252,7 +255,8 @@ def test_the_deadline_runs_again_from_the_end_of_each_response() -> None:
             assert (await c.response())[0] == 200
             t_end = time.monotonic()
             assert await c.until_closed() == b""
-            assert DEADLINE - 0.05 <= time.monotonic() - t_end <= DEADLINE + SLACK
+            assert time.monotonic() - t_end >= DEADLINE - 0.05
+            await until(lambda: srv.limits.stats().timed_out == 2, 2)  # the deadline closed it
 
     run(main())
 
@@ -265,7 +269,7 @@ def test_uvicorns_keep_alive_timeout_still_closes_idle_keep_alive_connections_fi
             assert (await c.response())[0] == 200
             t_end = time.monotonic()
             assert await c.until_closed() == b""
-            assert 0.9 <= time.monotonic() - t_end <= 1 + SLACK
+            assert time.monotonic() - t_end >= 0.9  # uvicorn's 1 s, not the deadline: timed_out 0
             assert srv.limits.stats().timed_out == 0
 
     run(main())
@@ -321,7 +325,8 @@ def test_the_deadline_over_tls(tmp_path: Path) -> None:
             assert (await c.response())[0] == 200
             t_end = time.monotonic()
             assert await c.until_closed() == b""
-            assert DEADLINE - 0.05 <= time.monotonic() - t_end <= DEADLINE + SLACK
+            assert time.monotonic() - t_end >= DEADLINE - 0.05
+            await until(lambda: srv.limits.stats().timed_out == 1, 2)  # the deadline closed it
 
             c = await srv.connect()
             trickler = asyncio.create_task(c.trickle(request("/"), 0.05))
@@ -337,11 +342,9 @@ def test_connections_beyond_the_cap_from_one_address_are_refused_at_once() -> No
         async with serving(deadline=10, cap=3) as srv:
             held = [await srv.connect("127.0.0.2") for _ in range(3)]
             await until(lambda: srv.limits.stats().open == 3, 2)
-            t0 = time.monotonic()
-            extra = await srv.connect("127.0.0.2")
+            extra = await srv.connect("127.0.0.2")  # sends nothing: a 429 before the deadline's 408 is "at once"
             status, err = status_and_error(await extra.until_closed())
             assert status == 429 and err["code"] == "too_many_connections"
-            assert time.monotonic() - t0 < 0.5
             assert srv.limits.stats().refused == 1
 
             # Another address is not affected, and the held ones still work.

@@ -5,8 +5,8 @@ front door's rules (keys, Origin, Content-Type, rate) on the upload route."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,8 @@ def serving(keys: KeyRing | None = None, rate: float = 0.0) -> Iterator[TestClie
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
+def serve() -> Callable[[], AbstractContextManager[TestClient]]:
+    return serving  # this module's: a document reader with LIMITS
 
 
 def upload(client: TestClient, data: bytes, name: str, content_type: str = "application/octet-stream",

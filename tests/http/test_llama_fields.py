@@ -204,11 +204,19 @@ def test_prefill_refusals(body: dict[str, Any]) -> None:
         assert error_of(c.post("/v1/chat/completions", json=body), 400)["param"] in ("messages", "continue_final_message")
 
 
-def test_continue_final_message_is_the_same_prefill() -> None:
-    with serving() as c:
-        r = c.post("/v1/chat/completions", json={"messages": [*USER, {"role": "assistant", "content": "a"}],
-                                                 "continue_final_message": True, "add_generation_prompt": False})
+def prefilled(**fields: Any) -> str:
+    """Every token a fresh server decodes for a chat ending with the assistant's "a", in order."""
+    model = recording()
+    with serving(lambda: model) as c:
+        r = c.post("/v1/chat/completions", json={"messages": [*USER, {"role": "assistant", "content": "a"}], **fields})
         assert r.status_code == 200
+    return "".join(chr(t) for call in model.calls for t in call[0])
+
+
+def test_continue_final_message_is_the_same_prefill() -> None:
+    continued = prefilled(continue_final_message=True, add_generation_prompt=False)
+    assert continued == prefilled()  # vLLM's flag asks for what a final assistant message does anyway
+    assert "<|im_start|>assistant\nahello" in continued and "a<|im_end|>" not in continued
 
 
 # -- ignore_eos ------------------------------------------------------------------------------

@@ -9,24 +9,17 @@ prompt is read, from its cached start to its whole length; the `: prompt N/M` no
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from helpers.inprocess import CHAT, REPLY, USER, dicts, error_of, events_of, serving
+from helpers.inprocess import CHAT, REPLY, USER, dicts, error_of, events_of
 from starlette.testclient import TestClient
 
 from appliance.bench import sse
 
 DOC = [{"role": "user", "content": "x" * 300}]  # 300 tokens: several of the in-process app's 64-token steps
 FINGERPRINT = re.compile(r"b0\.0\.1-[0-9a-f]{8}")  # the fake model's build, a digest of its fingerprint
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
 
 
 def stream(client: TestClient, path: str, **body: Any) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -40,12 +39,6 @@ from appliance.structured.grammar import JSON_OBJECT
 LIMITS = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX)
 HI = [{"role": "user", "content": "hi"}]
 NAME = "qwen2.5-coder:0.5b"  # what an Ollama client asks for: any name is this server's model
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
 
 
 def post(client: httpx.Client, path: str, i: int = 0, **body: Any) -> httpx.Response:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,12 +19,6 @@ from appliance.http import pipeline
 
 DOC = "x" * 300  # 300 tokens with the fake tokenizer: five of the in-process app's 64-token steps
 NOTE = re.compile(r"prompt (\d+)/(\d+)")
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
 
 
 def notes_before_text(events: list[sse.Event], text: Any) -> list[tuple[int, int]]:

@@ -40,12 +40,6 @@ from starlette.testclient import TestClient
 from appliance.bench import sse
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with serving() as c:
-        yield c
-
-
 # -- routes --------------------------------------------------------------------------------
 def test_health_is_loading_until_the_model_is_up_then_ok() -> None:
     loaded = threading.Event()
@@ -283,8 +277,12 @@ def test_a_too_long_prompt_says_so(client: TestClient) -> None:
     assert err["code"] == "context_length_exceeded"
 
 
-def test_max_tokens_within_the_context_is_capped_not_refused(client: TestClient) -> None:
-    assert chat(client, max_tokens=CTX).status_code == 200
+def test_max_tokens_within_the_context_is_capped_not_refused() -> None:
+    # A reply longer than any answer may be: it ends at max_tokens_limit (256), not at CTX.
+    with serving(lambda: FakeModel(reply="x" * CTX)) as c:
+        r = chat(c, max_tokens=CTX)
+        assert r.status_code == 200
+        assert r.json()["usage"]["completion_tokens"] == 256 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_unknown_route_is_404(client: TestClient) -> None:

@@ -47,6 +47,9 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
     # the history and that each simulated user has its own address.
     seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": [], "hosts": []}
     streaming = [0]  # replies in progress: what the fake's /health calls its queue
+    # A test may hold every reply until this many are in progress (for at most 10 s), so that
+    # "sent at once" is seen in the most replies in progress, not timed.
+    hold = {"until": 0, "most": 0}
     flaky_calls = [0]
 
     async def models(request: Request) -> JSONResponse:
@@ -66,7 +69,12 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
 
         async def events() -> AsyncIterator[str]:
             streaming[0] += 1
+            hold["most"] = max(hold["most"], streaming[0])
             try:
+                for _ in range(1000):
+                    if streaming[0] >= hold["until"]:
+                        break
+                    await asyncio.sleep(0.01)
                 async for event in reply():
                     yield event
             finally:
@@ -141,6 +149,7 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
         Route("/unicode/v1/chat/completions", unicode, methods=["POST"]),
     ])
     app.state.seen = seen
+    app.state.hold = hold
     return app
 
 
@@ -643,8 +652,12 @@ def test_burst_lets_every_request_go_at_once_from_one_address(
 ) -> None:
     start = len(fast.seen["bodies"])
     jsonl = tmp_path / "runs.jsonl"
-    assert _run("--url", fast.url, "--workload", "burst", "--max-tokens", "8", "--quiet",
-                "--jsonl", str(jsonl), "--tag", "b") == 0
+    fast.app.state.hold.update(until=bench.BURST_SIZE, most=0)  # no reply before all 20 are in
+    try:
+        assert _run("--url", fast.url, "--workload", "burst", "--max-tokens", "8", "--quiet",
+                    "--jsonl", str(jsonl), "--tag", "b") == 0
+    finally:
+        fast.app.state.hold["until"] = 0
     bodies = fast.seen["bodies"][start:]
     # One request per product, each a different one, all from the one address.
     assert len(bodies) == bench.BURST_SIZE == 20
@@ -655,8 +668,9 @@ def test_burst_lets_every_request_go_at_once_from_one_address(
     (rec,) = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert rec["workload"] == "burst" and rec["tag"] == "b" and rec["concurrency"] == 20
     assert rec["completed"] == rec["requests"] == 20
-    # All 20 started together: the last answer is within one reply's time, not 20 of them.
-    assert 0 < rec["last_answer_s"] < 10 * (FAST_FIRST_S + NUM_CHUNKS * FAST_GAP_S) + 1
+    # All 20 started together: the fake held its replies until all 20 were in progress (one at a
+    # time would have waited 10 s each for the others: counted, not timed).
+    assert fast.app.state.hold["most"] == 20 and rec["last_answer_s"] > 0
 
 
 def test_burst_exits_1_unless_every_answer_comes_back(
@@ -676,7 +690,7 @@ def test_soak_runs_for_its_duration_and_samples_the_servers_rss(
     assert _run("--url", fast.url, "--workload", "soak", "--concurrency", "2", "--duration-s", "1",
                 "--rss-every-s", "0.2", "--warmup-s", "0.5", "--turns", "2", "--think-s", "0",
                 "--max-tokens", "8", "--quiet", "--json", str(out_path)) == 0
-    assert 1.0 <= time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 >= 1.0  # its duration at least (how much longer a busy machine takes: no bound)
     (level,) = json.loads(out_path.read_text())["levels"]
     s = level["results"]["appliance"]
     assert s["requests"] > 4 and s["completed"] == s["requests"]  # steady: many, all answered

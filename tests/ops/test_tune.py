@@ -1,5 +1,6 @@
-"""Tests for appliance.ops.tune: the machine (cores, cgroup memory), the choice on this machine and
-on a simulated 1 GiB one-core board, writing the config file, and one real `appliance tune`."""
+"""Tests for appliance.ops.tune: the machine's cores (its memory is cpu.py's, read in
+tests/engine/test_pressure.py), the choice on this machine and on a simulated 1 GiB one-core
+board, writing the config file, and one real `appliance tune`."""
 
 from __future__ import annotations
 
@@ -54,19 +55,6 @@ def test_pick_cpus_leaves_out_little_cores(tmp_path: Path) -> None:
 
 def test_pick_cpus_without_topology_keeps_every_cpu(tmp_path: Path) -> None:
     assert tune.pick_cpus([0, 1, 2], tmp_path) == ([0, 1, 2], "3 of 3 allowed CPUs")
-
-
-def test_cgroup_memory_limit_v1_and_v2(tmp_path: Path) -> None:
-    proc = tmp_path / "cgroup"
-    write(proc, "4:memory:/box/board\n0::/\n")
-    write(tmp_path / "fs" / "memory" / "box" / "memory.limit_in_bytes", str(4 * 2**30))
-    write(tmp_path / "fs" / "memory" / "box" / "board" / "memory.limit_in_bytes", str(2**30))
-    assert tune.cgroup_memory_limit(proc, tmp_path / "fs") == 2**30
-    write(proc, "0::/svc\n")
-    write(tmp_path / "fs" / "svc" / "memory.max", "max\n")
-    assert tune.cgroup_memory_limit(proc, tmp_path / "fs") is None
-    write(tmp_path / "fs" / "svc" / "memory.max", f"{768 * MiB}\n")
-    assert tune.cgroup_memory_limit(proc, tmp_path / "fs") == 768 * MiB
 
 
 # -- the choice ------------------------------------------------------------------------------

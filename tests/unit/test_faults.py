@@ -1,17 +1,17 @@
 """faults.py's save-slow kind over persist.py, in-process: the pause falls between a session
 file being written under its temporary name and its rename, so a kill then leaves exactly
 the files the reliability suite expects (tests/live/test_reliability_live.py). The decode kinds
-are tested in tests/http/test_notify.py."""
+are tested in tests/ops/test_notify.py."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from helpers.fakes import Pauses
 
 from appliance.engine import faults
 from appliance.engine.kv import persist
@@ -34,12 +34,15 @@ def test_save_slow_specs() -> None:
             faults.parse(bad)
 
 
-def test_save_slow_leaves_the_model_alone_and_pauses_each_file_after_the_first_n(tmp_path: Path) -> None:
+def test_save_slow_leaves_the_model_alone_and_pauses_each_file_after_the_first_n(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     class Model:
         def decode(self) -> str:
             return "real"
 
     m = Model()
+    pauses = Pauses(real=True)  # real: the files are looked at mid-pause
+    monkeypatch.setattr(faults, "threading", pauses)
     faults.inject(m, faults.Fault("save-slow", 0.4, after=1))
     assert m.decode() == "real" and "decode" not in vars(m)
     records = [(key(i), [1, 2, i], 0, float(i), b"x" * 100) for i in range(3)]
@@ -50,13 +53,12 @@ def test_save_slow_leaves_the_model_alone_and_pauses_each_file_after_the_first_n
         persist.save_all(tmp_path, "fp", records, 2**20)
         done.set()
 
-    t0 = time.monotonic()
     worker = threading.Thread(target=save)
     worker.start()
     while not done.wait(0.05):
         seen.append(sorted(os.listdir(tmp_path)))
     worker.join()
-    assert 0.8 <= time.monotonic() - t0 < 3  # two pauses of 0.4 s: the first file went through
+    assert pauses.seconds == [0.4, 0.4]  # two pauses of 0.4 s: the first file went through
     # Mid-save: the first file (the most recent) complete, the next one under a temporary name.
     mid = next(names for names in seen if any(n.endswith(persist.TMP_SUFFIX) for n in names))
     assert [n for n in mid if n.endswith(persist.SUFFIX)] == [persist.file_name(key(0))]

@@ -13,6 +13,7 @@ import pytest
 
 from appliance.engine.kv import persist
 from appliance.engine.names import saved_key
+from appliance.statedir import StateDirError
 
 FP = "model-a|llama-cpp-python 0.3.36|kv f16"
 
@@ -116,9 +117,9 @@ def test_state_dir_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     real.mkdir(mode=0o700)
     link = tmp_path / "state"
     link.symlink_to(real)
-    with pytest.raises(persist.StateDirError, match="symbolic link"):
+    with pytest.raises(StateDirError, match="symbolic link"):
         persist.save_all(link, FP, [rec("a", 1.0)], 10**6)
-    with pytest.raises(persist.StateDirError, match="symbolic link"):
+    with pytest.raises(StateDirError, match="symbolic link"):
         persist.scan(link, FP)
     assert list(real.iterdir()) == []
 
@@ -126,7 +127,7 @@ def test_state_dir_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "state"
     f.write_text("x")
-    with pytest.raises(persist.StateDirError, match="not a directory"):
+    with pytest.raises(StateDirError, match="not a directory"):
         persist.save_all(f, FP, [rec("a", 1.0)], 10**6)
 
 
@@ -135,9 +136,9 @@ def test_state_dir_owned_by_another_user_is_refused(tmp_path: Path, monkeypatch:
     state.mkdir(mode=0o700)
     me = os.geteuid()
     monkeypatch.setattr(persist.os, "geteuid", lambda: me + 1)  # as if we were someone else
-    with pytest.raises(persist.StateDirError, match="owned by uid"):
+    with pytest.raises(StateDirError, match="owned by uid"):
         persist.save_all(state, FP, [rec("a", 1.0)], 10**6)
-    with pytest.raises(persist.StateDirError, match="owned by uid"):
+    with pytest.raises(StateDirError, match="owned by uid"):
         persist.scan(state, FP)
     assert list(state.iterdir()) == []
 

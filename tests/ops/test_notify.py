@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from helpers.fakes import FakeModel, FakeSystemd
+from helpers.fakes import FakeModel, FakeSystemd, Pauses
 from helpers.polling import wait_until
 from starlette.testclient import TestClient
 
@@ -73,9 +73,14 @@ def test_a_missing_socket_is_logged_once_and_never_raises(caplog: pytest.LogCapt
 
 
 def test_watchdog_says_ready_then_pings_only_while_alive(systemd: FakeSystemd) -> None:
-    state: dict[str, Any] = {"ready": None, "alive": True}
+    state: dict[str, Any] = {"ready": None, "alive": True, "dead_ticks": 0}
+
+    def alive() -> bool:  # the watchdog asks once a tick: ticks are counted, not timed
+        state["dead_ticks"] += not state["alive"]
+        return bool(state["alive"])
+
     dog = Watchdog(Notifier.from_env(systemd.env(watchdog_s=0.2)), lambda: state["ready"],
-                   lambda: bool(state["alive"]), lambda: "stalled" if not state["alive"] else "ok")
+                   alive, lambda: "stalled" if not state["alive"] else "ok")
     assert dog.tick_s == pytest.approx(0.05)
     dog.start()
     try:
@@ -86,9 +91,9 @@ def test_watchdog_says_ready_then_pings_only_while_alive(systemd: FakeSystemd) -
         wait_until(lambda: len(systemd.pings()) >= 3)
         assert systemd.messages()[0] == "READY=1\nSTATUS=ok"  # READY before any ping
         state["alive"] = False
-        time.sleep(0.1)  # a ping already on its way may land
+        wait_until(lambda: state["dead_ticks"] >= 1 and len(systemd.pings()) == dog.pings)  # a ping on its way lands
         n = len(systemd.pings())
-        time.sleep(0.5)  # 10 ticks
+        wait_until(lambda: state["dead_ticks"] >= 11)  # 10 ticks
         assert len(systemd.pings()) == n
         assert "STATUS=stalled" in systemd.messages()
         state["alive"] = True
@@ -121,7 +126,7 @@ def test_fault_specs() -> None:
         load_config(environ={"APPLIANCE_FAUL": "decode-fail"})  # a typo is still an error
 
 
-def test_fault_wraps_only_decode_and_counts_from_arming() -> None:
+def test_fault_wraps_only_decode_and_counts_from_arming(monkeypatch: pytest.MonkeyPatch) -> None:
     m = FakeModel()
     faults.inject(m, faults.Fault("decode-fail", 2, after=1))
     m.decode([1], [0], [0], [True])  # the one good decode
@@ -131,11 +136,12 @@ def test_fault_wraps_only_decode_and_counts_from_arming() -> None:
     m.decode([2], [1], [0], [True])
     assert len(m.calls) == 2  # the failed ones never reached the model
     blocked = FakeModel()
+    pauses = Pauses()
+    monkeypatch.setattr(faults, "threading", pauses)
     faults.inject(blocked, faults.Fault("decode-block", 0.3))
-    t0 = time.monotonic()
     blocked.decode([1], [0], [0], [True])
     blocked.decode([2], [1], [0], [True])  # only the first one blocks
-    assert 0.3 <= time.monotonic() - t0 < 1.0 and len(blocked.calls) == 2
+    assert pauses.seconds == [0.3] and len(blocked.calls) == 2
 
 
 # -- the engine, its /health and systemd together ------------------------------------------
@@ -189,7 +195,7 @@ def test_systemd_sees_ready_then_pings_that_stop_while_a_decode_blocks(systemd: 
         assert stalled, "health never said stalled"
         assert {b["status"] for _, b in stalled} == {"stalled"}
         assert all(b["stalled_s"] >= 1.0 for _, b in stalled)
-        assert 1.0 < stalled[0][0] - t_sent < 2.0  # once the step outlived stall_s
+        assert stalled[0][0] - t_sent > 1.0  # once the step outlived stall_s (how late a busy machine says so: no bound)
         stalled_line = next(ln for ln in metrics.splitlines() if ln.startswith("appliance_engine_stalled_seconds "))
         assert float(stalled_line.split()[1]) > 1.0
 
