@@ -1,4 +1,4 @@
-// Talking to the appliance: the API key, requests, the SSE reader, errors in plain words.
+// Talking to the appliance: the API key, requests, errors in plain words, session ids.
 // Paths are relative to the page, so the page also works under a reverse-proxy prefix.
 const KEY_STORE = 'chat.apiKey';
 
@@ -58,50 +58,6 @@ export function plainWords(err) {
   if (status === 503) return 'The server is restarting or still loading the model. Try again in a moment.';
   if (status >= 500) return `The server failed (${status}).${message ? ' ' + message : ''}`;
   return message ? `${message} (${status})` : `The request failed (${status}).`;
-}
-
-// Reads an SSE body line by line: onComment(text) for ': ...' lines; onData(payload) for
-// each event, returning false to stop reading.
-export async function readSSE(body, onComment, onData) {
-  const reader = body.getReader();
-  const decoder = new TextDecoder();
-  let buf = '';
-  let data = [];
-  const line = (l) => {
-    if (l === '') {
-      if (!data.length) return true;
-      const payload = data.join('\n');
-      data = [];
-      return onData(payload) !== false;
-    }
-    if (l[0] === ':') onComment(l.slice(1).trim());
-    else if (l.startsWith('data:')) data.push(l.slice(l[5] === ' ' ? 6 : 5));
-    return true;
-  };
-  try {
-    for (;;) {
-      const { value, done } = await reader.read();
-      buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
-      let m;
-      while ((m = /\r\n|\r|\n/.exec(buf))) {
-        if (!done && m[0] === '\r' && m.index === buf.length - 1) break; // maybe half of \r\n
-        const l = buf.slice(0, m.index);
-        buf = buf.slice(m.index + m[0].length);
-        if (!line(l)) return;
-      }
-      if (done) { if (buf) line(buf); line(''); return; }
-    }
-  } finally {
-    reader.cancel().catch(() => {});
-  }
-}
-
-// ': queued N', ': queued N eta S' or ': busy' -> {position, eta} (null fields when absent).
-export function parseQueueNote(text) {
-  const q = /^queued\s+(\d+)(?:\s+eta\s+(\d+))?/.exec(text);
-  if (q) return { position: +q[1], eta: q[2] != null ? +q[2] : null };
-  if (/^busy\b/.test(text)) return { position: null, eta: null };
-  return null;
 }
 
 // Waits ms, or rejects with an AbortError when the signal fires.

@@ -29,7 +29,6 @@ class IdbStore {
   constructor(db) { this.db = db; this.persistent = true; }
   tx(mode) { return this.db.transaction(STORE, mode).objectStore(STORE); }
   async all() { return req(this.tx('readonly').getAll()); }
-  async get(id) { return req(this.tx('readonly').get(id)); }
   async put(chat) { await req(this.tx('readwrite').put(chat)); }
   async del(id) { await req(this.tx('readwrite').delete(id)); }
 }
@@ -37,7 +36,6 @@ class IdbStore {
 class MemoryStore {
   constructor() { this.map = new Map(); this.persistent = false; }
   async all() { return [...this.map.values()].map((c) => structuredClone(c)); }
-  async get(id) { const c = this.map.get(id); return c && structuredClone(c); }
   async put(chat) { this.map.set(chat.id, structuredClone(chat)); }
   async del(id) { this.map.delete(id); }
 }

@@ -1,6 +1,49 @@
 // A streamed chat answer (OpenAI chunks over SSE) read as events, in the order the server
-// sent them. Knows the wire format only; what the page does with an event is app.js's.
-import { parseQueueNote, readSSE } from './api.js';
+// sent them. Knows the wire format only; what the page does with an event is answer.js's.
+
+// Reads an SSE body line by line: onComment(text) for ': ...' lines; onData(payload) for
+// each event, returning false to stop reading.
+async function readSSE(body, onComment, onData) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buf = '';
+  let data = [];
+  const line = (l) => {
+    if (l === '') {
+      if (!data.length) return true;
+      const payload = data.join('\n');
+      data = [];
+      return onData(payload) !== false;
+    }
+    if (l[0] === ':') onComment(l.slice(1).trim());
+    else if (l.startsWith('data:')) data.push(l.slice(l[5] === ' ' ? 6 : 5));
+    return true;
+  };
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
+      let m;
+      while ((m = /\r\n|\r|\n/.exec(buf))) {
+        if (!done && m[0] === '\r' && m.index === buf.length - 1) break; // maybe half of \r\n
+        const l = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
+        if (!line(l)) return;
+      }
+      if (done) { if (buf) line(buf); line(''); return; }
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
+// ': queued N', ': queued N eta S' or ': busy' -> {position, eta} (null fields when absent).
+function parseQueueNote(text) {
+  const q = /^queued\s+(\d+)(?:\s+eta\s+(\d+))?/.exec(text);
+  if (q) return { position: +q[1], eta: q[2] != null ? +q[2] : null };
+  if (/^busy\b/.test(text)) return { position: null, eta: null };
+  return null;
+}
 
 // Reads the body to its end ('[DONE]', an error event or the end of the stream), calling
 // onEvent with one of:

@@ -1,0 +1,149 @@
+// Chats: the list (searched; a column on a desktop, a drawer on a phone) and the chat on
+// screen, saved, new, renamed, deleted, exported, imported.
+import { apiFetch } from './api.js';
+import { fileName, parseImport, toJSON, toMarkdown } from './chatfile.js';
+import { closeEdit, renderMessages, updateControls } from './messages.js';
+import { askUser, download, el, els, narrow, page, say, toast } from './page.js';
+import { newChat } from './store.js';
+
+export function renderList() {
+  const q = els.search.value.trim().toLowerCase();
+  const shown = page.chats.filter((c) => !q || c.title.toLowerCase().includes(q));
+  els.chatList.replaceChildren(...shown.map((c) => {
+    const li = el('li');
+    const b = el('button', 'chat-item', c.title);
+    b.type = 'button';
+    b.dataset.id = c.id;
+    b.title = c.title;
+    if (page.current && c.id === page.current.id) b.setAttribute('aria-current', 'page');
+    if (page.run && page.run.chat === c) b.classList.add('busy');
+    li.append(b);
+    return li;
+  }));
+  els.listEmpty.hidden = shown.length > 0;
+  els.listEmpty.textContent = q ? 'No chat has that in its title.' : 'No chats yet.';
+}
+els.search.addEventListener('input', renderList);
+
+let sideHidden = false;
+export function setDrawer(open) {
+  if (!narrow.matches) return;
+  els.app.classList.toggle('drawer-open', open);
+  els.backdrop.hidden = !open;
+  syncSide();
+  if (open) els.search.focus();
+}
+export function syncSide() {
+  const visible = narrow.matches ? els.app.classList.contains('drawer-open') : !sideHidden;
+  els.app.classList.toggle('side-hidden', !narrow.matches && sideHidden);
+  els.sidebar.inert = !visible;
+  els.toggleSide.setAttribute('aria-expanded', String(visible));
+  els.toggleSide.setAttribute('aria-label', visible ? 'Hide the chat list' : 'Show the chat list');
+}
+els.toggleSide.addEventListener('click', () => {
+  if (narrow.matches) setDrawer(!els.app.classList.contains('drawer-open'));
+  else { sideHidden = !sideHidden; syncSide(); }
+});
+els.closeSide.addEventListener('click', () => { setDrawer(false); els.toggleSide.focus(); });
+els.backdrop.addEventListener('click', () => setDrawer(false));
+narrow.addEventListener('change', () => { els.app.classList.remove('drawer-open'); els.backdrop.hidden = true; syncSide(); });
+
+export const sortChats = () => page.chats.sort((a, b) => b.updated - a.updated);
+els.chatList.addEventListener('click', (e) => {
+  const b = e.target.closest('.chat-item');
+  const chat = b && page.chats.find((c) => c.id === b.dataset.id);
+  if (chat) show(chat);
+});
+
+// A chat is stored once listed (touch lists it at its first message).
+export function save(chat) {
+  if (!page.chats.includes(chat)) return Promise.resolve();
+  return page.store.put(chat).catch((e) => toast(`Could not save this chat: ${e && e.message}`));
+}
+export function touch(chat) {
+  chat.updated = Date.now();
+  if (!page.chats.includes(chat)) page.chats.unshift(chat);
+  sortChats();
+  renderList();
+}
+
+export function show(chat) {
+  if (page.current && page.current !== chat) closeEdit();
+  page.current = chat;
+  try { localStorage.setItem('chat.current', chat.id); } catch { /* reopen the newest */ }
+  els.chatTitle.textContent = chat.title;
+  document.title = `${chat.title} · Chat`;
+  renderMessages();
+  renderList();
+  setDrawer(false);
+  updateControls();
+}
+export function startNewChat() {
+  show(newChat());
+  els.input.focus();
+}
+els.newChat.addEventListener('click', startNewChat);
+
+// The chat actions menu (⋯): rename, export, delete.
+els.chatMenu.addEventListener('click', async (e) => {
+  const b = e.target.closest('button[data-act]');
+  if (!b) return;
+  els.chatMenu.open = false;
+  const chat = page.current;
+  const act = b.dataset.act;
+  if (act === 'rename') {
+    const t = await askUser({ title: 'Rename chat', value: chat.title, ok: 'Rename' });
+    if (t && t.trim()) {
+      chat.title = t.trim().slice(0, 200);
+      if (page.chats.includes(chat)) { save(chat); } else touch(chat);
+      if (page.current === chat) show(chat);
+      renderList();
+    }
+  } else if (act === 'export-md') {
+    download(fileName(chat, 'md'), 'text/markdown', toMarkdown(chat));
+  } else if (act === 'export-json') {
+    download(fileName(chat, 'json'), 'application/json', toJSON(chat));
+  } else if (act === 'delete') {
+    const yes = await askUser({
+      title: 'Delete this chat?', text: `“${chat.title}” is removed from this browser and its cache from the server.`,
+      type: null, ok: 'Delete', danger: true,
+    });
+    if (yes) deleteChat(chat);
+  }
+});
+document.addEventListener('click', (e) => { if (els.chatMenu.open && !els.chatMenu.contains(e.target)) els.chatMenu.open = false; });
+
+async function deleteChat(chat) {
+  if (page.run && page.run.chat === chat) page.run.ctrl.abort();
+  // Frees the conversation's KV cache now instead of at its TTL; 404 (expired) is fine.
+  apiFetch(`v1/sessions/${encodeURIComponent(chat.sid)}`, { method: 'DELETE' }).catch(() => {});
+  page.chats = page.chats.filter((c) => c !== chat);
+  await page.store.del(chat.id).catch(() => {});
+  if (page.current === chat) show(page.chats[0] || newChat());
+  else renderList();
+  say('Chat deleted');
+}
+
+els.import.addEventListener('click', () => els.importFile.click());
+els.importFile.addEventListener('change', async () => {
+  const file = els.importFile.files[0];
+  els.importFile.value = '';
+  if (!file) return;
+  let chat;
+  try {
+    chat = parseImport(await file.text(), file.size);
+  } catch (e) {
+    toast(`Could not import ${file.name}: ${e.message}.`);
+    return;
+  }
+  try {
+    await page.store.put(chat);
+  } catch (e) {
+    toast(`Could not store ${file.name}: ${e && e.message}.`);
+    return;
+  }
+  page.chats.push(chat);
+  sortChats();
+  show(chat);
+  toast(`Imported “${chat.title}”.`);
+});

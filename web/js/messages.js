@@ -1,0 +1,193 @@
+// The conversation on screen: messages, their notes and wait labels, which buttons are
+// live; editing an earlier message; when Enter sends.
+import { chipText } from './attach.js';
+import { button, el, els, page } from './page.js';
+import { renderMarkdown, renderPlain } from './render.js';
+
+export const views = new WeakMap(); // message -> its elements, for the chat on screen
+let stick = true; // follow the bottom of the log while streaming
+els.log.addEventListener('scroll', () => {
+  stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
+});
+new ResizeObserver(() => scrollDown(false)).observe(els.log);
+export function scrollDown(force) {
+  if (force) stick = true;
+  if (stick) els.log.scrollTop = els.log.scrollHeight;
+}
+
+export function addMessage(m) {
+  const user = m.role === 'user';
+  const art = el('article', `msg ${user ? 'user' : 'assistant'}`);
+  art.setAttribute('aria-label', user ? 'You' : 'Assistant');
+  const bubble = el('div', 'bubble');
+  const text = el('div', user ? 'text plain' : 'text md');
+  const notes = el('div', 'notes');
+  if (m.files && m.files.length) bubble.append(chipList(m.files));
+  bubble.append(text, notes);
+  const meta = el('div', 'meta');
+  const stats = el('span', 'stats');
+  const actions = el('div', 'actions');
+  actions.append(button('Copy', 'copy', user ? 'Copy your message' : 'Copy the answer'));
+  if (user) actions.append(button('Edit', 'edit', 'Edit and send again'));
+  else actions.append(button('Regenerate', 'regenerate', 'Write this answer again'));
+  meta.append(stats, actions);
+  art.append(bubble, meta);
+  els.messages.append(art);
+  views.set(m, { art, bubble, text, notes, stats, actions, wait: null });
+  update(m, true);
+}
+
+export function update(m, final) {
+  const v = views.get(m);
+  if (!v) return;
+  if (m.role === 'user') renderPlain(v.text, m.content);
+  else renderMarkdown(v.text, m.content, final);
+  const notes = [];
+  if (m.dropped) notes.push(['note', `${m.dropped} earlier message${m.dropped === 1 ? ' was' : 's were'} left out to fit the model's context.`]);
+  if (m.note) notes.push(['note', `(${m.note})`]);
+  if (m.error) notes.push(['error', m.error]);
+  v.notes.replaceChildren(...notes.map(([cls, t]) => el('p', cls, t)));
+  v.stats.textContent = m.stats || '';
+  if (m.usage) {
+    v.art.dataset.promptTokens = m.usage.prompt;
+    v.art.dataset.cachedTokens = m.usage.cached;
+    v.art.dataset.completionTokens = m.usage.completion;
+  }
+}
+
+function setWait(m, label) {
+  const v = views.get(m);
+  if (!v) return;
+  if (!v.wait) {
+    v.wait = el('div', 'typing');
+    for (let i = 0; i < 3; i++) v.wait.append(el('span', 'dot3'));
+    v.wait.append(el('span', 'label'));
+    v.bubble.append(v.wait);
+  }
+  v.wait.lastChild.textContent = label || '';
+}
+export function clearWait(m) {
+  const v = views.get(m);
+  if (v && v.wait) { v.wait.remove(); v.wait = null; }
+}
+
+function refreshActions() {
+  if (!page.current) return;
+  const ms = page.current.messages;
+  ms.forEach((m, i) => {
+    const v = views.get(m);
+    if (!v) return;
+    const streaming = page.run && page.run.bot === m;
+    v.art.classList.toggle('streaming', !!streaming);
+    v.art.setAttribute('aria-busy', streaming ? 'true' : 'false');
+    for (const b of v.actions.querySelectorAll('button')) {
+      const act = b.dataset.act;
+      if (act === 'regenerate') b.hidden = i !== ms.length - 1 || !!streaming;
+      if (act === 'copy') b.hidden = !m.content;
+      if (act === 'edit' || act === 'regenerate') b.disabled = !!page.run || !page.healthy;
+    }
+  });
+}
+
+export function renderMessages() {
+  els.messages.replaceChildren();
+  for (const m of page.current.messages) addMessage(m);
+  els.empty.hidden = page.current.messages.length > 0;
+  if (page.run && page.run.chat === page.current) {
+    if (!page.run.tFirst) setWait(page.run.bot, page.run.label);
+  }
+  refreshActions();
+  scrollDown(true);
+}
+
+// The wait label of a run's answer, shown until its first token.
+export function label(r, text) {
+  r.label = text;
+  if (!r.tFirst) setWait(r.bot, text);
+}
+
+// Files as chips: a sent message's, or the composer's with a ✕ each (remove).
+export function chipList(files, remove) {
+  const box = el('div', 'chips');
+  files.forEach((f, i) => {
+    const chip = el('span', 'chip', chipText(f));
+    chip.title = f.name;
+    if (f.tokens != null) chip.dataset.tokens = f.tokens;
+    if (remove && !f.reading) {
+      const x = button('✕', 'unattach', `Remove ${f.name}`);
+      x.dataset.i = i;
+      chip.append(x);
+    }
+    box.append(chip);
+  });
+  return box;
+}
+
+// Send or Stop, and every message's buttons, as the run and the server allow.
+export function updateControls() {
+  const mine = page.run && page.run.chat === page.current;
+  els.send.hidden = !!mine;
+  els.stop.hidden = !mine;
+  els.send.disabled = !page.healthy || !!page.run || page.sending || page.attached.some((f) => f.reading)
+    || (!els.input.value.trim() && !page.attached.length);
+  els.send.title = page.run && !mine ? 'Another chat is answering' : '';
+  refreshActions();
+}
+
+// Editing an earlier message and sending it again: everything after it is replaced. The
+// server keeps the conversation's cache, so the turns before it are not computed again.
+// Send calls send(chat).
+let composing = false; // an IME composition (Chinese, Japanese input) is open
+export function watchComposition(ta) {
+  ta.addEventListener('compositionstart', () => { composing = true; });
+  ta.addEventListener('compositionend', () => { composing = false; });
+}
+export const endComposition = () => { composing = false; };
+// Enter sends, Shift+Enter is a new line, and Enter that ends an IME composition never sends.
+export const isSendKey = (e) => e.key === 'Enter' && !e.shiftKey && !e.isComposing && !composing && e.keyCode !== 229;
+
+let editing = null; // {m, box, v}
+export function openEdit(m, send) {
+  if (page.run) return;
+  closeEdit();
+  const v = views.get(m);
+  const box = el('div', 'edit');
+  const ta = el('textarea');
+  ta.value = m.content;
+  ta.rows = Math.min(12, m.content.split('\n').length + 1);
+  ta.setAttribute('aria-label', 'Edit your message');
+  const row = el('div', 'buttons');
+  const ok = el('button', 'btn primary', 'Send');
+  ok.type = 'button';
+  const cancel = el('button', 'btn', 'Cancel');
+  cancel.type = 'button';
+  row.append(cancel, ok);
+  box.append(ta, row);
+  v.bubble.hidden = true;
+  v.art.insertBefore(box, v.bubble);
+  editing = { m, box, v };
+  ta.focus();
+  const done = () => {
+    const text = ta.value.trim();
+    if ((!text && !m.files) || page.run || !page.healthy) return;
+    const chat = page.current;
+    const i = chat.messages.indexOf(m);
+    closeEdit();
+    chat.messages.splice(i);
+    chat.messages.push(m.files ? { role: 'user', content: text, files: m.files } : { role: 'user', content: text });
+    renderMessages();
+    send(chat);
+  };
+  ok.addEventListener('click', done);
+  cancel.addEventListener('click', () => { closeEdit(); v.actions.querySelector('[data-act=edit]').focus(); });
+  ta.addEventListener('keydown', (e) => {
+    if (isSendKey(e)) { e.preventDefault(); done(); } else if (e.key === 'Escape') { e.preventDefault(); e.stopPropagation(); cancel.click(); }
+  });
+  watchComposition(ta);
+}
+export function closeEdit() {
+  if (!editing) return;
+  editing.box.remove();
+  editing.v.bubble.hidden = false;
+  editing = null;
+}
