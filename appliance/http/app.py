@@ -19,8 +19,14 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
-from appliance.http.api import admin, chat, completions, documents, llama, native, ollama, ollama_info, operator, responses
-from appliance.http.api.response_store import ResponseStore
+from appliance.http.api.appliance import admin, documents, operator
+from appliance.http.api.llama import completion as llama_completion
+from appliance.http.api.llama import infill as llama_infill
+from appliance.http.api.llama import tokens as llama_tokens
+from appliance.http.api.ollama import generate as ollama
+from appliance.http.api.ollama import info as ollama_info
+from appliance.http.api.openai import chat, completions, responses
+from appliance.http.api.openai.response_store import ResponseStore
 from appliance.http.guard import Guard
 from appliance.http.state import App
 from appliance.http.wire import openai_error
@@ -70,20 +76,20 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/chat/completions", chat.chat, post),
         route("/v1/completions", completions.completions, post),
         # llama-server's fill-in-the-middle and tokens.
-        route("/infill", llama.infill, post),
-        route("/tokenize", llama.tokenize, post),
-        route("/detokenize", llama.detokenize, post),
+        route("/infill", llama_infill.infill, post),
+        route("/tokenize", llama_tokens.tokenize, post),
+        route("/detokenize", llama_tokens.detokenize, post),
         # Clients configured for llama-server or OpenAI: paths without /v1 (the same handlers),
         # llama-server's native /completion, /props and /slots, and OpenAI's Responses API.
         # /completions is llama-server's native format, as llama-server routes it (not /v1's).
         route("/chat/completions", chat.chat, post),
         route("/models", operator.models),
-        route("/completion", native.completion, post),
-        route("/completions", native.completion, post),
-        route("/chat/completions/input_tokens", native.chat_input_tokens, post),
-        route("/v1/chat/completions/input_tokens", native.chat_input_tokens, post),
-        route("/props", native.props),
-        route("/slots", native.slots),
+        route("/completion", llama_completion.completion, post),
+        route("/completions", llama_completion.completion, post),
+        route("/chat/completions/input_tokens", chat.input_tokens, post),
+        route("/v1/chat/completions/input_tokens", chat.input_tokens, post),
+        route("/props", llama_completion.props),
+        route("/slots", llama_completion.slots),
         route("/v1/responses", partial(responses.create, store), post),
         route("/responses", partial(responses.create, store), post),
         route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),

@@ -24,7 +24,6 @@ from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, R
 from appliance.engine.names import session_name
 from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
-from appliance.http.resolve import check_grammar
 from appliance.http.state import App
 from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
 from appliance.http.wire import prompt_note
@@ -144,15 +143,6 @@ async def read_body(request: Request) -> bytes:
             raise PayloadTooLarge(f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB",
                                   code="body_too_large")
     return bytes(body)
-
-
-async def templated(app: App, messages: list[dict[str, Any]], params: SamplingParams,
-                    tools: list[dict[str, Any]] | None, grammar_param: str | None = None) -> Prompt:
-    """Messages through the chat template (cut to leave room for max_tokens), and the answer's
-    grammar checked, before anything is queued."""
-    prompt = await app.engine.prepare(messages, params.max_tokens, tools)
-    await check_grammar(app, params.grammar, grammar_param)
-    return prompt
 
 
 # -- submitting ------------------------------------------------------------------------------

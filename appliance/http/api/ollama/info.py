@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import EngineState
-from appliance.http.api.ollama_wire import details, model_entry, model_name, ollama_errors, stamp
+from appliance.http.api.ollama.wire import details, model_entry, model_name, ollama_errors, stamp
 from appliance.http.pipeline import intake
 from appliance.http.state import App
 
