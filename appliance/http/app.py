@@ -25,14 +25,17 @@ from appliance.http.api.llama import infill as llama_infill
 from appliance.http.api.llama import tokens as llama_tokens
 from appliance.http.api.ollama import generate as ollama
 from appliance.http.api.ollama import info as ollama_info
+from appliance.http.api.ollama.wire import ollama_error
 from appliance.http.api.openai import chat, completions, responses
 from appliance.http.api.openai.response_store import ResponseStore
-from appliance.http.guard import Guard
+from appliance.http.guard import Guard, caller_of
+from appliance.http.outcome import refused
 from appliance.http.state import App
 from appliance.http.wire import openai_error
 
 log = logging.getLogger(__name__)
 Handler = Callable[[App, Request], Awaitable[Response]]
+ErrorBody = Callable[[ApplianceError], Response]
 
 
 async def _appliance_error(request: Request, exc: Exception) -> Response:
@@ -61,9 +64,19 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return openai_error(EngineFailure("internal error; see the server log"))
 
 
+async def _answer(app: App, handler: Handler, errors: ErrorBody, request: Request) -> Response:
+    """A route's answer, or its refusal: counted (outcome.refused, the one place every
+    route's refusals are counted) and written in its API's error shape."""
+    try:
+        return await handler(app, request)
+    except ApplianceError as e:
+        refused(app, e.code, caller_of(request.scope["state"]), e)
+        return errors(e)
+
+
 def routes(app: App) -> list[BaseRoute]:
-    def route(path: str, handler: Handler, methods: list[str] | None = None) -> Route:
-        return Route(path, partial(handler, app), methods=methods)
+    def route(path: str, handler: Handler, methods: list[str] | None = None, errors: ErrorBody = openai_error) -> Route:
+        return Route(path, partial(_answer, app, handler, errors), methods=methods)
 
     post = ["POST"]
     store = ResponseStore()  # previous_response_id -> the conversation, per caller
@@ -95,12 +108,12 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),
         route("/responses/input_tokens", partial(responses.input_tokens, store), post),
         # Ollama's API.
-        route("/api/chat", ollama.chat, post),
-        route("/api/generate", ollama.generate, post),
-        route("/api/tags", ollama_info.tags),
-        route("/api/show", ollama_info.show, post),
-        route("/api/ps", ollama_info.ps),
-        route("/api/version", ollama_info.version),
+        route("/api/chat", ollama.chat, post, errors=ollama_error),
+        route("/api/generate", ollama.generate, post, errors=ollama_error),
+        route("/api/tags", ollama_info.tags, errors=ollama_error),
+        route("/api/show", ollama_info.show, post, errors=ollama_error),
+        route("/api/ps", ollama_info.ps, errors=ollama_error),
+        route("/api/version", ollama_info.version, errors=ollama_error),
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
@@ -128,7 +141,8 @@ def create_app(app: App) -> Starlette:
     return Starlette(
         routes=routes(app),
         lifespan=lifespan,
-        middleware=[Middleware(Guard, policy=app.guard, on_refuse=app.refused, on_limited=app.usage.refused)],
+        middleware=[Middleware(Guard, policy=app.guard, on_refuse=lambda reason: refused(app, reason),
+                               on_limited=lambda caller, err: refused(app, None, caller, err))],
         exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error,
                             ClientDisconnect: _client_left, Exception: _unexpected},
     )

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, Unavailable
-from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, ollama_errors, stamp
+from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, stamp
 from appliance.http.messages import parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, intake, respond
 from appliance.http.prompting import Ask, Infill, Messages, Raw, Source, prepare
@@ -321,7 +321,6 @@ async def _context(engine: Engine, prompt: list[int], answer: str) -> list[int]:
 
 
 # -- routes ----------------------------------------------------------------------------------
-@ollama_errors
 async def chat(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_chat(data, app.bounds)) as (caller, req):
         common = req.common
@@ -331,7 +330,6 @@ async def chat(app: App, request: Request) -> Response:
     return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), ChatShape(req))
 
 
-@ollama_errors
 async def generate(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_generate(data, app.bounds)) as (caller, req):
         common = req.common
