@@ -1,8 +1,9 @@
-"""The one request path every generating route takes: intake (the body read and parsed
-under the parse gate), the job's choices submitted, then the answer streamed (queue notes,
-exactly one error event on failure, cancelled when the client leaves) or collected whole (a
-client that leaves gets 499), timed. The front-ends in api/ only parse a body into a Job
-and supply a Shape that writes it in their API's format.
+"""The one request path every generating route takes once its body is read (intake.py) and
+its prompt built (prompting.py): the job's choices submitted, then the answer streamed
+(queue notes, exactly one error event on failure, cancelled when the client leaves) or
+collected whole (a client that leaves gets 499), timed, and its outcome recorded once
+(outcome.py). The front-ends in api/ only parse a body into a Job and supply a Shape that
+writes it in their API's format.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -22,19 +23,17 @@ from starlette.responses import Response, StreamingResponse
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, Report
 from appliance.engine.names import session_name
-from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
-from appliance.http.guard import Caller, caller_of
+from appliance.errors import ApplianceError, EngineFailure
+from appliance.http.guard import Caller
 from appliance.http.outcome import ran
 from appliance.http.state import App
-from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
+from appliance.http.validate import new_session_id
 from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
-THREAD_PARSE_BYTES = 64 * 1024  # larger bodies are parsed off the event loop
-T = TypeVar("T")
 Answer = list[tuple[list[Delta], Done]]  # each choice's deltas and how it ended
 
 
@@ -108,51 +107,6 @@ class Timing:
     @property
     def total_s(self) -> float:
         return max(0.0, (self.done or time.monotonic()) - self.submitted)
-
-
-# -- intake ----------------------------------------------------------------------------------
-@asynccontextmanager
-async def intake(app: App, request: Request, parse: Callable[[dict[str, Any]], T]) -> AsyncIterator[tuple[Caller, T]]:
-    """The caller and its body, read and parsed (`parse` validates the JSON object) under the
-    parse gate; the gate stays held for the block, where the front-end builds its prompt
-    (prompting.prepare)."""
-    async with gated(app, request, read_body) as (caller, body):
-        precheck(body, app.bounds.max_messages)  # a few ms for 4 MiB, and no GIL held for long
-
-        def parsed() -> T:
-            return parse(parse_json(body))
-
-        # A 4 MiB body takes tens of ms to parse and check: not on the event loop.
-        yield caller, await asyncio.to_thread(parsed) if len(body) > THREAD_PARSE_BYTES else parsed()
-
-
-@asynccontextmanager
-async def gated(app: App, request: Request, read: Callable[[Request], Awaitable[bytes]]) -> AsyncIterator[tuple[Caller, bytes]]:
-    """The caller and its body as `read` reads it, under the parse gate: reading, parsing and
-    tokenizing are bounded per client and in all before they start. A JSON body is read by
-    read_body; a document's file by its own reader (api/appliance/documents.py)."""
-    caller = caller_of(request.scope["state"])
-    async with app.gate.permit(caller.client):
-        yield caller, await read(request)
-
-
-async def read_body(request: Request) -> bytes:
-    return await read_capped(request, MAX_BODY_BYTES, lambda: PayloadTooLarge(
-        f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB", code="body_too_large"))
-
-
-async def read_capped(request: Request, max_bytes: int, too_large: Callable[[], ApplianceError]) -> bytes:
-    """The body, refused from its Content-Length before any byte is read, or as soon as the
-    stream passes the cap (a chunked upload declares no length)."""
-    declared = request.headers.get("content-length") or "0"
-    if not declared.isdigit() or int(declared) > max_bytes:
-        raise too_large()
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > max_bytes:
-            raise too_large()
-    return bytes(body)
 
 
 # -- submitting ------------------------------------------------------------------------------

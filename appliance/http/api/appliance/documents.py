@@ -1,7 +1,7 @@
 """POST /v1/documents/text: a file's bytes in (the body itself, not a form), its text and the
 model's token count out. The body is bounded by the reader's size cap before and while it is
 read; extraction runs in a worker process (documents/reader.py), all under the parse gate
-(pipeline.gated, as every route's body is read).
+(intake.gated, as every route's body is read).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.documents.document import Document, MiB
 from appliance.documents.failures import failure
-from appliance.http.pipeline import gated, read_capped
+from appliance.http.intake import gated, read_capped
 from appliance.http.state import App
 
 MAX_NAME = 255  # characters of a file name: a name, not a path
@@ -31,7 +31,7 @@ def file_name(request: Request) -> str:
 
 def upload_reader(max_bytes: int) -> Callable[[Request], Awaitable[bytes]]:
     """The body as a file: not a multipart form, refused as file_too_large from its
-    Content-Length or as soon as the stream passes the cap (pipeline.read_capped)."""
+    Content-Length or as soon as the stream passes the cap (intake.read_capped)."""
     too_large = f"the file is larger than {max_bytes / MiB:,.0f} MiB, the most a document may be here"
 
     async def read(request: Request) -> bytes:

@@ -18,7 +18,8 @@ from appliance.errors import BadRequest
 from appliance.http import wire
 from appliance.http.api.llama.infill import LLAMA_UNSUPPORTED, InfillShape, n_predict
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.intake import intake
+from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Raw, prepare
 from appliance.http.state import App
 from appliance.http.telemetry import Telemetry, parse_telemetry

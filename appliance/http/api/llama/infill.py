@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http import wire
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.intake import intake
+from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Infill, prepare
 from appliance.http.state import App
 from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings

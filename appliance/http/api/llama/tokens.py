@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import Engine
 from appliance.errors import BadRequest, PayloadTooLarge
-from appliance.http.pipeline import intake
+from appliance.http.intake import intake
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds, boolean, check_chars, check_tokens, is_tokens, text
 

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import EngineState
 from appliance.http.api.ollama.wire import details, model_entry, model_name, stamp
-from appliance.http.pipeline import intake
+from appliance.http.intake import intake
 from appliance.http.state import App
 
 # The Ollama release whose /api shapes these routes follow; some tools check it.

@@ -18,7 +18,8 @@ from appliance.http.api.openai.response_store import ResponseStore
 from appliance.http.api.openai.responses_input import ResponsesRequest, parse_previous, parse_responses_request
 from appliance.http.api.openai.responses_shape import ResponseShape
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Job, intake, respond
+from appliance.http.intake import intake
+from appliance.http.pipeline import Job, respond
 from appliance.http.prompting import Ask, Messages, prepare
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds, new_session_id
