@@ -42,13 +42,6 @@ def check(data: bytes, filename: str, content_type: str, limits: DocumentLimits)
     return decide(data, filename, content_type)
 
 
-async def extract_text(data: bytes, filename: str, content_type: str, limits: DocumentLimits) -> Document:
-    """The text of one document, read by one worker process (no bound on how many run at once:
-    DocumentReader adds that). Every refusal is an ApplianceError with a code (see failures.py)."""
-    kind = check(data, filename, content_type, limits)
-    return await run_worker(kind, data, limits)
-
-
 async def run_worker(kind: Kind, data: bytes, limits: DocumentLimits) -> Document:
     """A fresh `python -m appliance.documents.worker` (spawned, not forked from this process, which
     holds llama.cpp's threads), killed at wall_s or when the caller gives up."""

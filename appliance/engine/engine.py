@@ -24,14 +24,15 @@ from appliance.engine.faults import Fault, inject
 from appliance.engine.inbox import Cancel, DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
-from appliance.engine.model_api import Model, Tokenizer
+from appliance.engine.model_api import Model
 from appliance.engine.names import saved_key
 from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot
+from appliance.engine.text import Text, prompt_limit
 from appliance.engine.threads import CoreShare
 from appliance.engine.turn import Turn
-from appliance.errors import ApplianceError, BadRequest, EngineFailure, Unavailable
-from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, build_prompt, public_prefixes, refuse_control_text
+from appliance.errors import ApplianceError, EngineFailure, Unavailable
+from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, public_prefixes
 from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -132,10 +133,7 @@ class Engine:
         self.ready = threading.Event()
         self.snapshot = Snapshot(slots=self._limits.slots)  # replaced whole by the engine thread
         self.core: EngineCore | None = None  # the engine thread's; tests may inspect it
-        self._template: ChatTemplate | None = None
-        self._tokenize: Tokenize | None = None
-        self._tokenizer: Tokenizer | None = None  # thread-safe vocabulary access, set once loaded
-        self._eog: tuple[int, ...] | None = None  # end-of-generation tokens, found on first use
+        self._text: Text | None = None  # the tokenizer's front (text.py), built once the model has loaded
         self._stop = False
         self._ids = count(1)
         # Turns submitted without a session get one of their own. The HTTP side always names
@@ -190,67 +188,40 @@ class Engine:
         return "stalled" if self.stalled_s else self.state.value
 
     # -- requests (loop thread) ----------------------------------------------------------
+    # The tokenizer's front (text.py), refused while the engine is not accepting.
     def prompt_limit(self, max_tokens: int) -> int:
-        """Prompt tokens allowed so that some room is left for the answer."""
-        ctx = self._limits.ctx_limit
-        return ctx - min(max_tokens, ctx // 4)
+        return prompt_limit(self._limits.ctx_limit, max_tokens)
 
     async def prepare(self, messages: list[dict[str, Any]], max_tokens: int,
                       tools: list[dict[str, Any]] | None = None) -> Prompt:
-        self._check_accepting()
-        template, tokenize, tokenizer = self._template, self._tokenize, self._tokenizer
-        assert template is not None and tokenize is not None and tokenizer is not None
-        presets = frozenset(self._options.presets)
-
-        def build() -> Prompt:
-            refuse_control_text(messages, tools, tokenizer.control_texts)
-            return build_prompt(messages, template, tokenize, self.prompt_limit(max_tokens), presets, tools)
-
-        # Templating and tokenizing a long paste takes milliseconds: off the event loop.
-        return await asyncio.to_thread(build)
+        return await self._front().prepare(messages, max_tokens, tools)
 
     async def tokenize(self, text: str, special: bool = False) -> list[int]:
-        """Text -> tokens, off the event loop; special=True parses control-token text (only
-        for raw prompts a client writes whole, e.g. /v1/completions, never chat content)."""
-        self._check_accepting()
-        assert self._tokenize is not None
-        return await asyncio.to_thread(self._tokenize, text, special)
+        return await self._front().tokenize(text, special)
 
     async def check_grammar(self, grammar: str | None) -> None:
-        """A 400 now for a grammar llama.cpp refuses (a repetition past its limit, such as a
-        schema's maxLength 2000), rather than a failed start in the engine thread. Off the
-        event loop: parsing takes milliseconds per 10 KiB of grammar."""
-        if grammar is None:
-            return
-        self._check_accepting()
-        assert self._tokenizer is not None
-        if not await asyncio.to_thread(self._tokenizer.grammar_parses, grammar):
-            raise BadRequest("llama.cpp's grammar engine refuses the required format (most often a maxLength, "
-                             "maxItems or repetition count above about 1,000)", code="grammar_refused")
+        if grammar is not None:
+            await self._front().check_grammar(grammar)
 
     def detokenize(self, tokens: list[int]) -> str:
-        self._check_accepting()
-        assert self._tokenizer is not None
-        return self._tokenizer.detokenize(tokens)
+        return self._front().detokenize(tokens)
 
     @property
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """(prefix, suffix, middle) fill-in-the-middle tokens, or None if the model has none."""
-        return self._tokenizer.fim if self._tokenizer is not None else None
+        return self._text.tokenizer.fim if self._text is not None else None
 
     @property
     def n_vocab(self) -> int:
-        return self._tokenizer.n_vocab if self._tokenizer is not None else 0
+        return self._text.tokenizer.n_vocab if self._text is not None else 0
 
     async def eog_tokens(self) -> tuple[int, ...]:
-        """The model's end-of-generation tokens (ignore_eos bans them): the whole vocabulary
-        read once, off the event loop (~0.1 s for 152k tokens), then kept."""
+        return await self._front().eog_tokens()
+
+    def _front(self) -> Text:
         self._check_accepting()
-        tok = self._tokenizer
-        assert tok is not None
-        if self._eog is None:
-            self._eog = await asyncio.to_thread(lambda: tuple(t for t in range(tok.n_vocab) if tok.is_eog(t)))
-        return self._eog
+        assert self._text is not None
+        return self._text
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
                session: str = "", named: bool = True, progress: Report | bool = Report.NONE) -> Handle:
@@ -354,7 +325,7 @@ class Engine:
             core.add_public(tokens)
         core.open_commons()
         core.kv.load_sessions()
-        self._template, self._tokenize, self._tokenizer = template, tokenize, tok
+        self._text = Text(template, tokenize, tok, self._limits.ctx_limit, frozenset(o.presets))
         if o.fault is not None:
             inject(model, o.fault)  # after start-up's own decodes
         return core

@@ -19,14 +19,23 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
-from appliance.http.api import admin, chat, completions, documents, llama, native, ollama, ollama_info, operator, responses
-from appliance.http.api.response_store import ResponseStore
-from appliance.http.guard import Guard
+from appliance.http.api.appliance import admin, documents, operator
+from appliance.http.api.llama import completion as llama_completion
+from appliance.http.api.llama import infill as llama_infill
+from appliance.http.api.llama import tokens as llama_tokens
+from appliance.http.api.ollama import generate as ollama
+from appliance.http.api.ollama import info as ollama_info
+from appliance.http.api.ollama.wire import ollama_error
+from appliance.http.api.openai import chat, completions, responses
+from appliance.http.api.openai.response_store import ResponseStore
+from appliance.http.guard import Guard, caller_of
+from appliance.http.outcome import refused
 from appliance.http.state import App
 from appliance.http.wire import openai_error
 
 log = logging.getLogger(__name__)
 Handler = Callable[[App, Request], Awaitable[Response]]
+ErrorBody = Callable[[ApplianceError], Response]
 
 
 async def _appliance_error(request: Request, exc: Exception) -> Response:
@@ -55,9 +64,19 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return openai_error(EngineFailure("internal error; see the server log"))
 
 
+async def _answer(app: App, handler: Handler, errors: ErrorBody, request: Request) -> Response:
+    """A route's answer, or its refusal: counted (outcome.refused, the one place every
+    route's refusals are counted) and written in its API's error shape."""
+    try:
+        return await handler(app, request)
+    except ApplianceError as e:
+        refused(app, e.code, caller_of(request.scope["state"]), e)
+        return errors(e)
+
+
 def routes(app: App) -> list[BaseRoute]:
-    def route(path: str, handler: Handler, methods: list[str] | None = None) -> Route:
-        return Route(path, partial(handler, app), methods=methods)
+    def route(path: str, handler: Handler, methods: list[str] | None = None, errors: ErrorBody = openai_error) -> Route:
+        return Route(path, partial(_answer, app, handler, errors), methods=methods)
 
     post = ["POST"]
     store = ResponseStore()  # previous_response_id -> the conversation, per caller
@@ -70,31 +89,31 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/chat/completions", chat.chat, post),
         route("/v1/completions", completions.completions, post),
         # llama-server's fill-in-the-middle and tokens.
-        route("/infill", llama.infill, post),
-        route("/tokenize", llama.tokenize, post),
-        route("/detokenize", llama.detokenize, post),
+        route("/infill", llama_infill.infill, post),
+        route("/tokenize", llama_tokens.tokenize, post),
+        route("/detokenize", llama_tokens.detokenize, post),
         # Clients configured for llama-server or OpenAI: paths without /v1 (the same handlers),
         # llama-server's native /completion, /props and /slots, and OpenAI's Responses API.
         # /completions is llama-server's native format, as llama-server routes it (not /v1's).
         route("/chat/completions", chat.chat, post),
         route("/models", operator.models),
-        route("/completion", native.completion, post),
-        route("/completions", native.completion, post),
-        route("/chat/completions/input_tokens", native.chat_input_tokens, post),
-        route("/v1/chat/completions/input_tokens", native.chat_input_tokens, post),
-        route("/props", native.props),
-        route("/slots", native.slots),
+        route("/completion", llama_completion.completion, post),
+        route("/completions", llama_completion.completion, post),
+        route("/chat/completions/input_tokens", chat.input_tokens, post),
+        route("/v1/chat/completions/input_tokens", chat.input_tokens, post),
+        route("/props", llama_completion.props),
+        route("/slots", llama_completion.slots),
         route("/v1/responses", partial(responses.create, store), post),
         route("/responses", partial(responses.create, store), post),
         route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),
         route("/responses/input_tokens", partial(responses.input_tokens, store), post),
         # Ollama's API.
-        route("/api/chat", ollama.chat, post),
-        route("/api/generate", ollama.generate, post),
-        route("/api/tags", ollama_info.tags),
-        route("/api/show", ollama_info.show, post),
-        route("/api/ps", ollama_info.ps),
-        route("/api/version", ollama_info.version),
+        route("/api/chat", ollama.chat, post, errors=ollama_error),
+        route("/api/generate", ollama.generate, post, errors=ollama_error),
+        route("/api/tags", ollama_info.tags, errors=ollama_error),
+        route("/api/show", ollama_info.show, post, errors=ollama_error),
+        route("/api/ps", ollama_info.ps, errors=ollama_error),
+        route("/api/version", ollama_info.version, errors=ollama_error),
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
@@ -122,7 +141,8 @@ def create_app(app: App) -> Starlette:
     return Starlette(
         routes=routes(app),
         lifespan=lifespan,
-        middleware=[Middleware(Guard, policy=app.guard, on_refuse=app.refused, on_limited=app.usage.refused)],
+        middleware=[Middleware(Guard, policy=app.guard, on_refuse=lambda reason: refused(app, reason),
+                               on_limited=lambda caller, err: refused(app, None, caller, err))],
         exception_handlers={ApplianceError: _appliance_error, HTTPException: _http_error,
                             ClientDisconnect: _client_left, Exception: _unexpected},
     )

@@ -1,8 +1,9 @@
-"""The one request path every generating route takes: intake (the body read and parsed
-under the parse gate), the job's choices submitted, then the answer streamed (queue notes,
-exactly one error event on failure, cancelled when the client leaves) or collected whole (a
-client that leaves gets 499), timed. The front-ends in api/ only parse a body into a Job
-and supply a Shape that writes it in their API's format.
+"""The one request path every generating route takes once its body is read (intake.py) and
+its prompt built (prompting.py): the job's choices submitted, then the answer streamed
+(queue notes, exactly one error event on failure, cancelled when the client leaves) or
+collected whole (a client that leaves gets 499), timed, and its outcome recorded once
+(outcome.py). The front-ends in api/ only parse a body into a Job and supply a Shape that
+writes it in their API's format.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -22,19 +23,17 @@ from starlette.responses import Response, StreamingResponse
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, Report
 from appliance.engine.names import session_name
-from appliance.errors import ApplianceError, EngineFailure, PayloadTooLarge
-from appliance.http.guard import Caller, caller_of
-from appliance.http.resolve import check_grammar
+from appliance.errors import ApplianceError, EngineFailure
+from appliance.http.guard import Caller
+from appliance.http.outcome import ran
 from appliance.http.state import App
-from appliance.http.validate import MAX_BODY_BYTES, new_session_id, parse_json, precheck
+from appliance.http.validate import new_session_id
 from appliance.http.wire import prompt_note
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
-THREAD_PARSE_BYTES = 64 * 1024  # larger bodies are parsed off the event loop
-T = TypeVar("T")
 Answer = list[tuple[list[Delta], Done]]  # each choice's deltas and how it ended
 
 
@@ -110,55 +109,10 @@ class Timing:
         return max(0.0, (self.done or time.monotonic()) - self.submitted)
 
 
-# -- intake ----------------------------------------------------------------------------------
-@asynccontextmanager
-async def intake(app: App, request: Request, parse: Callable[[dict[str, Any]], T]) -> AsyncIterator[tuple[Caller, T]]:
-    """The caller and its body, read and parsed (`parse` validates the JSON object) under the
-    parse gate; the gate stays held for the block, where the front-end tokenizes or
-    templates. Refusals with a code are counted."""
-    caller = caller_of(request.scope["state"])
-    # Reading, parsing and tokenizing are bounded per client and in all before they start.
-    async with app.gate.permit(caller.client):
-        try:
-            body = await read_body(request)
-            precheck(body, app.bounds.max_messages)  # a few ms for 4 MiB, and no GIL held for long
-
-            def parsed() -> T:
-                return parse(parse_json(body))
-
-            # A 4 MiB body takes tens of ms to parse and check: not on the event loop.
-            yield caller, await asyncio.to_thread(parsed) if len(body) > THREAD_PARSE_BYTES else parsed()
-        except ApplianceError as e:
-            if e.code:
-                app.refused(e.code)
-            raise
-
-
-async def read_body(request: Request) -> bytes:
-    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB", code="body_too_large")
-    body = bytearray()
-    async for part in request.stream():  # bounded even without a Content-Length
-        body += part
-        if len(body) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB",
-                                  code="body_too_large")
-    return bytes(body)
-
-
-async def templated(app: App, messages: list[dict[str, Any]], params: SamplingParams,
-                    tools: list[dict[str, Any]] | None, grammar_param: str | None = None) -> Prompt:
-    """Messages through the chat template (cut to leave room for max_tokens), and the answer's
-    grammar checked, before anything is queued."""
-    prompt = await app.engine.prepare(messages, params.max_tokens, tools)
-    await check_grammar(app, params.grammar, grammar_param)
-    return prompt
-
-
 # -- submitting ------------------------------------------------------------------------------
 def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
     """One engine request per choice. They are submitted together with one prompt, so the
-    engine computes it once and the others copy its cells (kvstore's followers); only the
+    engine computes it once and the others copy its cells (kv/store.py's followers); only the
     first continues the session. A session the client did not name may still continue or
     share its own client's cached conversations by prefix, and nobody else's. With
     `progress`, the handles carry their prompt's Progress events (Report)."""
@@ -179,36 +133,64 @@ def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
 
 
 async def respond(app: App, request: Request, job: Job, shape: Shape) -> Response:
-    """Submit the job, then stream its answer or collect it whole, as `shape` writes it."""
+    """Submit the job, then stream its answer or collect it whole, as `shape` writes it. A
+    refusal (over quota, a full queue, loading) is raised, counted where every route's
+    refusals are (app.py: outcome.refused)."""
     timing = Timing()
     # Only a stream hears a prompt's progress, a long one's for its notes (a whole answer or
     # an NDJSON stream would have nothing to write it with), every one's if the job asked.
     report = max(job.report, Report.LONG if shape.notes else Report.NONE) if job.stream else Report.NONE
-    handles = admit(app, job, progress=report)
+    app.usage.check(job.caller)  # the caller's daily quota
+    run = Run(app, job.caller, submit(app, job, report), timing)
     if job.stream:
-        return StreamingResponse(guarded(stream(app, handles, shape, timing, job.caller), handles, shape.error),
+        return StreamingResponse(guarded(stream(app, run, shape), run.handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
-    result = await collect(app, request, handles, timing, job.caller)
+    result = await collect(request, run)
     if result is None:
         return Response(status_code=499)
     if isinstance(result, Failed):
-        app.usage.refused(job.caller, result.error)
         return shape.failed(result.error)
-    app.usage.ended(job.caller, [done for _, done in result], timing.ttft_s)
     return await shape.whole(result, timing)
 
 
-def admit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
-    """The caller's daily quota checked, then the job submitted; a refusal (over quota, a
-    full queue, loading) is counted in the caller's usage."""
-    try:
-        app.usage.check(job.caller)
-        return submit(app, job, progress)
-    except ApplianceError as e:
-        if e.code == "quota_exceeded":
-            app.refused(e.code)  # /metrics; the engine counts its own refusals
-        app.usage.refused(job.caller, e)
-        raise
+class Run:
+    """One request on the engine: its choices' events merged and followed (text, ends, a
+    failure), and its end, which cancels what is left and records the outcome once."""
+
+    def __init__(self, app: App, caller: Caller, handles: list[Handle], timing: Timing) -> None:
+        self.app, self.caller, self.handles, self.timing = app, caller, handles, timing
+        self.ends: dict[int, Done] = {}
+        self.failed: ApplianceError | None = None
+        self._closed = False
+
+    async def events(self, notes: bool) -> AsyncGenerator[tuple[int, Event] | None, None]:
+        """merged(), followed: the first text and the last end mark the timing, and the
+        last end feeds the queue notes' wait estimates."""
+        async for got in merged(self.handles, notes):
+            if got is not None:
+                i, ev = got
+                if isinstance(ev, Delta):
+                    self.timing.saw_text()
+                elif isinstance(ev, Failed):
+                    self.failed = ev.error
+                elif isinstance(ev, Done):
+                    self.ends[i] = ev
+                    if len(self.ends) == len(self.handles):
+                        self.timing.finish()
+                        self.app.note_served(self.timing.first)
+            yield got
+
+    def close(self) -> None:
+        """However the request ended (answered, failed, the client gone): every handle
+        cancelled (a no-op after its end; a client that left frees its slots at the next
+        step) and the outcome recorded, once."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self.handles:
+            h.cancel()
+        left = [] if self.failed else [h for i, h in enumerate(self.handles) if i not in self.ends]
+        settle(self.app, self.caller, left, [self.ends[i] for i in sorted(self.ends)], self.timing, self.failed)
 
 
 # -- streaming -------------------------------------------------------------------------------
@@ -237,57 +219,38 @@ async def merged(handles: Sequence[Handle], notes: bool) -> AsyncIterator[tuple[
             task.cancel()
 
 
-async def stream(app: App, handles: list[Handle], shape: Shape, timing: Timing,
-                 caller: Caller) -> AsyncGenerator[bytes, None]:
-    ends: dict[int, Done] = {}
-    failed = False
+async def stream(app: App, run: Run, shape: Shape) -> AsyncGenerator[bytes, None]:
     reading: bytes | None = None  # the last prompt note, while the prompt is read
     try:
         for chunk in shape.start():
             yield chunk
-        async for got in merged(handles, shape.notes):
-            if got is None:
-                # Waiting: a comment tells the user, and finds out if they left. A turn whose
-                # prompt is being read is running, not queued: it hears its progress again.
-                yield reading or app.queue_note(min((pos for h in handles if (pos := h.position)), default=0))
-                continue
-            i, ev = got
-            if isinstance(ev, Failed):
-                # The 200 is already sent: the error travels as one event, then we close.
-                failed = True
-                app.usage.refused(caller, ev.error)
-                yield shape.error(ev.error)
-                return
-            if isinstance(ev, Progress):
-                reading = prompt_note(ev.done, ev.total) if shape.notes and not timing.first else None
-                chunks = [reading, *shape.progress(i, ev)] if reading else shape.progress(i, ev)
-            elif isinstance(ev, Delta):
-                timing.saw_text()
-                reading = None
-                chunks = shape.delta(i, ev)
-            else:
-                chunks = await _ended(app, handles, shape, timing, ends, i, ev, caller)
-            for chunk in chunks:
-                yield chunk
-        for chunk in shape.close([ends[i] for i in sorted(ends)]):
+        async with aclosing(run.events(shape.notes)) as events:
+            async for got in events:
+                if got is None:
+                    # Waiting: a comment tells the user, and finds out if they left. A turn whose
+                    # prompt is being read is running, not queued: it hears its progress again.
+                    yield reading or app.queue_note(min((pos for h in run.handles if (pos := h.position)), default=0))
+                    continue
+                i, ev = got
+                if isinstance(ev, Failed):
+                    # The 200 is already sent: the error travels as one event, then we close.
+                    yield shape.error(ev.error)
+                    return
+                if isinstance(ev, Progress):
+                    reading = prompt_note(ev.done, ev.total) if shape.notes and not run.timing.first else None
+                    chunks = [reading, *shape.progress(i, ev)] if reading else shape.progress(i, ev)
+                elif isinstance(ev, Delta):
+                    reading = None
+                    chunks = shape.delta(i, ev)
+                else:
+                    chunks = await shape.end(i, ev, run.timing)
+                for chunk in chunks:
+                    yield chunk
+        run.close()  # before the stream's last bytes: a client that read them sees its usage
+        for chunk in shape.close([run.ends[i] for i in sorted(run.ends)]):
             yield chunk
     finally:
-        for h in handles:
-            h.cancel()  # no-op after Done; frees the slot if the client went away
-        if not failed and len(ends) < len(handles):
-            settle(app, caller, [h for i, h in enumerate(handles) if i not in ends], list(ends.values()), timing)
-
-
-async def _ended(app: App, handles: list[Handle], shape: Shape, timing: Timing, ends: dict[int, Done],
-                 i: int, done: Done, caller: Caller) -> list[bytes]:
-    """Choice i's end, as the shape writes it; the last one marks the request done (and
-    counts it in the caller's usage)."""
-    ends[i] = done
-    if len(ends) == len(handles):
-        timing.finish()
-        app.note_served(timing.first)  # the wait estimates in queue notes
-        app.usage.ended(caller, list(ends.values()), timing.ttft_s)
-    return await shape.end(i, done, timing)
+        run.close()
 
 
 async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle],
@@ -313,24 +276,24 @@ async def guarded(chunks: AsyncGenerator[bytes, None], handles: Sequence[Handle]
 
 
 # -- collecting ------------------------------------------------------------------------------
-async def collect(app: App, request: Request, handles: list[Handle], timing: Timing,
-                  caller: Caller) -> Answer | Failed | None:
+async def collect(request: Request, run: Run) -> Answer | Failed | None:
     """Every choice's deltas and end, or the first failure; None if the client left first
     (its requests are then cancelled, so their slots are free at the next step)."""
-    async def answer(h: Handle) -> tuple[list[Delta], Done] | Failed:
-        parts: list[Delta] = []
-        async for ev in h.events():
-            if isinstance(ev, Delta):
-                timing.saw_text()
-                parts.append(ev)
-                continue
-            if isinstance(ev, Progress):
-                continue  # not asked for (respond), and a whole answer has no place for one
-            timing.finish()
-            return (parts, ev) if isinstance(ev, Done) else ev
-        raise EngineFailure("the engine ended the request without an answer")
+    parts: list[list[Delta]] = [[] for _ in run.handles]
 
-    work = asyncio.ensure_future(asyncio.gather(*(answer(h) for h in handles)))
+    async def read() -> Failed | None:
+        async with aclosing(run.events(False)) as events:
+            async for got in events:
+                assert got is not None  # no notes asked for
+                i, ev = got
+                if isinstance(ev, Delta):
+                    parts[i].append(ev)
+                elif isinstance(ev, Failed):
+                    return ev
+                # Progress: not asked for (respond), and a whole answer has no place for one
+        return None
+
+    work = asyncio.ensure_future(read())
     gone = asyncio.ensure_future(disconnected(request))
     try:
         waiters: set[asyncio.Future[Any]] = {work, gone}
@@ -338,40 +301,37 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
     finally:
         gone.cancel()
         if not work.done():
-            for h in handles:
-                h.cancel()  # the client left: free its slots at the next step
-            work.cancel()
-            # A cancelled gather() ends holding its children's CancelledError as its
-            # exception: fetch it, or asyncio logs "exception was never retrieved".
-            work.add_done_callback(lambda f: f.cancelled() or f.exception())
-            settle(app, caller, handles, [], timing)
+            work.cancel()  # the client left
+        run.close()
     if not work.done() or work.cancelled():
         return None
-    results = work.result()
-    failed = next((r for r in results if isinstance(r, Failed)), None)
-    if failed is not None:
-        return failed
-    app.note_served(timing.first)  # the wait estimates in queue notes
-    return [r for r in results if not isinstance(r, Failed)]
+    return work.result() or [(parts[i], run.ends[i]) for i in range(len(run.handles))]
 
 
 _settling: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 SETTLE_S = 10.0  # a cancelled request's end arrives at the engine's next step
 
 
-def settle(app: App, caller: Caller, handles: Sequence[Handle], ends: list[Done], timing: Timing) -> None:
-    """A request the client left (cancelled): its remaining choices' ends are awaited in the
-    background, so what the engine generated before the cancel is counted in usage, as
-    /metrics counts it."""
+def settle(app: App, caller: Caller, handles: Sequence[Handle], ends: list[Done], timing: Timing,
+           failed: ApplianceError | None = None) -> None:
+    """The request's outcome recorded (outcome.ran): at once, or, when the client left
+    choices unfinished (cancelled), once their ends arrive, in the background, so what the
+    engine generated before the cancel is counted in usage, as /metrics counts it."""
+    def record(got: list[Done]) -> None:
+        ran(app, caller, got, timing.ttft_s, failed)
+
+    if not handles:
+        record(ends)
+        return
+
     async def wait() -> None:
         got = list(ends)
         for h in handles:
-            while (ev := await h.next(SETTLE_S)) is not None and isinstance(ev, Delta):
+            while (ev := await h.next(SETTLE_S)) is not None and isinstance(ev, (Delta, Progress)):
                 pass
             if isinstance(ev, Done):
                 got.append(ev)
-        if got:
-            app.usage.ended(caller, got, timing.ttft_s)
+        record(got)
 
     waiting = wait()
     try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from appliance.errors import BadRequest, PayloadTooLarge
 from appliance.sampling import SamplingParams
+from appliance.structured.grammar import schema_grammar
 
 MAX_N = 8  # choices per request: each is a sequence in the batch
 MAX_TOP_LOGPROBS = 20
@@ -338,3 +339,37 @@ def refuse_changed(data: dict[str, Any], defaults: dict[str, Any], where: str = 
         if v is None or v == neutral or (neutral in ("", []) and not v):  # [] and {}: no biases, no adapters
             continue
         raise BadRequest(f"'{where}{key}' is not supported here (leave it out or at {neutral!r})", param=f"{where}{key}")
+
+
+# -- fields more than one API reads ------------------------------------------------------
+def parse_prompt(raw: Any, param: str = "prompt") -> str | list[int]:
+    """A string or a list of token ids; a list holding one of them is that one. Several
+    prompts in one request are refused: send them as separate requests, which are batched
+    together anyway."""
+    if isinstance(raw, list) and len(raw) == 1 and (isinstance(raw[0], str) or is_tokens(raw[0])):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return text(raw, param)
+    if is_tokens(raw):
+        if not raw:
+            raise BadRequest(f"'{param}' must not be empty", param=param)
+        return list(raw)
+    if isinstance(raw, list) and all(isinstance(p, str) or is_tokens(p) for p in raw):
+        raise BadRequest(f"'{param}' holds {len(raw)} prompts; this server takes one per request "
+                         "(send them as separate requests: they are decoded together)", param=param)
+    if raw is None:
+        raise BadRequest(f"'{param}' is required", param=param)
+    raise BadRequest(f"'{param}' must be a string or an array of token ids", param=param)
+
+
+def parse_constraint(data: dict[str, Any]) -> tuple[str | None, str | None]:
+    """llama-server's own ways to constrain an answer, also on /completion: a raw GBNF
+    `grammar` or a top-level `json_schema` -> (grammar, "grammar" when it is the client's GBNF)."""
+    raw, schema = parse_gbnf(data.get("grammar")), data.get("json_schema")
+    if raw is not None and schema is not None:
+        raise BadRequest("give 'grammar' or 'json_schema', not both", param="grammar")
+    if schema is not None:
+        if not isinstance(schema, (dict, bool)):
+            raise BadRequest("'json_schema' must be a JSON schema object", param="json_schema")
+        return schema_grammar(json_text(schema, "json_schema"), "json_schema"), None
+    return raw, None if raw is None else "grammar"

@@ -34,7 +34,7 @@ from appliance.documents.document import Document, DocumentLimits
 from appliance.documents.extract import read_pdf
 from appliance.documents.failures import failure
 from appliance.documents.kinds import Kind, claimed, decide
-from appliance.documents.reader import PACKAGE_ROOT, DocumentReader, extract_text, reply
+from appliance.documents.reader import PACKAGE_ROOT, DocumentReader, reply
 from appliance.errors import ApplianceError, QueueFull
 
 LIMITS = DocumentLimits()
@@ -43,7 +43,7 @@ EMOJI = "会议纪要 第三条 😀 naïve café"
 
 
 def read(data: bytes, filename: str = "", content_type: str = "", **limits: Any) -> Document:
-    return asyncio.run(extract_text(data, filename, content_type, DocumentLimits(**limits)))
+    return asyncio.run(DocumentReader(DocumentLimits(**limits)).read(data, filename, content_type))
 
 
 def refused(data: bytes, filename: str = "", content_type: str = "", **limits: Any) -> ApplianceError:
@@ -395,10 +395,11 @@ def test_the_event_loop_keeps_its_pace_meanwhile() -> None:
         ticker = asyncio.ensure_future(tick())
         await asyncio.sleep(0)
         during = []
+        reader = DocumentReader(DocumentLimits(wall_s=1.0))
         for data, name in files:
             before = ticks
             try:
-                await extract_text(data, name, "", DocumentLimits(wall_s=1.0))
+                await reader.read(data, name, "")
             except ApplianceError:
                 pass
             during.append(ticks - before)

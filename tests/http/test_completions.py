@@ -39,13 +39,13 @@ from appliance.engine.engine import Engine, EngineOptions
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.scheduler import Limits
 from appliance.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
-from appliance.http.api.completions import parse_completion_request, parse_prompt
-from appliance.http.api.fim import fim_prompt
-from appliance.http.api.llama import MAX_TOKENS
+from appliance.http.api.llama.tokens import MAX_TOKENS
+from appliance.http.api.openai.completions import parse_completion_request
 from appliance.http.app import create_app
+from appliance.http.prompting import fim_prompt
 from appliance.http.state import App
 from appliance.http.throttle import ParseGate
-from appliance.http.validate import RequestBounds
+from appliance.http.validate import RequestBounds, parse_prompt
 
 
 @pytest.fixture(scope="module")

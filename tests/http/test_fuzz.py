@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from appliance.errors import ApplianceError
 from appliance.http import messages as msgs
 from appliance.http import validate as v
-from appliance.http.api import chat as chat_api
-from appliance.http.api import completions, llama, ollama
+from appliance.http.api.llama import infill as llama
+from appliance.http.api.ollama import generate as ollama
+from appliance.http.api.openai import chat as chat_api
+from appliance.http.api.openai import completions
 
 # Part of the reliability suite (bad input), in-process: no server, so not integration.
 pytestmark = pytest.mark.reliability

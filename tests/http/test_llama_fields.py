@@ -15,7 +15,7 @@ from helpers.fakes import FakeModel, FakeSampler
 from helpers.inprocess import REPLY, USER, chat, dicts, error_of, events_of, serving
 
 from appliance.engine.events import TokenLogprob
-from appliance.http.api.native import sampled_distribution
+from appliance.http.api.llama.completion import sampled_distribution
 from appliance.http.validate import MAX_GBNF_CHARS, MAX_GBNF_DEPTH, MAX_LOGIT_BIAS, gbnf_depth
 from appliance.sampling import SamplingParams
 

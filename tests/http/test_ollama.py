@@ -31,8 +31,8 @@ from helpers.inprocess import (
 from starlette.testclient import TestClient
 
 from appliance.errors import BadRequest
-from appliance.http.api.ollama import parse_common, parse_options
-from appliance.http.api.ollama_wire import stamp
+from appliance.http.api.ollama.generate import parse_common, parse_options
+from appliance.http.api.ollama.wire import stamp
 from appliance.http.validate import RequestBounds
 from appliance.structured.grammar import JSON_OBJECT
 

@@ -13,9 +13,9 @@ from appliance.errors import BadRequest, PayloadTooLarge
 from appliance.http import messages as msgs
 from appliance.http import validate as v
 from appliance.http import wire
-from appliance.http.api import chat as chat_api
-from appliance.http.api import operator
-from appliance.http.api.chat import parse_chat_request
+from appliance.http.api.appliance import operator
+from appliance.http.api.openai import chat as chat_api
+from appliance.http.api.openai.chat import parse_chat_request
 from appliance.http.validate import RequestBounds, parse_json
 from appliance.sampling import SamplingParams
 

@@ -13,7 +13,7 @@ import pytest
 from helpers.fakes import FakeModel
 from helpers.inprocess import MODEL_ID, REPLY, error_of, serving, user
 
-from appliance.http.api.response_store import ResponseStore
+from appliance.http.api.openai.response_store import ResponseStore
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",

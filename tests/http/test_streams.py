@@ -17,7 +17,8 @@ from helpers.inprocess import CHAT, USER, FimTokenizer, dicts, events_of, is_idl
 
 from appliance.bench import sse
 from appliance.http import choices, wire
-from appliance.http.api import completions, ollama
+from appliance.http.api.ollama import generate as ollama
+from appliance.http.api.openai import completions
 
 LONG = "x" * 300  # 1.5 s of answer at 5 ms a step: the failure comes long before its end
 SSE_ROUTES = {

@@ -1,1 +1,4 @@
-"""One module per front-end (OpenAI chat, completions, llama.cpp, Ollama) and the operator routes."""
+"""The front-ends, one folder per API they speak: openai/ (chat, completions, responses),
+llama/ (llama-server's own routes), ollama/, and appliance/ (health, metrics, sessions, the
+page, admin, documents). A module here imports only the shared modules of http/, never
+another folder's (tests/unit/test_layout.py)."""

@@ -16,17 +16,17 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
-from appliance.errors import ApplianceError, BadRequest, ContextLengthExceeded, Unavailable
-from appliance.http.api.fim import fim_ids, fim_prompt
-from appliance.http.api.ollama_wire import NDJSON, error_line, line, model_name, ollama_error, ollama_errors, stamp
+from appliance.errors import ApplianceError, BadRequest, Unavailable
+from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, stamp
+from appliance.http.intake import intake
 from appliance.http.messages import parse_messages, parse_tools
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond, templated
+from appliance.http.pipeline import Answer, Job, Timing, respond
+from appliance.http.prompting import Ask, Infill, Messages, Raw, Source, prepare
 from appliance.http.state import App
 from appliance.http.validate import (
     RequestBounds,
     boolean,
     check_chars,
-    check_tokens,
     json_text,
     parse_choices,
     refuse_changed,
@@ -170,24 +170,18 @@ def parse_generate(data: dict[str, Any], bounds: RequestBounds) -> Generate:
     return Generate(common, texts["prompt"], texts["system"], texts["suffix"], raw, context)
 
 
-async def generate_prompt(engine: Engine, req: Generate) -> tuple[list[int], bool]:
-    """The prompt's tokens, and whether a `context` can be returned (not for raw prompts,
-    as Ollama). `context` comes first, as Ollama puts it."""
-    check_tokens(req.context, engine.n_vocab, "context")
-    limit = engine.prompt_limit(req.common.params.max_tokens) - len(req.context)
+def generate_ask(req: Generate) -> Ask:
+    """The prompt's source: fill in the middle, the client's whole input (raw), or the prompt
+    (and system) through the chat template; `context` comes first, as Ollama puts it."""
+    source: Source
     if req.suffix:
-        prefix = await engine.tokenize(req.prompt, False)
-        tokens, _ = fim_prompt(fim_ids(engine), prefix, await engine.tokenize(req.suffix, False), limit)
+        source = Infill(req.prompt, req.suffix)
     elif req.raw:
-        tokens = await engine.tokenize(req.prompt, True)  # the client writes the whole input
+        source = Raw(req.prompt)  # the client writes the whole input
     else:
         system = [{"role": "system", "content": req.system}] if req.system else []
-        tokens = (await engine.prepare([*system, {"role": "user", "content": req.prompt}],
-                                       req.common.params.max_tokens)).tokens
-    if len(tokens) > limit:
-        raise ContextLengthExceeded(f"the prompt is {len(req.context) + len(tokens)} tokens, and this server allows "
-                                    f"{limit + len(req.context)} prompt tokens with this num_predict", param="prompt")
-    return req.context + tokens, not req.raw
+        source = Messages([*system, {"role": "user", "content": req.prompt}])
+    return Ask(source, req.common.params, context=req.context, length_param="num_predict")
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -328,23 +322,21 @@ async def _context(engine: Engine, prompt: list[int], answer: str) -> list[int]:
 
 
 # -- routes ----------------------------------------------------------------------------------
-@ollama_errors
 async def chat(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_chat(data, app.bounds)) as (caller, req):
         common = req.common
         if not req.messages:
             return _loaded(app.engine, common, chat_part(common.model, "", True))
-        prompt = await templated(app, req.messages, common.params, req.tools)
-    return await respond(app, request, Job(caller, prompt, (common.params,), common.stream), ChatShape(req))
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), common.params))
+    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), ChatShape(req))
 
 
-@ollama_errors
 async def generate(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_generate(data, app.bounds)) as (caller, req):
         common = req.common
         if not req.prompt:
             return _loaded(app.engine, common, generate_part(common.model, "", True))
-        tokens, with_context = await generate_prompt(app.engine, req)
-        await app.engine.check_grammar(common.params.grammar)
-    shape = GenerateShape(app.engine, common, tokens if with_context else None)
-    return await respond(app, request, Job(caller, tokens, (common.params,), common.stream), shape)
+        ready = await prepare(app.engine, generate_ask(req))
+    # A raw prompt gets no `context` back, as Ollama answers it.
+    shape = GenerateShape(app.engine, common, None if req.raw else ready.tokens)
+    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), shape)

@@ -5,6 +5,7 @@ on the chat machinery, previous_response_id continuing its conversation's sessio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -13,11 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.errors import NotFound
-from appliance.http.api.response_store import ResponseStore
-from appliance.http.api.responses_input import ResponsesRequest, parse_previous, parse_responses_request
-from appliance.http.api.responses_shape import ResponseShape
+from appliance.http.api.openai.response_store import ResponseStore
+from appliance.http.api.openai.responses_input import ResponsesRequest, parse_previous, parse_responses_request
+from appliance.http.api.openai.responses_shape import ResponseShape
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Job, intake, respond, templated
+from appliance.http.intake import intake
+from appliance.http.pipeline import Job, respond
+from appliance.http.prompting import Ask, Messages, prepare
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds, new_session_id
 
@@ -50,10 +53,10 @@ async def create(store: ResponseStore, app: App, request: Request) -> Response:
     """OpenAI's POST /v1/responses."""
     asked = Asked(caller_of(request.scope["state"]).client)
     async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (caller, req):
-        prompt = await templated(app, req.messages, req.params, req.tools)
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params))
     # The conversation continues in its own session, so the next turn finds its KV cells; the
     # id is the server's, never the client's, so it is not kept on disk (named=False).
-    job = Job(caller, prompt, (req.params,), req.stream, asked.session or new_session_id(),
+    job = Job(caller, ready.prompt, (ready.params,), req.stream, asked.session or new_session_id(),
               report=req.telemetry.report)
     shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session)
     return await respond(app, request, job, shape)
@@ -64,5 +67,5 @@ async def input_tokens(store: ResponseStore, app: App, request: Request) -> Resp
     the request (instructions, tools and a previous response's conversation included)."""
     asked = Asked(caller_of(request.scope["state"]).client)
     async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (_, req):
-        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
-    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), dataclasses.replace(req.params, grammar=None)))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(ready.tokens)})

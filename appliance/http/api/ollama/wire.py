@@ -4,15 +4,12 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.state import App
@@ -25,21 +22,6 @@ def ollama_error(err: ApplianceError) -> JSONResponse:
     """Ollama's error shape, with our status and Retry-After."""
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
     return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
-
-
-Route = Callable[[App, Request], Awaitable[Response]]
-
-
-def ollama_errors(route: Route) -> Route:
-    """The route's refusals in Ollama's error shape."""
-    @functools.wraps(route)
-    async def wrapped(app: App, request: Request) -> Response:
-        try:
-            return await route(app, request)
-        except ApplianceError as e:
-            return ollama_error(e)
-
-    return wrapped
 
 
 def line(obj: dict[str, Any]) -> bytes:

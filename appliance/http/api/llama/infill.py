@@ -1,31 +1,29 @@
-"""llama-server's own routes: /infill (editor plugins' code completion: llama.vim,
-llama.vscode) parsed into one job with its shape, and /tokenize and /detokenize.
+"""llama-server's /infill (editor plugins' code completion: llama.vim, llama.vscode) parsed
+into one job with its shape, which /completion's answer extends; the sampling fields
+llama-server has and the appliance does not.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.engine.engine import Engine
 from appliance.engine.events import Delta, Done, Progress
-from appliance.errors import ApplianceError, BadRequest, PayloadTooLarge
+from appliance.errors import ApplianceError, BadRequest
 from appliance.http import wire
-from appliance.http.api.fim import fim_ids, fim_prompt
-from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
+from appliance.http.intake import intake
+from appliance.http.pipeline import Answer, Job, Timing, respond
+from appliance.http.prompting import Ask, Infill, prepare
 from appliance.http.state import App
+from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.validate import (
     RequestBounds,
     boolean,
     check_chars,
-    check_tokens,
     integer,
-    is_tokens,
     refuse_changed,
     sampling_as,
     text,
@@ -33,18 +31,10 @@ from appliance.http.validate import (
 from appliance.sampling import SamplingParams
 
 MAX_EXTRA = 64  # input_extra chunks in one /infill request
-# Between input_extra chunks when the model has no file-separator token (llama-server's).
-CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
 # Neutral values of llama-server's sampling fields that the appliance does not have.
 LLAMA_UNSUPPORTED = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "dry_multiplier": 0.0,
                      "xtc_probability": 0.0, "n_probs": 0, "ignore_eos": False, "grammar": "",
                      "json_schema": None, "logit_bias": [], "n_cmpl": 1, "lora": []}
-# Tokens one /tokenize or /detokenize request may carry. Their work is per token and holds
-# the GIL (a piece each, then the JSON of the list: 1.6M tokens with pieces froze every
-# stream for 5 s), so the count is bounded. 100k is ~25 of the default 4,096-token contexts,
-# enough to count a long document before cutting it into prompts, and ~0.3 s of work in a
-# worker; a context configured larger than that still fits whole.
-MAX_TOKENS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +51,7 @@ class InfillRequest:
 
 
 # -- parsing ---------------------------------------------------------------------------------
-def _n_predict(data: dict[str, Any], bounds: RequestBounds) -> tuple[dict[str, Any], bool]:
+def n_predict(data: dict[str, Any], bounds: RequestBounds) -> tuple[dict[str, Any], bool]:
     """The fields with llama-server's answer length mapped onto ours, and whether the request
     only warms the cache. n_predict, or max_tokens when it is absent (as llama-server reads
     its alias: given both, max_tokens is ignored): -1 = as many as allowed; 0 = only compute
@@ -110,22 +100,10 @@ def parse_infill_request(data: dict[str, Any], bounds: RequestBounds) -> InfillR
     fields = data.get("response_fields") or []
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
-    sampling, warm_only = _n_predict(data, bounds)
+    sampling, warm_only = n_predict(data, bounds)
     params = sampling_as(sampling, bounds, {"n_predict": "max_tokens"})
     return InfillRequest(texts["input_prefix"], texts["input_suffix"], extra, texts["prompt"], params,
                          boolean(data, "stream"), warm_only, fields, parse_telemetry(data))
-
-
-async def infill_prompt(engine: Engine, req: InfillRequest) -> tuple[list[int], bool]:
-    fim = fim_ids(engine, "input_suffix")
-    extra: list[int] = []
-    for filename, chunk in req.extra:
-        # No file-separator token is known here: llama-server's plain-text separator.
-        extra += await engine.tokenize(f"{CHUNK_SEPARATOR}{filename}\n{chunk}", False)
-    prefix = await engine.tokenize(req.prefix, False) if req.prefix else []
-    suffix = await engine.tokenize(req.suffix, False) if req.suffix else []
-    middle = await engine.tokenize(req.middle, False) if req.middle else []
-    return fim_prompt(fim, prefix, suffix, engine.prompt_limit(req.params.max_tokens), extra, middle)
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -221,59 +199,7 @@ class InfillShape:
 async def infill(app: App, request: Request) -> Response:
     """llama-server's /infill: editor plugins' code completion (llama.vim, llama.vscode)."""
     async with intake(app, request, lambda data: parse_infill_request(data, app.bounds)) as (caller, req):
-        tokens, truncated = await infill_prompt(app.engine, req)
-    job = Job(caller, tokens, (req.params,), req.stream, report=req.telemetry.report)
-    return await respond(app, request, job, InfillShape(app, req, truncated))
-
-
-# -- /tokenize, /detokenize ----------------------------------------------------------------
-def check_token_count(n: int, bounds: RequestBounds, param: str) -> None:
-    cap = max(MAX_TOKENS, bounds.ctx_limit)
-    if n > cap:
-        raise PayloadTooLarge(f"'{param}' holds {n} tokens; one request may carry at most {cap} (send it in parts)",
-                              param=param, code="too_many_tokens")
-
-
-def _tokenized(engine: Engine, tokens: list[int], pieces: bool) -> Response:
-    """/tokenize's answer, rendered here (in a worker: a long list takes a while)."""
-    if not pieces:
-        return JSONResponse({"tokens": tokens})
-    return JSONResponse({"tokens": [{"id": t, "piece": engine.detokenize([t])} for t in tokens]})
-
-
-def _detokenized(engine: Engine, tokens: Any) -> Response:
-    """/detokenize's answer: each id checked, then the text (in a worker, as _tokenized)."""
-    if not is_tokens(tokens):
-        raise BadRequest("'tokens' must be an array of token ids", param="tokens")
-    check_tokens(tokens, engine.n_vocab, "tokens")
-    return JSONResponse({"content": engine.detokenize(tokens)})
-
-
-def _body(data: dict[str, Any]) -> dict[str, Any]:
-    return data
-
-
-async def tokenize(app: App, request: Request) -> Response:
-    """llama-server's /tokenize: {"content", "parse_special" (default true), "with_pieces"}."""
-    async with intake(app, request, _body) as (_, data):
-        content = data.get("content", "")
-        if not isinstance(content, str):
-            raise BadRequest("'content' must be a string", param="content")
-        check_chars(app.bounds, text(content, "content"))
-        special = boolean(data, "parse_special", True)
-        pieces = boolean(data, "with_pieces")
-        boolean(data, "add_special")  # no BOS is ever added here: checked, then moot
-        tokens = await app.engine.tokenize(content, special) if content else []
-        check_token_count(len(tokens), app.bounds, "content")
-        # Under the gate, so that a client cannot start more of these at once than of anything
-        # else, and off the event loop, which every stream needs.
-        return await asyncio.to_thread(_tokenized, app.engine, tokens, pieces)
-
-
-async def detokenize(app: App, request: Request) -> Response:
-    """llama-server's /detokenize: {"tokens": [ids]} -> {"content": text}."""
-    async with intake(app, request, _body) as (_, data):
-        tokens = data.get("tokens", [])
-        if isinstance(tokens, list):
-            check_token_count(len(tokens), app.bounds, "tokens")  # before any per-id work
-        return await asyncio.to_thread(_detokenized, app.engine, tokens)
+        ready = await prepare(app.engine, Ask(Infill(req.prefix, req.suffix, tuple(req.extra), req.middle, "input_suffix"),
+                                              req.params))
+    job = Job(caller, ready.prompt, (req.params,), req.stream, report=req.telemetry.report)
+    return await respond(app, request, job, InfillShape(app, req, ready.truncated))

@@ -67,7 +67,7 @@ def _engine_health(app: App) -> dict[str, Any]:
 
 
 def _machine_health(app: App) -> dict[str, Any]:
-    from appliance.cpu import SENSORS  # here: the one place the HTTP side reads sensors
+    from appliance.cpu import SENSORS  # the one reader /admin/status and /metrics share, cached for 1 s
 
     mem, heat = SENSORS.read()
     return {"memory": {"total_bytes": mem.total, "available_bytes": mem.available,

@@ -15,21 +15,22 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
-from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
+from appliance.http.api.openai.formats import parse_response_format
 from appliance.http.choices import Choice
+from appliance.http.intake import intake
 from appliance.http.messages import message_chars, parse_messages, parse_tools
-from appliance.http.pipeline import Answer, Job, Timing, choices, intake, respond, templated
-from appliance.http.resolve import biased
+from appliance.http.pipeline import Answer, Job, Timing, choices, respond
+from appliance.http.prompting import Ask, Messages, prepare
 from appliance.http.state import App
+from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.validate import (
     SESSION_RULE,
     Biases,
     RequestBounds,
     boolean,
-    json_text,
     new_session_id,
     parse_choices,
-    parse_gbnf,
+    parse_constraint,
     parse_logit_bias,
     parse_model,
     parse_sampling,
@@ -38,7 +39,6 @@ from appliance.http.validate import (
 )
 from appliance.http.wire import SSE, SSE_HEADERS, openai_error, sse, sse_error, usage
 from appliance.sampling import SamplingParams
-from appliance.structured.grammar import JSON_OBJECT, schema_grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,53 +52,13 @@ class ChatRequest:
     n: int = 1
     tools: list[dict[str, Any]] | None = None  # rendered by the chat template
     tool_names: frozenset[str] = frozenset()  # non-empty: the answer is parsed for tool calls
-    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (prompting.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
     telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- parsing ---------------------------------------------------------------------------------
-def parse_response_format(data: dict[str, Any]) -> str | None:
-    """response_format -> the grammar the answer must follow, or None for free text."""
-    rf = data.get("response_format")
-    if rf is None:
-        return None
-    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
-        raise BadRequest("'response_format' must be an object with a 'type'", param="response_format")
-    kind = rf["type"]
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        if rf.get("schema") is None:
-            return JSON_OBJECT
-        # llama-server's extension: a json_object with its schema, as json_schema's.
-        if not isinstance(rf["schema"], (dict, bool)):
-            raise BadRequest("'response_format.schema' must be a JSON schema object", param="response_format.schema")
-        return schema_grammar(json_text(rf["schema"], "response_format.schema"), "response_format.schema")
-    if kind == "json_schema":
-        js = rf.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
-            raise BadRequest("'response_format.json_schema' must be an object with a 'schema'",
-                             param="response_format.json_schema")
-        return schema_grammar(json_text(js.get("schema", {}), "response_format.json_schema.schema"))
-    raise BadRequest(f"'response_format.type' must be text, json_object or json_schema, got {kind[:32]!r}",
-                     param="response_format.type")
-
-
-def parse_constraint(data: dict[str, Any]) -> tuple[str | None, str | None]:
-    """llama-server's own ways to constrain an answer, also on /completion: a raw GBNF
-    `grammar` or a top-level `json_schema` -> (grammar, "grammar" when it is the client's GBNF)."""
-    raw, schema = parse_gbnf(data.get("grammar")), data.get("json_schema")
-    if raw is not None and schema is not None:
-        raise BadRequest("give 'grammar' or 'json_schema', not both", param="grammar")
-    if schema is not None:
-        if not isinstance(schema, (dict, bool)):
-            raise BadRequest("'json_schema' must be a JSON schema object", param="json_schema")
-        return schema_grammar(json_text(schema, "json_schema"), "json_schema"), None
-    return raw, None if raw is None else "grammar"
-
-
 def check_prefill(data: dict[str, Any], messages: list[dict[str, Any]]) -> None:
     """A final assistant message is continued, as llama-server does (the chat template renders
     the turns before it and the prompt ends with its text); vLLM's continue_final_message
@@ -160,13 +120,6 @@ def completion_of(cid: str, created: int, model: str, choices: list[dict[str, An
 def usage_chunk(cid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [], "usage": use}
-
-
-def models_list(model_id: str, created: int | None = None) -> dict[str, Any]:
-    return {"object": "list", "data": [
-        {"id": model_id, "object": "model", "created": created or int(time.time()), "owned_by": "appliance"}]}
-
-
 
 
 def _usage(ends: list[Done]) -> dict[str, Any]:
@@ -258,8 +211,16 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        params = await biased(app, req.params, req.bias, req.ignore_eos)
-        prompt = await templated(app, req.messages, params, req.tools, req.grammar_param)
-    job = Job(caller, prompt, choices(params, req.n), req.stream, req.session_id or new_session_id(),
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params, req.bias, req.ignore_eos,
+                                              req.grammar_param))
+    job = Job(caller, ready.prompt, choices(ready.params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None, report=req.telemetry.report)
-    return await respond(app, request, job, ChatShape(app, req, job.session, prompt.dropped_messages))
+    return await respond(app, request, job, ChatShape(app, req, job.session, ready.dropped))
+
+
+async def input_tokens(app: App, request: Request) -> Response:
+    """llama-server's POST /chat/completions/input_tokens: a chat request's prompt tokens as
+    the template renders it (tools included), without generating (no grammar is checked)."""
+    async with intake(app, request, lambda data: parse_chat_request(data, app.bounds)) as (_, req):
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), dataclasses.replace(req.params, grammar=None)))
+    return JSONResponse({"input_tokens": len(ready.tokens)})

@@ -1,6 +1,6 @@
 """llama-server's native routes: POST /completion (its own completion format: a prompt as
 text or tokens, n_predict, cache_prompt, id_slot, timings) parsed into one job with its
-shape, chat token counting, and the read-only GET /props and GET /slots (engine snapshot).
+shape, and the read-only GET /props and GET /slots (engine snapshot).
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import BadRequest
 from appliance.http import wire
-from appliance.http.api.chat import parse_chat_request, parse_constraint
-from appliance.http.api.completions import parse_prompt
-from appliance.http.api.fim import fit, tokens_of
-from appliance.http.api.llama import LLAMA_UNSUPPORTED, InfillShape, _n_predict
-from appliance.http.api.telemetry import Telemetry, parse_telemetry
+from appliance.http.api.llama.infill import LLAMA_UNSUPPORTED, InfillShape, n_predict
 from appliance.http.guard import caller_of
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
-from appliance.http.resolve import biased, check_grammar
+from appliance.http.intake import intake
+from appliance.http.pipeline import Answer, Job, Timing, respond
+from appliance.http.prompting import Ask, Raw, prepare
 from appliance.http.state import App
+from appliance.http.telemetry import Telemetry, parse_telemetry
 from appliance.http.validate import (
     MAX_TOP_LOGPROBS,
     Biases,
@@ -32,7 +30,9 @@ from appliance.http.validate import (
     boolean,
     check_chars,
     integer,
+    parse_constraint,
     parse_logit_bias,
+    parse_prompt,
     refuse_changed,
     sampling_as,
 )
@@ -46,7 +46,7 @@ class NativeRequest:
     stream: bool
     warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
     fields: list[str]  # response_fields, as /infill reads them
-    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (prompting.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False
     post_probs: int = 0  # post_sampling_probs: this many alternatives, as the sampler saw them
@@ -98,7 +98,7 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
     fields = data.get("response_fields") or []
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
-    sampling, warm_only = _n_predict(data, bounds)
+    sampling, warm_only = n_predict(data, bounds)
     grammar, grammar_param = parse_constraint(data)
     n_probs = parse_n_probs(data)
     post = n_probs if n_probs and boolean(data, "post_sampling_probs") else 0
@@ -214,20 +214,10 @@ async def completion(app: App, request: Request) -> Response:
     """llama-server's POST /completion: a raw prompt (text, control-token text parsed, or ids)."""
     slots = max(1, app.engine.snapshot.slots)
     async with intake(app, request, lambda data: parse_native_request(data, app.bounds, slots)) as (caller, req):
-        req = dataclasses.replace(req, params=await biased(app, req.params, req.bias, req.ignore_eos))
-        await check_grammar(app, req.params.grammar, req.grammar_param)
-        raw = await tokens_of(app.engine, req.prompt, special=True)
-        tokens = fit(raw, app.engine.prompt_limit(req.params.max_tokens))
-    job = Job(caller, tokens, (req.params,), req.stream, report=req.telemetry.report)
-    return await respond(app, request, job, NativeShape(app, req, len(tokens) < len(raw)))
-
-
-async def chat_input_tokens(app: App, request: Request) -> Response:
-    """llama-server's POST /chat/completions/input_tokens: a chat request's prompt tokens as
-    the template renders it (tools included), without generating."""
-    async with intake(app, request, lambda data: parse_chat_request(data, app.bounds)) as (_, req):
-        prompt = await app.engine.prepare(req.messages, req.params.max_tokens, req.tools)
-    return JSONResponse({"input_tokens": len(prompt.tokens)})
+        ready = await prepare(app.engine, Ask(Raw(req.prompt), req.params, req.bias, req.ignore_eos, req.grammar_param))
+    req = dataclasses.replace(req, params=ready.params)  # generation_settings shows the resolved biases
+    job = Job(caller, ready.prompt, (ready.params,), req.stream, report=req.telemetry.report)
+    return await respond(app, request, job, NativeShape(app, req, ready.truncated))
 
 
 # -- /props, /slots --------------------------------------------------------------------------

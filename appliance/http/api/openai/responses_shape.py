@@ -15,11 +15,11 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError
 from appliance.http import wire
-from appliance.http.api.response_store import ResponseStore
-from appliance.http.api.responses_input import ResponsesRequest
-from appliance.http.api.telemetry import Meter, timings
+from appliance.http.api.openai.response_store import ResponseStore
+from appliance.http.api.openai.responses_input import ResponsesRequest
 from appliance.http.pipeline import Answer, Timing
 from appliance.http.state import App
+from appliance.http.telemetry import Meter, timings
 from appliance.structured.tools import CallStream, ToolCall
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.errors import BadRequest
-from appliance.http.api.chat import parse_response_format
-from appliance.http.api.telemetry import Telemetry, parse_telemetry
+from appliance.http.api.openai.formats import parse_response_format
 from appliance.http.messages import message_chars, parse_messages, parse_tools
+from appliance.http.telemetry import Telemetry, parse_telemetry
 from appliance.http.validate import RequestBounds, boolean, parse_model, sampling_as
 from appliance.sampling import SamplingParams
 

@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.engine.engine import EngineState
-from appliance.http.api.ollama_wire import details, model_entry, model_name, ollama_errors, stamp
-from appliance.http.pipeline import intake
+from appliance.http.api.ollama.wire import details, model_entry, model_name, stamp
+from appliance.http.intake import intake
 from appliance.http.state import App
 
 # The Ollama release whose /api shapes these routes follow; some tools check it.
@@ -17,12 +17,10 @@ VERSION = "0.12.11"
 FAR_FUTURE = "9999-12-31T23:59:59Z"  # expires_at of a model that is never unloaded
 
 
-@ollama_errors
 async def tags(app: App, request: Request) -> Response:
     return JSONResponse({"models": [model_entry(app)]})
 
 
-@ollama_errors
 async def ps(app: App, request: Request) -> Response:
     if app.engine.state is not EngineState.READY:
         return JSONResponse({"models": []})
@@ -35,7 +33,6 @@ def _named(data: dict[str, Any]) -> str:
     return model_name(data)  # any name: this server has one model
 
 
-@ollama_errors
 async def show(app: App, request: Request) -> Response:
     async with intake(app, request, _named):
         pass
@@ -50,6 +47,5 @@ async def show(app: App, request: Request) -> Response:
     })
 
 
-@ollama_errors
 async def version(app: App, request: Request) -> Response:
     return JSONResponse({"version": VERSION})

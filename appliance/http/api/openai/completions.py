@@ -13,14 +13,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.engine.engine import Engine
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
-from appliance.http.api.fim import fim_ids, fim_prompt, fit, tokens_of
-from appliance.http.api.telemetry import Meter, Telemetry, parse_telemetry, timings
-from appliance.http.pipeline import Answer, Job, Timing, intake, respond
-from appliance.http.resolve import biased, check_grammar
+from appliance.http.intake import intake
+from appliance.http.pipeline import Answer, Job, Timing, respond
+from appliance.http.prompting import Ask, Infill, Raw, prepare
 from appliance.http.state import App
+from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.validate import (
     MAX_TOP_LOGPROBS,
     Biases,
@@ -28,10 +27,10 @@ from appliance.http.validate import (
     boolean,
     check_chars,
     integer,
-    is_tokens,
     parse_gbnf,
     parse_logit_bias,
     parse_model,
+    parse_prompt,
     parse_sampling,
     parse_stream,
     text,
@@ -49,32 +48,12 @@ class CompletionRequest:
     include_usage: bool
     echo: bool
     model: str | None
-    bias: Biases = ()  # logit_bias, resolved to token ids after intake (pipeline.biased)
+    bias: Biases = ()  # logit_bias, resolved to token ids after intake (prompting.biased)
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
     telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- parsing ----------------------------------------------------------------------------------
-def parse_prompt(raw: Any, param: str = "prompt") -> str | list[int]:
-    """A string or a list of token ids; a list holding one of them is that one. Several
-    prompts in one request are refused: send them as separate requests, which are batched
-    together anyway."""
-    if isinstance(raw, list) and len(raw) == 1 and (isinstance(raw[0], str) or is_tokens(raw[0])):
-        raw = raw[0]
-    if isinstance(raw, str):
-        return text(raw, param)
-    if is_tokens(raw):
-        if not raw:
-            raise BadRequest(f"'{param}' must not be empty", param=param)
-        return list(raw)
-    if isinstance(raw, list) and all(isinstance(p, str) or is_tokens(p) for p in raw):
-        raise BadRequest(f"'{param}' holds {len(raw)} prompts; this server takes one per request "
-                         "(send them as separate requests: they are decoded together)", param=param)
-    if raw is None:
-        raise BadRequest(f"'{param}' is required", param=param)
-    raise BadRequest(f"'{param}' must be a string or an array of token ids", param=param)
-
-
 def _refuse_unsupported(data: dict[str, Any]) -> None:
     """Fields that would change the answer and are not supported: a 400 naming them."""
     n = integer(data, "n")
@@ -110,17 +89,11 @@ def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> Com
                              parse_telemetry(data))
 
 
-async def completion_prompt(engine: Engine, req: CompletionRequest) -> tuple[list[int], bool]:
-    """The prompt's tokens and whether they were cut to fit. A raw prompt is the client's own
-    text, so its control-token text is parsed; fill-in-the-middle text never is (the FIM
-    tokens come from us only)."""
-    limit = engine.prompt_limit(req.params.max_tokens)
-    if req.suffix:
-        fim = fim_ids(engine)
-        prefix = await tokens_of(engine, req.prompt, special=False)
-        suffix = await engine.tokenize(req.suffix, False)
-        return fim_prompt(fim, prefix, suffix, limit)
-    return fit(await tokens_of(engine, req.prompt, special=True), limit), False
+def completion_ask(req: CompletionRequest) -> Ask:
+    """A raw prompt is the client's own text, so its control-token text is parsed;
+    fill-in-the-middle text never is (the FIM tokens come from us only)."""
+    source = Infill(req.prompt, req.suffix) if req.suffix else Raw(req.prompt)
+    return Ask(source, req.params, req.bias, req.ignore_eos, "grammar")
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -226,11 +199,9 @@ class CompletionShape:
 
 async def completions(app: App, request: Request) -> Response:
     async with intake(app, request, lambda data: parse_completion_request(data, app.bounds)) as (caller, req):
-        params = await biased(app, req.params, req.bias, req.ignore_eos)
-        await check_grammar(app, params.grammar, "grammar")
-        tokens, _ = await completion_prompt(app.engine, req)
+        ready = await prepare(app.engine, completion_ask(req))
     echo = ""
     if req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else app.engine.detokenize(req.prompt)
-    job = Job(caller, tokens, (params,), req.stream, report=req.telemetry.report)
+    job = Job(caller, ready.prompt, (ready.params,), req.stream, report=req.telemetry.report)
     return await respond(app, request, job, CompletionShape(app, req, echo))

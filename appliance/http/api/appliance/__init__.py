@@ -1,0 +1,1 @@
+"""The appliance's own routes: health, metrics, models, sessions, the page, admin, documents."""

@@ -1,0 +1,1 @@
+"""llama-server's own routes: /completion, /infill, /tokenize, /detokenize, /props, /slots."""

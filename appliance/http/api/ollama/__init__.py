@@ -1,0 +1,1 @@
+"""Ollama's API: /api/chat, /api/generate and its model routes."""
