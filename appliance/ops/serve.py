@@ -204,7 +204,7 @@ def serve(cfg: Config, model_path: Path) -> int:
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",
                           ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None,
                           http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
-                                                  parse_networks(cfg.trusted_proxies)))
+                                                  parse_networks(cfg.trusted_proxies), cfg.response_stall_s))
     server = _Server(ucfg, engine, cfg.grace_s, keys, notifier)
     watchdog = supervise(engine, notifier, lambda: server.started)
     watchdog.start()
