@@ -111,10 +111,16 @@ def open_dir(state_dir: Path, create: bool) -> int | None:
 
 
 def _unlink(name: str, dir_fd: int) -> None:
+    """Remove one of our files, best effort: on a read-only or failing disk (an SD card going
+    bad, a remount) the file stays, which is harmless (a session is matched by its tokens,
+    and the next save replaces the directory's files), where an error here turned a read
+    into a 500 and leaked the directory's descriptor."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+    except OSError as e:
+        log.debug("could not remove %s from the state directory: %s", name, e)
 
 
 def save_all(state_dir: Path, fingerprint: str, records: Iterable[tuple[str, list[int], int, float, bytes]],
@@ -263,5 +269,7 @@ def load(saved: Saved) -> bytes | None:
         return None
     finally:
         if fd is not None:
-            _unlink(saved.path.name, fd)
-            os.close(fd)
+            try:
+                _unlink(saved.path.name, fd)
+            finally:
+                os.close(fd)
