@@ -18,6 +18,7 @@ import numpy as np
 from appliance.engine.batch import FA_TILE_ROWS, Batch, build, split
 from appliance.engine.events import Delta, Done, Event, Failed, Report, TokenLogprob
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
+from appliance.engine.kv.budget import KVBudget
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
@@ -49,9 +50,10 @@ class EngineCore:
         self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
         self.cores = cores  # None: the thread count stays as the context was made
         self.threads = cores.threads if cores else 0
-        self.sched = Scheduler(limits, clock)
+        self.budget = KVBudget(limits.kv_tokens)  # the scheduler reserves, the KV side pins (kv/budget.py)
+        self.sched = Scheduler(limits, clock, self.budget)
         self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
-        self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
+        self.kv = KVStore(model, self.cache, policy, self.budget, self.sched, clock)
         self.stats = Stats()
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
@@ -68,7 +70,7 @@ class EngineCore:
     def ctx_cap(self) -> int:
         """Most tokens one turn may hold: its context limit, or the cells the public
         prefixes leave (kv_tokens may equal ctx_per_slot), whichever is less."""
-        return min(self.limits.ctx_limit, self.limits.kv_tokens - self.sched.pinned)
+        return min(self.limits.ctx_limit, self.budget.total - self.budget.pinned)
 
     # -- start-up ------------------------------------------------------------------------
     def warm_up(self) -> None:
@@ -90,7 +92,7 @@ class EngineCore:
             self.model.decode(chunk, list(range(start, start + len(chunk))), [sid] * len(chunk),
                               [False] * len(chunk))
         self.kv.add_public(sid, tokens)
-        self.sched.pinned += len(tokens)  # cells no reservation may count on
+        self.budget.pin(len(tokens))  # cells no reservation may count on
 
     def open_commons(self) -> None:
         """After the presets: system prompts that become public once common get the public
@@ -99,7 +101,7 @@ class EngineCore:
         if n and not self.kv.policy.share_all:  # sharing everything already shares these
             first = self._next_public_id
             self.kv.commons = Commons(CommonsPolicy(max_public=n), range(first, first + n), self.model, self.cache,
-                                      self.sched, self.limits.kv_tokens, self.clock)
+                                      self.budget, self.sched, self.clock)
 
     # -- commands ------------------------------------------------------------------------
     def handle(self, cmd: Command) -> None:
