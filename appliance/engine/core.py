@@ -201,7 +201,7 @@ class EngineCore:
             self.stats.prompt_tokens_received += turn.n_prompt
         # Room for the new reservations only now: a conversation a turn continues is its
         # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
-        # A restore that finds no free cells makes its own room (kvstore._set_state).
+        # A restore that finds no free cells makes its own room (kv/store.KVStore._set_state).
         self.kv.make_room()
         return len(admitted)
 
