@@ -285,7 +285,6 @@ async def _ended(app: App, handles: list[Handle], shape: Shape, timing: Timing, 
     ends[i] = done
     if len(ends) == len(handles):
         timing.finish()
-        app.note_served(timing.first)  # the wait estimates in queue notes
         app.usage.ended(caller, list(ends.values()), timing.ttft_s)
     return await shape.end(i, done, timing)
 
@@ -351,7 +350,6 @@ async def collect(app: App, request: Request, handles: list[Handle], timing: Tim
     failed = next((r for r in results if isinstance(r, Failed)), None)
     if failed is not None:
         return failed
-    app.note_served(timing.first)  # the wait estimates in queue notes
     return [r for r in results if not isinstance(r, Failed)]
 
 

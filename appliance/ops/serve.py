@@ -51,8 +51,7 @@ def accounting(cfg: Config) -> Accounting:
     return Accounting(Ledger(cfg.state_dir, cfg.usage_retention_days), cfg.quota_tokens_per_day)
 
 
-def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
-                 on_fatal: Any = lambda: None) -> Engine:
+def build_engine(cfg: Config, model_path: Path, on_fatal: Any = lambda: None) -> Engine:
     cpus = cpu.choose_cpus(cfg)
     threads = cpu.choose_threads(cfg, cpus)
     repack = cpu.use_repack(cfg)
@@ -90,14 +89,14 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     return Engine(load, EngineOptions(limits, policy, max_per_client=cfg.max_per_client, presets=presets,
                   spec_budget=cfg.spec_budget, cores=cores,
                   request_timeout_s=cfg.request_timeout_s,
-                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal,
+                  pin=lambda: cpu.pin_current_thread(cpus), on_fatal=on_fatal,
                   stall_s=cfg.stall_s, fault=faults.from_env(os.environ)))
 
 
 def auto_park_bytes(model_path: Path) -> int:
     """park_ram_mb = -1: a quarter of the memory available at start-up beyond the model
     file, so a 1 GiB board parks little and a big PC a lot. It is a ceiling: while
-    serving, parking yields whenever memory runs short (kvstore.park_budget)."""
+    serving, parking yields whenever memory runs short (kv/store.park_budget)."""
     mem = cpu.read_memory()
     size = model_path.stat().st_size if model_path.is_file() else 0
     park = max(0, mem.available - size) // 4
@@ -188,7 +187,7 @@ def serve(cfg: Config, model_path: Path) -> int:
         raise ConfigError(f"config key 'api_keys_file': {e}") from None
     if keys.enabled:
         log.info("API keys on: %d keys from %s", len(keys), cfg.api_keys_file)
-    engine = build_engine(cfg, model_path, metrics, fatal)
+    engine = build_engine(cfg, model_path, fatal)
     metrics.attach(engine)
     # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
     faulthandler.enable()
