@@ -357,22 +357,25 @@ class EngineCore:
         t.logprobs = []
 
     # -- finishing -----------------------------------------------------------------------
-    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None) -> None:
-        """Give the slot back, keep or free the KV, and tell the stream how it ended."""
+    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None, keep: bool = False) -> None:
+        """Give the slot back, keep or free the KV, and tell the stream how it ended. A turn
+        cut by a stop (`keep`) ends with its error but keeps its KV, and what it had
+        generated goes out first, so its conversation is saved and continues after a restart."""
         self.sched.release(t)
         self.inbox.finished(t)
         t.leader = None
-        self._release_kv(t, keep=error is None and t.n_cached > 0)
+        self._release_kv(t, keep=(error is None or keep) and t.n_cached > 0)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
         self._log_finished(t, reason, error)
+        if error is None or keep:
+            tail = t.text.flush() if t.text is not None else ""
+            if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
+                self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
+                t.logprobs = []
         if error is not None:
             self.events.append((t.sink, Failed(error)))
             return
         self.figures.answered(t.first_token_at, self.clock())
-        tail = t.text.flush() if t.text is not None else ""
-        if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
-            self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
-            t.logprobs = []
         self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
 
     def _release_kv(self, t: Turn, keep: bool) -> None:
@@ -400,12 +403,16 @@ class EngineCore:
                  t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
                  len(t.output), wait, ttft, self.clock() - t.arrival)
 
-    def fail_all(self, error: ApplianceError, pending: list[Command]) -> None:
-        """Shutting down or crashed: every queued and running request ends with `error`."""
+    def fail_all(self, error: ApplianceError, pending: list[Command], keep: bool = False) -> None:
+        """Shutting down or crashed: every queued and running request ends with `error`. On
+        a stop (`keep`) the running ones keep their KV, to be saved with the sessions."""
         turns = [c.turn for c in pending if isinstance(c, Submit)]
         for c in pending:
             if isinstance(c, DeleteSession) and not c.done.done():
                 c.done.set_result(False)
+        if keep:
+            for t in list(self.sched.running):
+                self._finish(t, "shutdown", error, keep=True)
         for t in turns + list(self.sched.waiting) + list(self.sched.running):
             if t.state is not State.FINISHED:
                 self.sched.release(t)

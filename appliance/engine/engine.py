@@ -287,7 +287,7 @@ class Engine:
         if self.state is EngineState.LOADING:
             raise Unavailable("the model is still loading", retry_after=5)
         if self.state is EngineState.DRAINING:
-            raise Unavailable("the server is shutting down", retry_after=10)
+            raise Unavailable("the server is shutting down", code="shutting_down", retry_after=10)
         if self.state is not EngineState.READY:
             raise Unavailable(f"the engine is not running: {self.load_error or self.state.value}")
 
@@ -327,7 +327,11 @@ class Engine:
             self._shut(core, EngineFailure("the engine stopped unexpectedly"))
             self._options.on_fatal()  # let the process exit non-zero so a supervisor restarts it
         else:
-            self._shut(core, Unavailable("the server is shutting down"))
+            # A stop with answers still running (past the drain's grace): each ends with the
+            # documented error event, keeping its conversation for the next start.
+            self._shut(core, Unavailable("the server is restarting: this answer was cut short; ask again in a "
+                                         "moment and the conversation continues", code="shutting_down",
+                                         retry_after=10), keep=True)
             core.kv.save_sessions()
             self.state = EngineState.STOPPED
         finally:
@@ -371,8 +375,8 @@ class Engine:
                 self._inbox.wait(min(max(0.0, closes - self._clock()) if closes is not None else 1.0, stall_s / 4))
                 core.stats.seconds["idle"] += time.perf_counter() - waited
 
-    def _shut(self, core: EngineCore, error: ApplianceError) -> None:
-        core.fail_all(error, self._inbox.close())
+    def _shut(self, core: EngineCore, error: ApplianceError, keep: bool = False) -> None:
+        core.fail_all(error, self._inbox.close(), keep)
         self.snapshot = core.snapshot()
         self._emit(core)
 

@@ -124,7 +124,12 @@ def supervise(engine: Engine, notifier: Notifier, listening: Any = lambda: True)
 
 class _Server(uvicorn.Server):
     """On the first SIGTERM/SIGINT: stop admitting (/health says draining), let running
-    streams finish within the grace period, then shut down. A second signal exits at once."""
+    streams finish within the grace period, then stop the engine (answers still running end
+    with the `shutting_down` error event and their conversations are saved), wait for the
+    responses to be written, and only then let uvicorn shut down: uvicorn cancelling the
+    request tasks cut 7 of 8 streams mid-body with no word. A second signal exits at once."""
+
+    LAST_WRITES_S = 5.0  # after the engine stopped: the error events and stream ends reach their clients
 
     def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None,
                  notifier: Notifier | None = None) -> None:
@@ -155,7 +160,15 @@ class _Server(uvicorn.Server):
         deadline = time.monotonic() + self.grace_s
         while self.engine.n_active and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.05)  # let the last events reach their streams
+        if self.engine.n_active:
+            log.info("grace over: %d answers still running end with shutting_down, their conversations saved",
+                     self.engine.n_active)
+        # The engine thread fails what still runs (keeping its KV), saves the sessions and
+        # exits; its last events reach the streams through the loop meanwhile.
+        await asyncio.to_thread(self.engine.stop)
+        deadline = time.monotonic() + self.LAST_WRITES_S
+        while any(not t.done() for t in self.server_state.tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         self.should_exit = True
 
 
