@@ -260,14 +260,17 @@ def test_a_stop_ends_every_running_answer_with_the_error_event_and_keeps_its_con
     live = servers(*SMALL, "--grace-s", str(grace), state=state)
     sessions = [f"stop-{i}-{secrets.token_hex(12)}" for i in range(4)]
     results: dict[str, list[Any]] = {}
-    started = threading.Barrier(len(sessions) + 1, timeout=HANG_S)
+    started = threading.Barrier(len(sessions) + 1, timeout=120)
 
     def long_answer(session: str) -> None:
         body = {"messages": [SYSTEM, {"role": "user", "content": "Count from 1 to 500, one number per line."}],
-                "max_tokens": 1000, "stream": True, "temperature": 0, "ignore_eos": True}
+                "max_tokens": 600, "stream": True, "temperature": 0, "ignore_eos": True}
         evs: list[Any] = []
         try:
             with live.client.stream("POST", CHAT, json=body, headers={"X-Session-Id": session}, timeout=HANG_S) as r:
+                if r.status_code != 200:
+                    evs.append(AssertionError(f"{r.status_code}: {r.read()!r}"))
+                    started.abort()
                 for ev in events_of(r):
                     evs.append(ev)
                     if len(evs) == 3:
@@ -279,7 +282,12 @@ def test_a_stop_ends_every_running_answer_with_the_error_event_and_keeps_its_con
     threads = [threading.Thread(target=long_answer, args=(s,)) for s in sessions]
     for t in threads:
         t.start()
-    started.wait()
+    try:
+        started.wait()
+    except threading.BrokenBarrierError:
+        for t in threads:
+            t.join(30)
+        raise AssertionError(results) from None
     t0 = time.monotonic()
     live.proc.send_signal(signal.SIGTERM)
     code = live.proc.wait(grace + 60)  # the grace, the sessions' save, a margin: a hang fails here
