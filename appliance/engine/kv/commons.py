@@ -38,10 +38,15 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class CommonsPolicy:
     max_public: int = 4  # promoted system prompts held at once (pinned cells); 0 = off
-    need_clients: int = 2  # different client identities that must send the same block
+    # Different client identities that must send the same block. Three, not two: with two,
+    # the second identity's own request already copied the block, so one identity could
+    # confirm in one request that a single other one had sent a guessed private prompt (a
+    # code name, a budget figure). From three, what a guesser learns is that at least two
+    # others send it: a common prompt, which is what this shares (docs/SECURITY.md).
+    need_clients: int = 3
     min_tokens: int = 16  # shorter blocks are not worth a sequence
     max_tokens: int = 2048  # longer ones are not pinned for everyone
-    max_candidates: int = 256  # blocks remembered (by digest) while they wait for a second client
+    max_candidates: int = 256  # blocks remembered (by digest) while they wait for enough clients
 
 
 class Commons:
