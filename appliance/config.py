@@ -198,6 +198,8 @@ class Config:
         "documents read at once, each by its own worker process (on 2 cores one leaves the engine a core)", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(
         "a connection must deliver a request's headers and body within this, s", _positive))
+    response_stall_s: float = field(default=120.0, metadata=_opt(
+        "a response whose client reads none of it for this long is cut and its buffer freed, s", _positive))
     max_conns_per_client: int = field(default=64, metadata=_opt(
         "open connections per client address (trusted proxies exempt); 0 = no cap", _non_negative))
     tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))

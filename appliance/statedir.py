@@ -71,11 +71,17 @@ def open_dir(state_dir: Path, create: bool) -> int | None:
 
 
 def unlink(name: str, dir_fd: int) -> None:
-    """Remove one of the directory's files; one already gone is no error."""
+    """Remove one of the directory's files, best effort: one already gone is no error, and
+    on a read-only or failing disk (an SD card going bad, a remount) the file stays, which
+    its caller must find harmless (a session file is matched by its tokens, and the next
+    save replaces the directory's files), where raising here turned a read into a 500 and
+    leaked the directory's descriptor."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+    except OSError as e:
+        log.debug("could not remove %s from the state directory: %s", name, e)
 
 
 def new_file(name: str, dir_fd: int) -> int:

@@ -17,7 +17,9 @@ import numpy as np
 
 from appliance.engine.batch import FA_TILE_ROWS, Batch, build, split
 from appliance.engine.events import Delta, Done, Event, Failed, Report, TokenLogprob
+from appliance.engine.figures import Figures
 from appliance.engine.inbox import Cancel, Command, DeleteSession, Inbox, Submit
+from appliance.engine.kv.budget import KVBudget
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
@@ -38,20 +40,21 @@ Events = list[tuple[Sink, Event]]
 
 class EngineCore:
     def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
-                 clock: Callable[[], float], metrics: Any = None, request_timeout_s: float = 600.0,
+                 clock: Callable[[], float], request_timeout_s: float = 600.0,
                  spec_budget: int = 0, cores: CoreShare | None = None) -> None:
         self.model = model
         self.limits = limits
         self.inbox = inbox
         self.clock = clock
-        self.metrics = metrics  # metrics.Metrics or None; observed from this thread
+        self.figures = Figures()  # distributions and recent answers, published in the snapshot
         self.request_timeout_s = request_timeout_s
         self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
         self.cores = cores  # None: the thread count stays as the context was made
         self.threads = cores.threads if cores else 0
-        self.sched = Scheduler(limits, clock)
+        self.budget = KVBudget(limits.kv_tokens)  # the scheduler reserves, the KV side pins (kv/budget.py)
+        self.sched = Scheduler(limits, clock, self.budget)
         self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
-        self.kv = KVStore(model, self.cache, policy, self.sched, limits.kv_tokens, clock)
+        self.kv = KVStore(model, self.cache, policy, self.budget, self.sched, clock)
         self.stats = Stats()
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'
@@ -61,14 +64,16 @@ class EngineCore:
         # loop's thread for the queue notes: one float, written whole.
         self.step_ends = 0.0
         # Called by the engine thread once turns are admitted, before the step: a snapshot
-        # published then keeps queue places true through a long step (Engine._run).
+        # published then keeps queue places true through a long step (Engine._run). And
+        # once a step's end is forecast: the published snapshot learns when it should end.
         self.publish: Callable[[], None] | None = None
+        self.publish_step_end: Callable[[float], None] | None = None
 
     @property
     def ctx_cap(self) -> int:
         """Most tokens one turn may hold: its context limit, or the cells the public
         prefixes leave (kv_tokens may equal ctx_per_slot), whichever is less."""
-        return min(self.limits.ctx_limit, self.limits.kv_tokens - self.sched.pinned)
+        return min(self.limits.ctx_limit, self.budget.total - self.budget.pinned)
 
     # -- start-up ------------------------------------------------------------------------
     def warm_up(self) -> None:
@@ -90,7 +95,7 @@ class EngineCore:
             self.model.decode(chunk, list(range(start, start + len(chunk))), [sid] * len(chunk),
                               [False] * len(chunk))
         self.kv.add_public(sid, tokens)
-        self.sched.pinned += len(tokens)  # cells no reservation may count on
+        self.budget.pin(len(tokens))  # cells no reservation may count on
 
     def open_commons(self) -> None:
         """After the presets: system prompts that become public once common get the public
@@ -99,7 +104,7 @@ class EngineCore:
         if n and not self.kv.policy.share_all:  # sharing everything already shares these
             first = self._next_public_id
             self.kv.commons = Commons(CommonsPolicy(max_public=n), range(first, first + n), self.model, self.cache,
-                                      self.sched, self.limits.kv_tokens, self.clock)
+                                      self.budget, self.sched, self.clock)
 
     # -- commands ------------------------------------------------------------------------
     def handle(self, cmd: Command) -> None:
@@ -140,6 +145,8 @@ class EngineCore:
         """The step's llama_decode calls (one, or two: batch.split), each decoded, advanced
         and sampled; first the step's end is forecast, for the queue notes' wait estimate."""
         self.step_ends = self.clock() + self.pace.forecast(parts)
+        if self.publish_step_end is not None:
+            self.publish_step_end(self.step_ends)
         # A split step's streams draft only within the tile they keep to (FA_TILE_ROWS).
         rows = self.limits.batch_tokens if len(parts) == 1 else FA_TILE_ROWS - 1
         start, admitted = t0, t1
@@ -179,8 +186,7 @@ class EngineCore:
             return 0
         self.inbox.dequeued(len(admitted))
         for turn in admitted:
-            if self.metrics:
-                self.metrics.queue_wait.observe(turn.admitted_at - turn.arrival)
+            self.figures.queue_wait.observe(turn.admitted_at - turn.arrival)
             try:
                 self.kv.attach(turn)
                 turn.sampler = self.model.new_sampler(turn.params)
@@ -195,7 +201,7 @@ class EngineCore:
             self.stats.prompt_tokens_received += turn.n_prompt
         # Room for the new reservations only now: a conversation a turn continues is its
         # turn's (busy) from attach on, not idle cells counted twice and evicted for nothing.
-        # A restore that finds no free cells makes its own room (kvstore._set_state).
+        # A restore that finds no free cells makes its own room (kv/store.KVStore._set_state).
         self.kv.make_room()
         return len(admitted)
 
@@ -230,9 +236,8 @@ class EngineCore:
             for t in broken or involved:
                 self._finish(t, "error", err)
             return False
-        if self.metrics:
-            self.metrics.seqs_per_step.observe(step.n_seqs)
-            self.metrics.step_seconds.observe(time.monotonic() - t0)
+        self.figures.step_seqs.observe(step.n_seqs)
+        self.figures.step_seconds.observe(time.monotonic() - t0)
         return True
 
     def _advance(self, step: Step, batch: Batch) -> None:
@@ -333,11 +338,10 @@ class EngineCore:
         return t.state is not State.FINISHED
 
     def _emit_text(self, t: Turn, text: str, now: float) -> None:
-        if self.metrics:
-            if t.first_token_at:
-                self.metrics.itl.observe(now - t.last_emit_at)
-            else:
-                self.metrics.ttft.observe(now - t.arrival)
+        if t.first_token_at:
+            self.figures.itl.observe(now - t.last_emit_at)
+        else:
+            self.figures.ttft.observe(now - t.arrival)
         if not t.first_token_at:
             t.first_token_at = now
         t.last_emit_at = now
@@ -353,21 +357,25 @@ class EngineCore:
         t.logprobs = []
 
     # -- finishing -----------------------------------------------------------------------
-    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None) -> None:
-        """Give the slot back, keep or free the KV, and tell the stream how it ended."""
+    def _finish(self, t: Turn, reason: str, error: ApplianceError | None = None, keep: bool = False) -> None:
+        """Give the slot back, keep or free the KV, and tell the stream how it ended. A turn
+        cut by a stop (`keep`) ends with its error but keeps its KV, and what it had
+        generated goes out first, so its conversation is saved and continues after a restart."""
         self.sched.release(t)
         self.inbox.finished(t)
         t.leader = None
-        self._release_kv(t, keep=error is None and t.n_cached > 0)
+        self._release_kv(t, keep=(error is None or keep) and t.n_cached > 0)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
         self._log_finished(t, reason, error)
+        if error is None or keep:
+            tail = t.text.flush() if t.text is not None else ""
+            if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
+                self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
+                t.logprobs = []
         if error is not None:
             self.events.append((t.sink, Failed(error)))
             return
-        tail = t.text.flush() if t.text is not None else ""
-        if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
-            self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
-            t.logprobs = []
+        self.figures.answered(t.first_token_at, self.clock())
         self.events.append((t.sink, Done(reason, t.n_prompt, len(t.output), t.n_reused)))
 
     def _release_kv(self, t: Turn, keep: bool) -> None:
@@ -395,12 +403,16 @@ class EngineCore:
                  t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
                  len(t.output), wait, ttft, self.clock() - t.arrival)
 
-    def fail_all(self, error: ApplianceError, pending: list[Command]) -> None:
-        """Shutting down or crashed: every queued and running request ends with `error`."""
+    def fail_all(self, error: ApplianceError, pending: list[Command], keep: bool = False) -> None:
+        """Shutting down or crashed: every queued and running request ends with `error`. On
+        a stop (`keep`) the running ones keep their KV, to be saved with the sessions."""
         turns = [c.turn for c in pending if isinstance(c, Submit)]
         for c in pending:
             if isinstance(c, DeleteSession) and not c.done.done():
                 c.done.set_result(False)
+        if keep:
+            for t in list(self.sched.running):
+                self._finish(t, "shutdown", error, keep=True)
         for t in turns + list(self.sched.waiting) + list(self.sched.running):
             if t.state is not State.FINISHED:
                 self.sched.release(t)
@@ -420,8 +432,10 @@ class EngineCore:
             waiting=tuple(t.rid for t in self.sched.waiting), taken=self.taken,
             sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
             cores_others=self.cores.others if self.cores else 0.0, counters=st.counters(),
-            cache_events=MappingProxyType(events), step_log=tuple(st.step_log),
-            admissible=self.sched.admissible(), step_s=self.pace.step_s)
+            cache_events=MappingProxyType(events), step_log=st.step_log.view(),
+            admissible=self.sched.admissible(), step_s=self.pace.step_s, step_ends=self.step_ends,
+            park_budget=cache.park_budget, finished_at=tuple(self.figures.finished_at),
+            served_s=tuple(self.figures.served_s), histograms=self.figures.histograms())
 
 
 def _fields(obj: Any) -> dict[str, int]:

@@ -7,6 +7,7 @@ snapshot published after every iteration. The HTTP side never holds a Turn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import secrets
@@ -109,7 +110,6 @@ class EngineOptions:
     fault: Fault | None = None  # faults.py, tests only: armed once the engine is ready
     pin: Callable[[], None] = _nothing  # pins the engine thread (cpu.py), before the model loads
     clock: Callable[[], float] = time.monotonic
-    metrics: Any = None
     on_fatal: Callable[[], None] = _nothing  # the engine failed: let the process exit non-zero
 
 
@@ -126,7 +126,6 @@ class Engine:
         self._clock = options.clock
         self._inbox = Inbox(self._limits.max_queue, options.max_per_client)
         self._progress_at = 0.0  # time.monotonic() when the engine loop last made progress
-        self.park_budget = self._policy.park_bytes  # parking's RAM budget now (shrinks when memory is short)
         self.state = EngineState.LOADING
         self.load_error = ""
         self.system_fingerprint = ""  # OpenAI's, set once the model has loaded
@@ -176,11 +175,9 @@ class Engine:
         idle = time.monotonic() - self._progress_at
         return idle if idle > self._options.stall_s else 0.0
 
-    @property
-    def step_ends(self) -> float:
-        """When the engine's step in progress should end (engine clock), 0.0 between steps:
-        the queue notes' wait estimate (the engine thread writes the float whole)."""
-        return self.core.step_ends if self.core is not None else 0.0
+    def now(self) -> float:
+        """The engine's clock, which the snapshot's times are on."""
+        return self._clock()
 
     @property
     def status(self) -> str:
@@ -237,12 +234,7 @@ class Engine:
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
                     client=client, session=session or f"{self._anon}{rid}", public_len=public, system_len=system,
                     named=named and bool(session), progress=Report(int(progress)))
-        try:
-            self._inbox.submit(turn)
-        except ApplianceError as e:
-            if self._options.metrics and e.code:
-                self._options.metrics.rejected.labels(e.code).inc()
-            raise
+        self._inbox.submit(turn)  # a refusal (QueueFull) is counted where every refusal is: http/
         return Handle(rid, queue, self._inbox, lambda: self.snapshot)
 
     def session_info(self, session: str) -> dict[str, Any] | None:
@@ -266,7 +258,7 @@ class Engine:
         if self.state is EngineState.LOADING:
             raise Unavailable("the model is still loading", retry_after=5)
         if self.state is EngineState.DRAINING:
-            raise Unavailable("the server is shutting down", retry_after=10)
+            raise Unavailable("the server is shutting down", code="shutting_down", retry_after=10)
         if self.state is not EngineState.READY:
             raise Unavailable(f"the engine is not running: {self.load_error or self.state.value}")
 
@@ -284,6 +276,8 @@ class Engine:
             return
         self.core = core
         core.publish = lambda: setattr(self, "snapshot", core.snapshot())
+        # Only when the step's end is forecast: a field of the last picture, not a new one.
+        core.publish_step_end = lambda ends: setattr(self, "snapshot", dataclasses.replace(self.snapshot, step_ends=ends))
         # llama-server's form, b<build>-<hash>: one value per server, another whenever the
         # model, llama.cpp or the KV type changes (what may change an answer for a seed).
         digest = hashlib.sha256(core.model.fingerprint.encode()).hexdigest()[:8]
@@ -304,7 +298,11 @@ class Engine:
             self._shut(core, EngineFailure("the engine stopped unexpectedly"))
             self._options.on_fatal()  # let the process exit non-zero so a supervisor restarts it
         else:
-            self._shut(core, Unavailable("the server is shutting down"))
+            # A stop with answers still running (past the drain's grace): each ends with the
+            # documented error event, keeping its conversation for the next start.
+            self._shut(core, Unavailable("the server is restarting: this answer was cut short; ask again in a "
+                                         "moment and the conversation continues", code="shutting_down",
+                                         retry_after=10), keep=True)
             core.kv.save_sessions()
             self.state = EngineState.STOPPED
         finally:
@@ -316,7 +314,7 @@ class Engine:
         model = self._factory()
         tok = model.tokenizer
         template = ChatTemplate(tok.chat_template, tok.bos_text, tok.eos_text)
-        core = EngineCore(model, self._limits, self._policy, self._inbox, clock=self._clock, metrics=o.metrics,
+        core = EngineCore(model, self._limits, self._policy, self._inbox, clock=self._clock,
                           request_timeout_s=o.request_timeout_s, spec_budget=o.spec_budget, cores=o.cores)
         core.warm_up()
         # No BOS added per piece: a template that wants one writes it (Qwen's does not).
@@ -340,7 +338,6 @@ class Engine:
             # Publish before handing out events: a client that sees its Done then reads
             # /health or its session already sees the state that Done reflects.
             self.snapshot = core.snapshot()
-            self.park_budget = core.cache.park_budget
             self._emit(core)
             if not busy:
                 closes = core.sched.window_open_until()
@@ -349,8 +346,8 @@ class Engine:
                 self._inbox.wait(min(max(0.0, closes - self._clock()) if closes is not None else 1.0, stall_s / 4))
                 core.stats.seconds["idle"] += time.perf_counter() - waited
 
-    def _shut(self, core: EngineCore, error: ApplianceError) -> None:
-        core.fail_all(error, self._inbox.close())
+    def _shut(self, core: EngineCore, error: ApplianceError, keep: bool = False) -> None:
+        core.fail_all(error, self._inbox.close(), keep)
         self.snapshot = core.snapshot()
         self._emit(core)
 

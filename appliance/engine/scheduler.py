@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from appliance.engine.kv.budget import KVBudget
 from appliance.engine.turn import State, Turn
 from appliance.errors import Unavailable
 
@@ -48,16 +49,24 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
+    def __init__(self, limits: Limits, clock: Callable[[], float], budget: KVBudget | None = None) -> None:
         self.limits = limits
         self.clock = clock
+        self.budget = budget or KVBudget(limits.kv_tokens)  # reserved here, pinned by the KV side
         self.waiting: deque[Turn] = deque()
         self.running: list[Turn] = []
-        self.reserved = 0  # sum of kv_reserve over running sequences
-        self.pinned = 0  # cells held by public prefixes for good: no reservation may count on them
         self._admissions = 0  # turns admitted so far
         self._last_admitted: dict[str, tuple[float, int]] = {}  # client -> its latest admission (time, number)
         self._idle_since: dict[str, float] = {}  # client -> when its last running turn ended
+
+    @property
+    def reserved(self) -> int:
+        """Cells promised to the running turns (the budget's; this is its one writer)."""
+        return self.budget.reserved
+
+    @property
+    def pinned(self) -> int:
+        return self.budget.pinned
 
     # -- the step ------------------------------------------------------------------------
     def expired(self) -> list[tuple[Turn, Unavailable | None, bool]]:
@@ -152,12 +161,12 @@ class Scheduler:
         while self.waiting and len(self.running) < self.limits.slots:
             turn = self.waiting[0]
             need = turn.kv_reserve(self.limits.ctx_limit)
-            if not self._fits(bool(self.running), self.reserved + self.pinned, need):
+            if not self._fits(bool(self.running), self.budget.committed, need):
                 break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
             turn.state = State.PREFILL
             turn.admitted_at = now
-            self.reserved += need
+            self.budget.reserve(need)
             self.running.append(turn)
             admitted.append(turn)
             self._last_admitted[turn.client] = (now, self._admissions)
@@ -175,7 +184,7 @@ class Scheduler:
         turns, in order, while slots and the KV budget allow (as `admit`); when every one of
         them fits, the free slots, open to those still arriving too."""
         free = self.limits.slots - len(self.running)
-        reserved = self.reserved + self.pinned
+        reserved = self.budget.committed
         for n, t in enumerate(self.waiting):
             need = t.kv_reserve(self.limits.ctx_limit)
             if n >= free or not self._fits(bool(self.running) or n > 0, reserved, need):
@@ -186,7 +195,7 @@ class Scheduler:
     def _fits(self, others_run: bool, reserved: int, need: int) -> bool:
         """Whether a turn needing `need` KV cells is admitted beside `reserved` ones. The
         first to run always is (a prompt longer than the budget still gets its turn, alone)."""
-        return not others_run or reserved + need <= self.limits.kv_tokens
+        return not others_run or reserved + need <= self.budget.total
 
     def schedule(self) -> Step:
         """Plan one decode step over the running turns (call admit() first)."""
@@ -273,6 +282,6 @@ class Scheduler:
         turn.state = State.FINISHED
         if was_running:
             self.running.remove(turn)
-            self.reserved -= turn.kv_reserve(self.limits.ctx_limit)
+            self.budget.release(turn.kv_reserve(self.limits.ctx_limit))
             if all(t.client != turn.client for t in self.running):
                 self._idle_since[turn.client] = self.clock()

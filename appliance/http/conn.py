@@ -18,6 +18,15 @@ ever. `http_protocol` returns uvicorn's h11 protocol with two additions, for
 - **Cap.** At most `max_per_address` open connections per peer address (0 = no cap); one
   more is answered 429 and closed at once, before anything is read. Peers in `trusted` (the
   `trusted_proxies`, which carry many clients' connections) are exempt.
+- **Headers.** A request's line and headers may take at most `MAX_HEADER_BYTES` and
+  `MAX_HEADERS` lines however the bytes arrive: h11 bounds only a header block that is still
+  incomplete, so a 64 KiB header sent in one write was served while the same bytes in 4 KiB
+  pieces were a 400. Over either, a 431 and the connection closed.
+- **Unread answers.** A response whose client takes none of it for `stall_s` (the send
+  buffer full, 64 KiB, and not drained) is cut: the connection is aborted, which frees the
+  buffer and tells the app the client left (its answer is cancelled at the next step).
+  A client reading one byte a second otherwise held its connection and its buffered answer
+  without bound.
 
 The address here is the TCP peer, not the client identity of `identity.py`: what is limited
 is sockets, and behind a proxy those are the proxy's. One `ConnLimits` per server holds the
@@ -44,6 +53,10 @@ log = logging.getLogger(__name__)
 
 SUMMARY_EVERY_S = 60.0
 ABORT_AFTER_S = 1.0  # a closed connection whose client does not take the last bytes
+# h11's own bound on an incomplete header block (uvicorn keeps its default), now also for a
+# complete one; and Python's http.client's cap on header lines (_MAXHEADERS).
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADERS = 100
 
 
 def _response(status: str, error_type: str, code: str, message: str, extra: str = "") -> bytes:
@@ -70,23 +83,29 @@ class ConnStats:
     addresses: int  # distinct addresses with an open counted connection
     timed_out: int  # closed by the deadline, since start
     refused: int  # closed at once over the per-address cap, since start
+    oversized: int = 0  # 431: headers over MAX_HEADER_BYTES or MAX_HEADERS, since start
+    stalled: int = 0  # cut: the client read none of its answer for stall_s, since start
 
 
 class ConnLimits:
     """The per-server state: open connections per address and the drop counters."""
 
-    def __init__(self, deadline_s: float, max_per_address: int, trusted: tuple[Network, ...]) -> None:
-        if deadline_s <= 0:
-            raise ValueError("deadline_s must be > 0")
+    def __init__(self, deadline_s: float, max_per_address: int, trusted: tuple[Network, ...],
+                 stall_s: float = 120.0) -> None:
+        if deadline_s <= 0 or stall_s <= 0:
+            raise ValueError("deadline_s and stall_s must be > 0")
         if max_per_address < 0:
             raise ValueError("max_per_address must be >= 0")
         self.deadline_s = deadline_s
+        self.stall_s = stall_s
         self.max_per_address = max_per_address
         self.trusted = trusted
         self._open: dict[str, int] = {}
         self.timed_out = 0
         self.refused = 0
-        self._logged = (0, 0)
+        self.oversized = 0
+        self.stalled = 0
+        self._logged = (0, 0, 0, 0)
         self._logged_at = float("-inf")
 
     def admit(self, host: str) -> str | None:
@@ -114,17 +133,30 @@ class ConnLimits:
                   "request not complete" if had_request else "no request", self.deadline_s)
         self._summary()
 
+    def oversized_one(self, key: str | None, why: str) -> None:
+        self.oversized += 1
+        log.debug("connection from %s closed: %s", key or "?", why)
+        self._summary()
+
+    def stalled_one(self, key: str | None) -> None:
+        self.stalled += 1
+        log.debug("connection from %s cut: its answer was not read for %g s (response_stall_s)", key or "?",
+                  self.stall_s)
+        self._summary()
+
     def stats(self) -> ConnStats:
         return ConnStats(open=sum(self._open.values()), addresses=len(self._open),
-                         timed_out=self.timed_out, refused=self.refused)
+                         timed_out=self.timed_out, refused=self.refused, oversized=self.oversized,
+                         stalled=self.stalled)
 
     def _summary(self) -> None:
         now = time.monotonic()
-        if now - self._logged_at < SUMMARY_EVERY_S or (self.timed_out, self.refused) == self._logged:
+        counts = (self.timed_out, self.refused, self.oversized, self.stalled)
+        if now - self._logged_at < SUMMARY_EVERY_S or counts == self._logged:
             return
-        self._logged_at, self._logged = now, (self.timed_out, self.refused)
-        log.info("connections closed since start: %d past request_deadline_s, %d over max_conns_per_client",
-                 self.timed_out, self.refused)
+        self._logged_at, self._logged = now, counts
+        log.info("connections closed since start: %d past request_deadline_s, %d over max_conns_per_client, "
+                 "%d with headers too large, %d whose answer went unread for response_stall_s", *counts)
 
 
 class _Flow(FlowControl):
@@ -142,6 +174,14 @@ class _Flow(FlowControl):
         super().resume_reading()
         self._changed.update_clock()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._changed.writing_paused(True)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._changed.writing_paused(False)
+
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadline and the per-address cap of `limits`."""
@@ -154,6 +194,8 @@ class GuardedH11Protocol(H11Protocol):
     _since = 0.0  # loop time the clock last started
     _begun = False  # bytes of the current request have arrived
     _lost = False
+    _head: bytearray | None = None  # the current request's header bytes so far; None once they ended
+    _stall: asyncio.TimerHandle | None = None  # runs while the client reads none of its answer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -171,6 +213,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._stop_timer()
+        self.writing_paused(False)
         if self._key is not None:
             self.limits.release(self._key)
             self._key = None
@@ -178,6 +221,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._begun = True
+        if self._head is not None and not self._headers_fit(data):
+            return
         super().data_received(data)
 
     def handle_events(self) -> None:
@@ -192,6 +237,51 @@ class GuardedH11Protocol(H11Protocol):
 
     def _should_upgrade_to_ws(self) -> bool:
         return False  # no websocket routes; an upgrade would leave this class uncounted
+
+    # -- the header bounds --------------------------------------------------------------------
+    def _headers_fit(self, data: bytes) -> bool:
+        """Count `data` into the current request's header block; False (431 sent, closing)
+        when the block is over the bounds. Only the header bytes are kept, at most
+        MAX_HEADER_BYTES + 4, so the cost is bounded whatever arrives."""
+        head = self._head
+        assert head is not None
+        start = max(0, len(head) - 3)  # the terminator may straddle two writes
+        head += data[: MAX_HEADER_BYTES + 4 - len(head)]
+        end = head.find(b"\r\n\r\n", start)
+        block = head if end < 0 else head[:end]
+        if len(block) > MAX_HEADER_BYTES:
+            return self._refuse_headers(f"request headers over {MAX_HEADER_BYTES} bytes")
+        if block.count(b"\n") > MAX_HEADERS:  # the request line's end, then one per header line
+            return self._refuse_headers(f"more than {MAX_HEADERS} request headers")
+        if end >= 0:
+            self._head = None  # complete and within bounds: the rest is body or the next request
+        return True
+
+    def _refuse_headers(self, why: str) -> bool:
+        self._head = None
+        self.limits.oversized_one(self._key, why)
+        self.transport.write(_response("431 Request Header Fields Too Large", "invalid_request_error",
+                                       "headers_too_large", f"{why} (at most {MAX_HEADERS} lines, "
+                                       f"{MAX_HEADER_BYTES} bytes)"))
+        self.transport.close()
+        self.loop.call_later(ABORT_AFTER_S, self._abort)
+        return False
+
+    # -- unread answers -------------------------------------------------------------------------
+    def writing_paused(self, paused: bool) -> None:
+        """The send buffer filled (paused) or drained: start or stop the stall clock."""
+        if paused and self._stall is None and not self._lost:
+            self._stall = self.loop.call_later(self.limits.stall_s, self._stalled)
+        elif not paused and self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._lost:
+            return
+        self.limits.stalled_one(self._key)
+        self.transport.abort()  # close() would wait for a client that does not read
 
     # -- the clock --------------------------------------------------------------------------
     def _waiting_for_client(self) -> bool:
@@ -219,7 +309,11 @@ class GuardedH11Protocol(H11Protocol):
     def _restart_clock(self) -> None:
         self._stop_timer()
         self._left = self.limits.deadline_s
-        self._begun = bool(self.conn.trailing_data[0])  # a pipelined request already buffered
+        pipelined = bytes(self.conn.trailing_data[0])  # a pipelined request already buffered
+        self._begun = bool(pipelined)
+        self._head = bytearray()
+        if pipelined and not self._headers_fit(pipelined):
+            return
         self.update_clock()
 
     def _stop_timer(self) -> None:
@@ -247,9 +341,10 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.abort()
 
 
-def http_protocol(deadline_s: float, max_per_address: int, trusted: tuple[Network, ...]) -> type[GuardedH11Protocol]:
+def http_protocol(deadline_s: float, max_per_address: int, trusted: tuple[Network, ...],
+                  stall_s: float = 120.0) -> type[GuardedH11Protocol]:
     """A protocol class for `uvicorn.Config(http=...)`, with its own `ConnLimits`: call once per server."""
-    shared = ConnLimits(deadline_s, max_per_address, trusted)
+    shared = ConnLimits(deadline_s, max_per_address, trusted, stall_s)
 
     class Protocol(GuardedH11Protocol):
         limits = shared

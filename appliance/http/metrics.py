@@ -1,7 +1,8 @@
 """Prometheus metrics (the only prometheus_client user).
 
-Histograms are observed by the engine thread as things happen; counts and gauges are
-rendered at scrape time from the snapshot the engine thread publishes.
+Everything the engine measures is rendered at scrape time from the snapshot it publishes:
+counts, gauges and the histograms it keeps as bucket counts (engine/figures.py). The only
+figure kept here is the refusals, which the HTTP side decides.
 """
 
 from __future__ import annotations
@@ -9,33 +10,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from appliance.cpu import SENSORS, Sensors
 
 if TYPE_CHECKING:
     from appliance.engine.engine import Engine
-
-_LATENCY = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
-_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
-
+    from appliance.engine.figures import HistogramView
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.seqs_per_step = Histogram("appliance_step_sequences", "Sequences advanced by one llama_decode call",
-                                       buckets=(1, 2, 4, 8, 12, 16, 24, 32, 64), registry=r)
-        self.step_seconds = Histogram("appliance_step_seconds", "Wall time of one decode step",
-                                      buckets=_ITL, registry=r)
-        self.ttft = Histogram("appliance_time_to_first_token_seconds",
-                              "Arrival to the first non-empty content", buckets=_LATENCY, registry=r)
-        self.itl = Histogram("appliance_inter_token_seconds", "Gap between consecutive content deltas",
-                             buckets=_ITL, registry=r)
-        self.queue_wait = Histogram("appliance_queue_wait_seconds", "Arrival to admission into a slot",
-                                    buckets=_LATENCY, registry=r)
         self.rejected = Counter("appliance_rejected_requests", "Requests refused before queuing",
                                 ["reason"], registry=r)
 
@@ -90,6 +79,8 @@ class _EngineCollector(Collector):
         for name, n in sorted(snap.cache_events.items()):
             sess.add_metric([name], n)
         yield sess
+        for h in snap.histograms:
+            yield _histogram(h)
         yield from self._machine()
 
     def _machine(self) -> Iterator[Any]:
@@ -104,12 +95,21 @@ class _EngineCollector(Collector):
         yield _gauge("appliance_memory_pressure_ratio",
                      "PSI some avg10: share of the last 10 s in which a task waited for memory", mem.pressure / 100)
         yield _gauge("appliance_park_budget_bytes", "RAM parked sessions may use now (shrinks when memory runs short)",
-                     self.engine.park_budget)
+                     self.engine.snapshot.park_budget)
         yield _gauge("appliance_thermal_throttled", "1 while the CPU is thermally throttled", int(heat.throttled))
         temp = GaugeMetricFamily("appliance_temperature_celsius", "Temperature per thermal zone", labels=["zone"])
         for zone, celsius in heat.zones:
             temp.add_metric([zone], celsius)
         yield temp
+
+
+def _histogram(h: HistogramView) -> HistogramMetricFamily:
+    """A histogram the engine kept as per-bucket counts, as Prometheus wants it: cumulative."""
+    cumulative, n = [], 0
+    for bound, count in zip((*h.bounds, float("inf")), h.counts):
+        n += count
+        cumulative.append((floatToGoString(bound), n))
+    return HistogramMetricFamily(h.name, h.doc, buckets=cumulative, sum_value=h.total)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -177,7 +177,6 @@ class Run:
                     self.ends[i] = ev
                     if len(self.ends) == len(self.handles):
                         self.timing.finish()
-                        self.app.note_served(self.timing.first)
             yield got
 
     def close(self) -> None:

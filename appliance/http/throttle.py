@@ -56,29 +56,57 @@ class RateLimiter:
 
 
 class ParseGate:
-    """At most `total` requests being read, parsed and tokenized at once, and at most
-    `per_client` of one client's. Waiting is FIFO; a client over its share waits for its
-    own turn before it takes a place in the shared pool, so it cannot crowd others out."""
+    """At most `per_client` of one client's requests being read, parsed and tokenized at once
+    (its own places), and at most `total` being parsed and tokenized in all (the shared pool).
+
+    A body is read under the client's own places only; the shared pool is taken once the
+    body is in. A client that trickles its bodies (a phone on weak Wi-Fi, or on purpose) so
+    holds nothing another client needs: four slow senders from two addresses held all four
+    shared places for the whole 30 s request deadline when the pool was taken first, and
+    another client's first token took 29.1 s instead of 0.13 s. Memory for bodies being
+    read is bounded per client by per_client x the body limit (4 MiB), and per address by
+    the connection cap. Waiting is FIFO; a client over its share waits for its own turn
+    before it takes a place in the shared pool, so it cannot crowd others out."""
 
     def __init__(self, total: int, per_client: int) -> None:
         self.total = total
         self.per_client = per_client
         self._shared = asyncio.Semaphore(total)
         self._mine: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}  # client -> (semaphore, [users])
-        self.busy = 0  # holders right now (for /health and tests)
+        self.busy = 0  # shared places held right now (for /health and tests)
+        self.reading = 0  # own places held by requests not in the pool (mostly: bodies arriving)
 
     @asynccontextmanager
-    async def permit(self, client: str) -> AsyncIterator[None]:
+    async def own(self, client: str) -> AsyncIterator[None]:
+        """One of the client's own places, for its body and its parse."""
         sem, users = self._mine.setdefault(client, (asyncio.Semaphore(self.per_client), [0]))
         users[0] += 1
         try:
-            async with sem, self._shared:
-                self.busy += 1
+            async with sem:
+                self.reading += 1
                 try:
                     yield
                 finally:
-                    self.busy -= 1
+                    self.reading -= 1
         finally:
             users[0] -= 1
             if users[0] == 0:
                 del self._mine[client]
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """A place in the shared pool, for the CPU work of parsing and tokenizing; taken inside `own`."""
+        async with self._shared:
+            self.busy += 1
+            self.reading -= 1
+            try:
+                yield
+            finally:
+                self.reading += 1
+                self.busy -= 1
+
+    @asynccontextmanager
+    async def permit(self, client: str) -> AsyncIterator[None]:
+        """Both at once, for work whose input is already read."""
+        async with self.own(client), self.shared():
+            yield

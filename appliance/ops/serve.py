@@ -51,8 +51,7 @@ def accounting(cfg: Config) -> Accounting:
     return Accounting(Ledger(cfg.state_dir, cfg.usage_retention_days), cfg.quota_tokens_per_day)
 
 
-def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
-                 on_fatal: Any = lambda: None) -> Engine:
+def build_engine(cfg: Config, model_path: Path, on_fatal: Any = lambda: None) -> Engine:
     cpus = cpu.choose_cpus(cfg)
     threads = cpu.choose_threads(cfg, cpus)
     repack = cpu.use_repack(cfg)
@@ -90,14 +89,14 @@ def build_engine(cfg: Config, model_path: Path, metrics: Metrics | None = None,
     return Engine(load, EngineOptions(limits, policy, max_per_client=cfg.max_per_client, presets=presets,
                   spec_budget=cfg.spec_budget, cores=cores,
                   request_timeout_s=cfg.request_timeout_s,
-                  pin=lambda: cpu.pin_current_thread(cpus), metrics=metrics, on_fatal=on_fatal,
+                  pin=lambda: cpu.pin_current_thread(cpus), on_fatal=on_fatal,
                   stall_s=cfg.stall_s, fault=faults.from_env(os.environ)))
 
 
 def auto_park_bytes(model_path: Path) -> int:
     """park_ram_mb = -1: a quarter of the memory available at start-up beyond the model
     file, so a 1 GiB board parks little and a big PC a lot. It is a ceiling: while
-    serving, parking yields whenever memory runs short (kvstore.park_budget)."""
+    serving, parking yields whenever memory runs short (kv/store.park_budget)."""
     mem = cpu.read_memory()
     size = model_path.stat().st_size if model_path.is_file() else 0
     park = max(0, mem.available - size) // 4
@@ -125,7 +124,12 @@ def supervise(engine: Engine, notifier: Notifier, listening: Any = lambda: True)
 
 class _Server(uvicorn.Server):
     """On the first SIGTERM/SIGINT: stop admitting (/health says draining), let running
-    streams finish within the grace period, then shut down. A second signal exits at once."""
+    streams finish within the grace period, then stop the engine (answers still running end
+    with the `shutting_down` error event and their conversations are saved), wait for the
+    responses to be written, and only then let uvicorn shut down: uvicorn cancelling the
+    request tasks cut 7 of 8 streams mid-body with no word. A second signal exits at once."""
+
+    LAST_WRITES_S = 5.0  # after the engine stopped: the error events and stream ends reach their clients
 
     def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None,
                  notifier: Notifier | None = None) -> None:
@@ -156,7 +160,15 @@ class _Server(uvicorn.Server):
         deadline = time.monotonic() + self.grace_s
         while self.engine.n_active and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.05)  # let the last events reach their streams
+        if self.engine.n_active:
+            log.info("grace over: %d answers still running end with shutting_down, their conversations saved",
+                     self.engine.n_active)
+        # The engine thread fails what still runs (keeping its KV), saves the sessions and
+        # exits; its last events reach the streams through the loop meanwhile.
+        await asyncio.to_thread(self.engine.stop)
+        deadline = time.monotonic() + self.LAST_WRITES_S
+        while any(not t.done() for t in self.server_state.tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         self.should_exit = True
 
 
@@ -188,7 +200,7 @@ def serve(cfg: Config, model_path: Path) -> int:
         raise ConfigError(f"config key 'api_keys_file': {e}") from None
     if keys.enabled:
         log.info("API keys on: %d keys from %s", len(keys), cfg.api_keys_file)
-    engine = build_engine(cfg, model_path, metrics, fatal)
+    engine = build_engine(cfg, model_path, fatal)
     metrics.attach(engine)
     # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
     faulthandler.enable()
@@ -204,7 +216,7 @@ def serve(cfg: Config, model_path: Path) -> int:
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",
                           ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None,
                           http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
-                                                  parse_networks(cfg.trusted_proxies)))
+                                                  parse_networks(cfg.trusted_proxies), cfg.response_stall_s))
     server = _Server(ucfg, engine, cfg.grace_s, keys, notifier)
     watchdog = supervise(engine, notifier, lambda: server.started)
     watchdog.start()

@@ -1,8 +1,11 @@
 """Usage as requests end: each identity's counts per local day, held in memory (what the
 admin page and the quotas read) and written to the SQLite store once a second by a writer
 thread, in one small transaction, so neither the event loop nor the engine thread waits on
-the disk. A store that cannot be opened or written is one log line: counting goes on in
-memory and nothing already counted is lost until the process ends.
+the disk. A store that cannot be opened or written (an SD card gone read-only, a full disk,
+a corrupt file) is one log line: counting goes on in memory, what was not written is kept,
+and the writer tries the file again every `RETRY_S` until it takes the counts, so a short
+disk error loses nothing (one more line says when it is back). `trouble` says what is
+wrong meanwhile, for /health and the admin page.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from appliance.usage.store import Row, Tally, UsageStore
 
 log = logging.getLogger(__name__)
+RETRY_S = 60.0  # a failing file is tried again this often (each try opens it anew)
 MAX_IDENTITIES = 1000  # per day (an office has far fewer): beyond it, new identities are counted together
 OTHERS = "(others)"
 
@@ -41,49 +45,73 @@ class Ledger:
     """Daily counts per identity. `state_dir` "" = in memory only (tests, benches)."""
 
     def __init__(self, state_dir: str | Path = "", retention_days: int = 90, *,
-                 clock: Callable[[], float] = time.time, flush_s: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.time, flush_s: float = 1.0,
+                 monotonic: Callable[[], float] = time.monotonic, retry_s: float = RETRY_S) -> None:
         self.retention_days = max(1, retention_days)
         self._clock = clock
+        self._monotonic = monotonic
         self._flush_s = flush_s
+        self._retry_s = retry_s
         self._lock = threading.Lock()
         self._days: dict[str, dict[str, Tally]] = {}
         self._pending: dict[tuple[str, str], Tally] = {}
         self._today = local_day(clock())
-        self._store: UsageStore | None = self._open(Path(state_dir)) if state_dir else None
+        self._dir = Path(state_dir) if state_dir else None
+        self._loaded = False  # the file's earlier days are in _days
+        self._failed_at: float | None = None  # monotonic time of the last failure, while failing
+        self.trouble = ""  # what is wrong with the file now, "" while it is fine
+        self._store: UsageStore | None = self._connect() if self._dir is not None else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def persistent(self) -> bool:
+        """The file is open and taking the counts right now."""
         return self._store is not None
 
-    def _open(self, state_dir: Path) -> UsageStore | None:
+    def _connect(self) -> UsageStore | None:
+        """Open the file (the first time, with its earlier days); None, logged once a failure, if it cannot be used."""
+        assert self._dir is not None
         try:
-            store = UsageStore(state_dir)
-            store.prune(self._cutoff(self._today))
-            rows = store.rows()
+            store = UsageStore(self._dir)
+            try:
+                store.prune(self._cutoff(self._today))
+                rows = None if self._loaded else store.rows()
+            except BaseException:
+                store.close()
+                raise
         except (sqlite3.Error, OSError) as e:
-            log.error("usage database in %s cannot be used (%s): counting in memory only", state_dir, e)
+            self._failed(f"usage database in {self._dir} cannot be used ({e})")
             return None
-        for day, who, tally in rows:
-            self._days.setdefault(day, {})[who] = tally
+        if rows is not None:
+            with self._lock:
+                for day, who, tally in rows:
+                    self._days.setdefault(day, {}).setdefault(who, Tally()).add(tally)
+            self._loaded = True
         return store
+
+    def _failed(self, what: str) -> None:
+        if self._failed_at is None:  # once per outage in the journal
+            log.error("%s: counting in memory, trying again every %g s", what, self._retry_s)
+        self._failed_at = self._monotonic()
+        self.trouble = what
 
     def _cutoff(self, today: str) -> str:
         return days_before(today, self.retention_days)
 
     # -- the writer thread -------------------------------------------------------------------
     def start(self) -> None:
-        if self._store is not None and self._thread is None:
+        if self._dir is not None and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the writer, write what is pending, close the file."""
+        """Stop the writer, write what is pending (one last try), close the file."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self._failed_at = None if self._failed_at is None else float("-inf")  # retry now, still logged once
         self.flush()
         if self._store is not None:
             self._store.close()
@@ -94,21 +122,35 @@ class Ledger:
             self.flush()
 
     def flush(self) -> None:
-        """Write the counts added since the last flush, in one transaction."""
+        """Write the counts added since the last flush, in one transaction; while the file
+        fails, keep them and try again once `retry_s` has passed since the last failure."""
+        if self._dir is None:
+            return
+        if self._store is None:
+            if self._failed_at is not None and self._monotonic() - self._failed_at < self._retry_s:
+                return
+            self._store = self._connect()
+            if self._store is None:
+                return
         with self._lock:
             pending, self._pending = self._pending, {}
-            store, cutoff = self._store, self._cutoff(self._today)
-        if store is None or not pending:
-            return
+            cutoff = self._cutoff(self._today)
+        store = self._store
         try:
-            store.add((day, who, t) for (day, who), t in pending.items())
+            if pending:
+                store.add((day, who, t) for (day, who), t in pending.items())
             store.prune(cutoff)
         except (sqlite3.Error, OSError) as e:
-            log.error("usage database %s cannot be written (%s): counting in memory only", store.path, e)
-            with self._lock:
-                self._store = None
-                self._pending.clear()
-            store.close()
+            with self._lock:  # the transaction was rolled back: these counts are still to write
+                for key, t in pending.items():
+                    self._pending.setdefault(key, Tally()).add(t)
+            self._store = None
+            store.close()  # a fresh connection next time: nothing of a failed transaction stays
+            self._failed(f"usage database {store.path} cannot be written ({e})")
+            return
+        if self._failed_at is not None:
+            log.warning("usage database %s writable again: the counts held in memory are written", store.path)
+            self._failed_at, self.trouble = None, ""
 
     # -- counting ----------------------------------------------------------------------------
     def record(self, who: str, tally: Tally) -> None:
@@ -124,7 +166,7 @@ class Ledger:
             if who not in today and len(today) >= MAX_IDENTITIES:
                 who = OTHERS
             today.setdefault(who, Tally()).add(tally)
-            if self._store is not None:
+            if self._dir is not None:
                 self._pending.setdefault((day, who), Tally()).add(tally)
 
     def today(self, who: str) -> Tally:

@@ -161,7 +161,7 @@ def test_a_turn_admitted_hears_busy_through_the_step_that_reads_it() -> None:
         await until(lambda: model.gated == 2, what="the engine stopped in the step that reads b")
         # Without the publish after admission, the snapshot would be the one before b was
         # taken: b would hear `queued 1` for the whole step.
-        assert b.position == 0 and eng.step_ends > 0
+        assert b.position == 0 and eng.snapshot.step_ends > 0
         second.set()
         a.cancel()
         await asyncio.gather(collect(a), collect(b))

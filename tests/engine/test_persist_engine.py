@@ -233,3 +233,37 @@ def test_a_turn_without_a_session_never_claims_one_saved_by_the_last_run(tmp_pat
         assert end.cached_tokens == 0 and eng.snapshot.cache_events["restored"] == 0
         await stop(eng)
     run(main())
+
+
+def test_a_stop_ends_a_running_answer_with_shutting_down_and_keeps_its_conversation(tmp_path: Path) -> None:
+    """An answer still running when the engine stops (the drain's grace is over) gets what it
+    generated, then one Failed with code shutting_down; its KV is saved with the sessions and
+    the next start continues the conversation from it."""
+    state = tmp_path / "state"
+
+    async def main() -> None:
+        limits = Limits(slots=2, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.0, max_queue=8,
+                        queue_timeout_s=30.0)
+        eng = Engine(lambda: FakeModel(reply="x" * 500, delay=0.01), EngineOptions(limits,
+                     CachePolicy(n_seq=4, min_shared=4, state_dir=str(state))))
+        eng.start(asyncio.get_running_loop())
+        await asyncio.to_thread(eng.ready.wait, 5)
+        h = eng.submit(TURN1, SamplingParams(max_tokens=400), client="10.0.0.1", session=SECRET)
+        text, end = "", None
+        async for ev in h.events():
+            if isinstance(ev, Delta):
+                text += ev.text
+                if len(text) >= 10 and not eng._stop:
+                    await asyncio.to_thread(eng.stop)  # mid-answer
+            else:
+                end = ev
+        assert isinstance(end, Failed) and end.error.code == "shutting_down", end
+        assert 10 <= len(text) < 400
+        assert [f.suffix for f in state.iterdir()] == [".kv"]  # its conversation was saved
+
+        eng = await started(state)
+        prompt = TURN1 + [ord(c) for c in text] + [7, 8]
+        again = await turn(eng, prompt, SECRET)
+        assert again.cached_tokens >= len(TURN1) + len(text) - 1  # read from the file, not recomputed
+        await stop(eng)
+    run(main())

@@ -188,12 +188,12 @@ def test_parked_sessions_give_memory_back_when_it_runs_short() -> None:
         mem = FakeMemory()
         eng, _ = await parked_engine(mem)
         assert states(eng) == {"a": "parked", "b": "parked", "c": "cached", "d": "cached"}
-        assert eng.park_budget == 10**6  # plenty free: the ceiling
+        assert eng.snapshot.park_budget == 10**6  # plenty free: the ceiling
         # The machine runs short: less than the reserve (a tenth) is left.
         mem.now = Memory(total=GiB, available=GiB // 10 - 100, pressure=0.0)
         await until(lambda: eng.snapshot.cache_events["parked_shed"] == 2, 3.0, "two parked sessions shed", every=0.02)
         assert states(eng) == {"a": None, "b": None, "c": "cached", "d": "cached"}
-        assert eng.snapshot.parked_bytes == 0 and eng.park_budget < 100
+        assert eng.snapshot.parked_bytes == 0 and eng.snapshot.park_budget < 100
         eng.stop()
     asyncio.run(asyncio.wait_for(main(), 20))
 
@@ -206,7 +206,7 @@ def test_memory_pressure_halves_parking_at_most_every_ten_seconds() -> None:
         mem.now = Memory(total=GiB, available=GiB, pressure=35.0)  # free memory, but reclaim stalls
         await until(lambda: eng.snapshot.cache_events["parked_shed"] == 1, 3.0, "one parked session shed", every=0.02)
         assert states(eng)["a"] is None and states(eng)["b"] == "parked"  # the least recently used went
-        assert eng.park_budget <= parked // 2
+        assert eng.snapshot.park_budget <= parked // 2
         await asyncio.sleep(1.5)  # still under pressure, but avg10 trails: no second cut yet
         assert eng.snapshot.cache_events["parked_shed"] == 1 and states(eng)["b"] == "parked"
         eng.stop()

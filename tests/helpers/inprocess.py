@@ -60,7 +60,7 @@ def build(factory: Callable[[], Any], *, slots: int = 2, max_queue: int = 8,
     limits = Limits(slots=slots, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0,
                     max_queue=max_queue, queue_timeout_s=queue_timeout_s)
     m = Metrics() if metrics else None
-    engine = Engine(factory, EngineOptions(limits, CachePolicy(n_seq=slots + 4), metrics=m))
+    engine = Engine(factory, EngineOptions(limits, CachePolicy(n_seq=slots + 4)))
     if m is not None:
         m.attach(engine)  # the engine's counters too, as serve.py does
     server_limits = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX, **(defaults or {}))

@@ -146,13 +146,15 @@ class Live:
         return int(self.proc.returncode)
 
 
-def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Live:
+def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
+          prefix: tuple[str, ...] = ()) -> Live:
+    """`prefix`: a command the server runs under (e.g. unshare, for a mount of its own)."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     full_env.update(env or {})
     state = ["--state-dir", str(log_dir / "state")] if "--state-dir" not in args else []
-    cmd = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--model", str(model), "--log-level", "info", *state, *args]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)

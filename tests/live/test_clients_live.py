@@ -53,11 +53,12 @@ def test_second_turn_without_session_id_reuses_the_first(server: Live) -> None:
     assert use2["prompt_tokens"] - cached(use2) < 40
 
 
-def test_a_private_system_prompt_is_shared_only_whole_once_two_clients_sent_it(server: Live) -> None:
+def test_a_private_system_prompt_is_shared_only_whole_once_three_clients_sent_it(server: Live) -> None:
     """common_system_prompts (engine/kv/commons.py): the first client's system prompt stays its
-    own; a second client sending exactly it makes it public, and from then on a client that
-    sends it whole copies the whole block and nothing of anyone's conversation, while one
-    whose system prompt differs only at its end copies nothing at all."""
+    own, and a second client sending exactly it learns nothing of that (no cached tokens); a
+    third client sending it makes it public, and from then on a client that sends it whole
+    copies the whole block and nothing of anyone's conversation, while one whose system
+    prompt differs only at its end copies nothing at all."""
     msgs = [{"role": "system", "content": SECRET}, {"role": "user", "content": "What is my codename?"}]
     ask(server, 2, msgs)  # client 2 (Alice) has it cached now
     near = [{"role": "system", "content": SECRET[:-1] + "Z"}, {"role": "user", "content": "What is my codename?"}]
@@ -65,11 +66,13 @@ def test_a_private_system_prompt_is_shared_only_whole_once_two_clients_sent_it(s
     _, use = ask(server, 7, near)  # one client alone: nothing of Alice's, and no oracle by prefix
     assert cached(use) == 0
     assert server.health()["engine"]["prompt_tokens_computed"] - before == use["prompt_tokens"]
-    _, bob = ask(server, 3, msgs)  # the second client to send it whole: public now, copied whole
+    _, second = ask(server, 10, msgs)  # the second client: nothing to tell it Alice sent it
+    assert cached(second) == 0
+    _, bob = ask(server, 3, msgs)  # the third client to send it whole: public now, copied whole
     _, carol = ask(server, 8, [msgs[0], {"role": "user", "content": "Say hi."}])
     assert 0 < cached(bob) == cached(carol) < carol["prompt_tokens"]  # the system block, no more
     # A near miss nobody else sent still gets nothing of the public block. (Sent again from a
-    # second client, Dave's own near miss would become public in turn: two clients sent it.)
+    # third client, Dave's own near miss would become public in turn: three clients sent it.)
     other = [{"role": "system", "content": SECRET[:-1] + "Q"}, msgs[1]]
     _, dave = ask(server, 9, other)
     assert cached(dave) == 0

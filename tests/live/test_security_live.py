@@ -37,11 +37,11 @@ def keyed(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     d = tmp_path_factory.mktemp("security")
     keys = d / "keys"
     keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n{ADMIN} admin\n")
-    # Key and session binding, with nothing shared between keys at all: a system prompt two
-    # keys send whole would be made public otherwise (common_system_prompts, tested in
-    # test_clients_live.py), and these tests send the same one from two keys on purpose.
+    # Key and session binding at the defaults, common system prompts on: these tests send the
+    # same private system prompt from two keys on purpose, and two identities never make a
+    # block public (three do: common_system_prompts, test_clients_live.py).
     with serving(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192", "--common-system-prompts", "0") as live:
+                 "--kv-tokens", "8192") as live:
         yield live, keys
 
 

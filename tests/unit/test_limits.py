@@ -50,3 +50,36 @@ def test_slow_rates_wait_whole_seconds() -> None:
     r = RateLimiter(0.2, lambda: now[0])
     assert r.check("a") is None
     assert r.check("a") == 5
+
+
+def test_a_body_being_read_holds_only_its_own_clients_places() -> None:
+    """Slow senders (their bodies still arriving) fill their own places and wait there; the
+    shared pool stays free for everyone else, and a slow client's next request waits behind
+    its own, not anyone else's."""
+    async def run() -> None:
+        gate = ParseGate(total=4, per_client=2)
+        arriving = asyncio.Event()  # the slow bodies never finish during the test
+        held: list[str] = []
+
+        async def slow(client: str) -> None:
+            async with gate.own(client):
+                held.append(client)
+                await arriving.wait()  # reading a trickled body
+                async with gate.shared():
+                    pass
+
+        slowpokes = [asyncio.create_task(slow(c)) for c in ("mallory", "mallory", "trudy", "trudy", "mallory")]
+        while len(held) < 4:
+            await asyncio.sleep(0)
+        assert gate.busy == 0 and gate.reading == 4
+        done = []
+        for _ in range(8):  # another client, one request after another: never waits on them
+            async with gate.own("alice"), gate.shared():
+                assert gate.busy == 1
+                done.append(1)
+        assert len(done) == 8 and held.count("mallory") == 2  # the fifth waits on mallory's own places
+        arriving.set()
+        await asyncio.gather(*slowpokes)
+        assert gate.busy == 0 and gate.reading == 0 and not gate._mine
+
+    asyncio.run(asyncio.wait_for(run(), 10))

@@ -3,6 +3,7 @@ hygiene: private modes, digests instead of ids, no symlinks followed, leftovers 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -311,3 +312,52 @@ def test_load_of_a_file_swapped_for_a_symlink_is_refused(tmp_path: Path, caplog:
 
 def test_missing_directory_is_empty(tmp_path: Path) -> None:
     assert persist.scan(tmp_path / "nope", FP) == []
+
+
+def _read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every removal and creation fails as on a read-only filesystem (root ignores modes, so
+    the test fails the calls themselves; tests/live mounts a real read-only directory)."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+    real_open = os.open
+
+    def open_refusing_writes(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse()
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "unlink", refuse)
+    monkeypatch.setattr(os, "open", open_refusing_writes)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_read_only_directory_still_gives_the_saved_state_and_leaks_no_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    persist.save_all(tmp_path, FP, [rec("alice", 1.0, 5000), rec("bob", 2.0)], 10**6)
+    saved = {s.key: s for s in persist.scan(tmp_path, FP)}
+    _read_only(monkeypatch)
+    before = _open_fds()
+    for _ in range(20):  # a client retrying
+        assert persist.load(saved[saved_key("alice")]) == rec("alice", 1.0, 5000)[4]
+    assert _open_fds() == before
+    assert saved[saved_key("alice")].path.exists()  # could not be consumed: harmless, matched by tokens
+    assert {s.key for s in persist.scan(tmp_path, FP)} == set(saved)  # scanning does not fail either
+    with pytest.raises(OSError):  # saving cannot work: the caller logs it (kv/store.save_sessions)
+        persist.save_all(tmp_path, FP, [rec("carol", 1.0)], 10**6)
+    assert _open_fds() == before
+
+
+def test_a_damaged_file_on_a_read_only_directory_is_none_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    persist.save_all(tmp_path, FP, [rec("s", 1.0, 5000)], 10**6)
+    (f,) = tmp_path.glob("*.kv")
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1  # only the checksum can tell
+    f.write_bytes(bytes(data))
+    (saved,) = persist.scan(tmp_path, FP)
+    _read_only(monkeypatch)
+    before = _open_fds()
+    assert persist.load(saved) is None  # recomputed from its messages, never a 500
+    assert _open_fds() == before

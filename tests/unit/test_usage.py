@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import sqlite3
 import stat
 import threading
 from pathlib import Path
@@ -192,3 +193,85 @@ def test_identities_beyond_the_daily_cap_are_counted_together(monkeypatch: pytes
         ledger.record(f"10.0.0.{i}", Tally(requests=1))
     totals = ledger.totals(1)
     assert len(totals) == 4 and totals[ledger_mod.OTHERS].requests == 2
+
+
+class Ticks:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Failing:
+    """Makes every UsageStore write (or open) raise, as a read-only or full disk does, until healed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, what: str = "add") -> None:
+        self.on = True
+        real = getattr(UsageStore, what)
+
+        def failing(store: object, *args: object) -> object:
+            if self.on:
+                raise sqlite3.OperationalError("attempt to write a readonly database")
+            return real(store, *args)
+        monkeypatch.setattr(UsageStore, what, failing)
+
+
+def test_counts_after_a_disk_error_reach_the_file_once_it_takes_writes_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    clock, ticks = Clock(), Ticks()
+    ledger = Ledger(tmp_path, clock=clock, monotonic=ticks, retry_s=60)
+    ledger.record("alice", Tally(requests=1))
+    ledger.flush()
+    disk = Failing(monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(19):  # 19 answers while the disk refuses writes
+            ledger.record("alice", Tally(requests=1, generated_tokens=2))
+            ledger.flush()
+            ticks.t += 10  # tried again every 60 s of these
+    assert not ledger.persistent and "cannot be written" in ledger.trouble
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1  # once per outage
+    assert ledger.today("alice").requests == 20  # memory kept counting
+    disk.on = False
+    ticks.t += 60
+    with caplog.at_level(logging.WARNING):
+        ledger.flush()
+    assert ledger.persistent and ledger.trouble == ""
+    assert any("writable again" in r.getMessage() for r in caplog.records)
+    ledger.close()
+    again = Ledger(tmp_path, clock=clock)
+    assert again.today("alice") == Tally(requests=20, generated_tokens=38)  # nothing lost, nothing twice
+    again.close()
+
+
+def test_a_file_that_cannot_be_opened_at_start_is_tried_again_and_its_days_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, ticks = Clock(), Ticks()
+    first = Ledger(tmp_path, clock=clock)
+    first.record("bob", Tally(requests=3))
+    first.close()
+    opening = Failing(monkeypatch, "prune")  # opens, then the first write of the day fails
+    ledger = Ledger(tmp_path, clock=clock, monotonic=ticks, retry_s=60)
+    assert not ledger.persistent and ledger.trouble
+    ledger.record("bob", Tally(requests=1))
+    ledger.flush()  # not due yet: nothing tried
+    opening.on = False
+    ticks.t += 61
+    ledger.flush()
+    assert ledger.persistent
+    assert ledger.today("bob").requests == 4  # the file's earlier count and the new one
+    ledger.close()
+    assert Ledger(tmp_path, clock=clock).today("bob").requests == 4
+
+
+def test_close_tries_the_file_once_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = Ticks()
+    ledger = Ledger(tmp_path, monotonic=ticks, retry_s=60)
+    disk = Failing(monkeypatch)
+    ledger.record("carol", Tally(requests=1))
+    ledger.flush()
+    disk.on = False
+    ledger.close()  # within the retry time, but the process is ending: one last try
+    assert Ledger(tmp_path).today("carol").requests == 1

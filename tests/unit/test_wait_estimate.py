@@ -3,11 +3,11 @@ next admission takes, the pace answers have ended lately beyond them, and the fi
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any, cast
+import dataclasses
+from collections import deque
 
-from appliance.http.state import PACE_WINDOW_S, App
-from appliance.http.validate import RequestBounds
+from appliance.engine.pace import PACE_WINDOW_S, wait_estimate
+from appliance.engine.snapshot import Snapshot
 
 
 class Clock:
@@ -18,12 +18,40 @@ class Clock:
         return self.now
 
 
-def app_at(clock: Clock, slots: int = 16, admissible: int = 0, step_s: float = 0.0, step_ends: float = 0.0) -> App:
-    snapshot = SimpleNamespace(slots=slots, admissible=admissible, step_s=step_s)
-    engine = cast(Any, SimpleNamespace(snapshot=snapshot, step_ends=step_ends))
-    app = App(engine, "m", RequestBounds(default_max_tokens=32, max_tokens_limit=64, ctx_limit=512))
-    app.clock = clock
-    return app
+class Board:
+    """What the engine publishes for the estimate (answers' ends and serving times, the step
+    in progress), and the estimate read from it as the HTTP side reads it."""
+
+    def __init__(self, clock: Clock, slots: int, admissible: int, step_s: float, step_ends: float) -> None:
+        self.clock = clock
+        self.snap = Snapshot(slots=slots, admissible=admissible, step_s=step_s, step_ends=step_ends)
+        self.finished: deque[float] = deque(maxlen=32)
+        self.served: deque[float] = deque(maxlen=32)
+
+    @property
+    def step_ends(self) -> float:
+        return self.snap.step_ends
+
+    @step_ends.setter
+    def step_ends(self, value: float) -> None:
+        self.snap = dataclasses.replace(self.snap, step_ends=value)
+
+    def note_served(self, started: float) -> None:
+        """An answer that started at `started` ended now (as engine/figures.py records it)."""
+        self.finished.append(self.clock.now)
+        self.served.append(self.clock.now - started)
+
+    def wait_estimate(self, position: int) -> int | None:
+        snap = dataclasses.replace(self.snap, finished_at=tuple(self.finished), served_s=tuple(self.served))
+        return wait_estimate(snap, position, self.clock.now)
+
+    @property
+    def engine(self) -> Board:  # the tests below set the step in progress as app.engine.step_ends
+        return self
+
+
+def app_at(clock: Clock, slots: int = 16, admissible: int = 0, step_s: float = 0.0, step_ends: float = 0.0) -> Board:
+    return Board(clock, slots, admissible, step_s, step_ends)
 
 
 def test_no_answers_yet_no_estimate() -> None:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from appliance.engine.kv.budget import InFlight, KVBudget
 from appliance.engine.kv.cache import SessionCache
-from appliance.engine.scheduler import Scheduler
 from appliance.engine.turn import Turn
 
 log = logging.getLogger(__name__)
@@ -38,19 +38,24 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class CommonsPolicy:
     max_public: int = 4  # promoted system prompts held at once (pinned cells); 0 = off
-    need_clients: int = 2  # different client identities that must send the same block
+    # Different client identities that must send the same block. Three, not two: with two,
+    # the second identity's own request already copied the block, so one identity could
+    # confirm in one request that a single other one had sent a guessed private prompt (a
+    # code name, a budget figure). From three, what a guesser learns is that at least two
+    # others send it: a common prompt, which is what this shares (docs/SECURITY.md).
+    need_clients: int = 3
     min_tokens: int = 16  # shorter blocks are not worth a sequence
     max_tokens: int = 2048  # longer ones are not pinned for everyone
-    max_candidates: int = 256  # blocks remembered (by digest) while they wait for a second client
+    max_candidates: int = 256  # blocks remembered (by digest) while they wait for enough clients
 
 
 class Commons:
     def __init__(self, policy: CommonsPolicy, seq_ids: range, model: CopyOps, cache: SessionCache,
-                 sched: Scheduler, kv_tokens: int, clock: Callable[[], float]) -> None:
+                 budget: KVBudget, turns: InFlight, clock: Callable[[], float]) -> None:
         self.policy = policy
         self.free_ids = list(reversed(seq_ids))  # public sequence ids of their own
         self.candidates: OrderedDict[bytes, Candidate] = OrderedDict()
-        self.model, self.cache, self.sched, self.kv_tokens, self.clock = model, cache, sched, kv_tokens, clock
+        self.model, self.cache, self.budget, self.turns, self.clock = model, cache, budget, turns, clock
 
     def share(self, turn: Turn) -> bool:
         """Note the turn's system block; once enough other clients sent it whole, it is
@@ -70,12 +75,12 @@ class Commons:
         """Copy the block from a sequence that holds it into a public one of its own and pin
         it; False while none has computed it yet (the next turn that sends it tries again)."""
         n, block = len(cand.tokens), cand.tokens
-        donor = next((t.seq_id for t in self.sched.running if t.seq_id >= 0 and t.n_cached >= n
+        donor = next((t.seq_id for t in self.turns.running if t.seq_id >= 0 and t.n_cached >= n
                       and t.prompt[:n] == block), -1)
         if donor < 0:
             donor = next((e.seq_id for e in self.cache.entries.values()
                           if e.seq_id >= 0 and not e.busy and e.tokens[:n] == block), -1)
-        if donor < 0 or self.sched.reserved + self.sched.pinned + n > self.kv_tokens:
+        if donor < 0 or not self.budget.fits(n):
             return False
         if not self.free_ids and (old := self.least_used()) is not None:
             self._demote(old)
@@ -84,7 +89,7 @@ class Commons:
             return False
         self.model.seq_cp(donor, sid, 0, n)
         self.cache.add_public(sid, block)
-        self.sched.pinned += n  # as for a preset: cells no reservation may count on
+        self.budget.pin(n)  # as for a preset: cells no reservation may count on
         cand.seq_id = sid
         log.info("a system prompt of %d tokens sent by %d clients is public now", n, len(cand.clients))
         return True
@@ -94,7 +99,7 @@ class Commons:
         that copied it keep their cells); it may be promoted again."""
         self.cache.remove_public(cand.seq_id)
         self.model.seq_rm(cand.seq_id)
-        self.sched.pinned -= len(cand.tokens)
+        self.budget.unpin(len(cand.tokens))
         self.release(cand)
 
     @staticmethod

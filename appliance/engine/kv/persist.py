@@ -193,5 +193,7 @@ def load(saved: Saved) -> bytes | None:
         return None
     finally:
         if fd is not None:
-            _unlink(saved.path.name, fd)
-            os.close(fd)
+            try:
+                _unlink(saved.path.name, fd)
+            finally:
+                os.close(fd)

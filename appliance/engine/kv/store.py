@@ -14,10 +14,10 @@ from typing import Protocol
 
 from appliance.cpu import Memory, trim_heap
 from appliance.engine.kv import persist
+from appliance.engine.kv.budget import InFlight, KVBudget
 from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable
 from appliance.engine.kv.commons import Commons
 from appliance.engine.names import log_name
-from appliance.engine.scheduler import Scheduler
 from appliance.engine.turn import State, Turn
 from appliance.errors import EngineFailure, KVCacheFull
 from appliance.model.prompt import common_prefix
@@ -94,13 +94,13 @@ class ReuseStats:
 
 
 class KVStore:
-    def __init__(self, model: SequenceOps, cache: SessionCache, policy: CachePolicy, sched: Scheduler,
-                 kv_tokens: int, clock: Callable[[], float]) -> None:
+    def __init__(self, model: SequenceOps, cache: SessionCache, policy: CachePolicy, budget: KVBudget,
+                 turns: InFlight, clock: Callable[[], float]) -> None:
         self.model = model
         self.cache = cache
         self.policy = policy
-        self.sched = sched
-        self.kv_tokens = kv_tokens
+        self.budget = budget
+        self.turns = turns  # the turns in flight (the scheduler), read, never changed here
         self.clock = clock
         self.stats = ReuseStats()
         self.commons: Commons | None = None  # set by the core once the preset ids are known
@@ -164,7 +164,7 @@ class KVStore:
         than any cache entry holds: it waits for it and copies, so a client's requests
         arriving together (n choices, a burst) compute their common prompt once."""
         best, best_n = None, 0
-        for other in self.sched.running:
+        for other in self.turns.running:
             if other is turn or other.leader is not None or other.seq_id < 0:
                 continue
             if other.client != turn.client and not self.policy.share_all:
@@ -221,7 +221,7 @@ class KVStore:
                 pass  # no free cells: same as a refused restore, handled below
             self.model.seq_rm(sid)
             idle = self.cache.idle_lru()
-            if not idle or self.cache.cached_tokens + self.sched.reserved + self.sched.pinned <= self.kv_tokens:
+            if not idle or self.cache.cached_tokens + self.budget.committed <= self.budget.total:
                 return False
             self._evict(idle[0])
 
@@ -231,7 +231,7 @@ class KVStore:
         self.stats.recomputed += 1
 
     def resolve_followers(self) -> None:
-        for s in self.sched.running:
+        for s in self.turns.running:
             lead = s.leader
             if lead is None:
                 continue
@@ -267,7 +267,7 @@ class KVStore:
         """Keep idle sessions + running reservations within the KV budget (LRU first), and
         idle sessions within idle_kv_tokens while parking can keep them."""
         idle = self.cache.idle_lru()
-        while idle and self.cache.cached_tokens + self.sched.reserved + self.sched.pinned > self.kv_tokens:
+        while idle and self.cache.cached_tokens + self.budget.committed > self.budget.total:
             self._evict(idle.pop(0))
         self._park_idle(idle)
         return bool(idle)
@@ -321,7 +321,7 @@ class KVStore:
         """Forget a session now, and what its turns in flight would leave; True if there
         was anything to forget."""
         in_flight = False
-        for t in (*self.sched.running, *self.sched.waiting):
+        for t in (*self.turns.running, *self.turns.waiting):
             if t.session == session:
                 t.no_cache = True  # a first turn has no entry yet, but would leave one
                 in_flight = True

@@ -57,7 +57,7 @@ def now(app: App) -> dict[str, Any]:
         "generated_tokens": snap.counters.generated_tokens,
         "requests": dict(snap.counters.finished),
         "memory": {"rss_bytes": cpu.rss_bytes(), "parked_bytes": snap.parked_bytes,
-                   "park_budget_bytes": e.park_budget, "available_bytes": mem.available,
+                   "park_budget_bytes": snap.park_budget, "available_bytes": mem.available,
                    "total_bytes": mem.total, "pressure_pct": mem.pressure},
         "thermal": {"throttled": heat.throttled, "max_c": max((c for _, c in heat.zones), default=None)},
         # The watchdog pings systemd while the engine loop makes progress (ops/notify.py).

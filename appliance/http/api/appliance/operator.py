@@ -72,7 +72,7 @@ def _machine_health(app: App) -> dict[str, Any]:
     mem, heat = SENSORS.read()
     return {"memory": {"total_bytes": mem.total, "available_bytes": mem.available,
                        "pressure_pct": mem.pressure, "cgroup_limit_bytes": mem.cgroup_limit,
-                       "park_budget_bytes": app.engine.park_budget},
+                       "park_budget_bytes": app.engine.snapshot.park_budget},
             "thermal": {"throttled": heat.throttled, "zones_c": dict(heat.zones)}}
 
 
