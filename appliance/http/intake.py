@@ -40,11 +40,16 @@ async def intake(app: App, request: Request, parse: Callable[[dict[str, Any]], T
 @asynccontextmanager
 async def gated(app: App, request: Request, read: Callable[[Request], Awaitable[bytes]]) -> AsyncIterator[tuple[Caller, bytes]]:
     """The caller and its body as `read` reads it, under the parse gate: reading, parsing and
-    tokenizing are bounded per client and in all before they start. A JSON body is read by
-    read_body; a document's file by its own reader (api/appliance/documents.py)."""
+    tokenizing are bounded per client and in all before they start. The body arrives under
+    the client's own places only, and the shared pool is taken once it is in, so a slow
+    sender (weak Wi-Fi, or on purpose) holds nothing another client needs (throttle.py).
+    A JSON body is read by read_body; a document's file by its own reader
+    (api/appliance/documents.py)."""
     caller = caller_of(request.scope["state"])
-    async with app.gate.permit(caller.client):
-        yield caller, await read(request)
+    async with app.gate.own(caller.client):
+        body = await read(request)
+        async with app.gate.shared():
+            yield caller, body
 
 
 async def read_body(request: Request) -> bytes:

@@ -45,6 +45,16 @@ class App:
         if self.metrics is not None:
             self.metrics.rejected.labels(reason).inc()
 
+    def state_dir(self) -> dict[str, object] | None:
+        """The state directory's health, as /health, /admin and `appliance status` say it:
+        the usage ledger writes there every second there are counts, so it is the first to
+        see a disk turned read-only or full (None: no state directory)."""
+        ledger = self.usage.ledger
+        writable = ledger.writable
+        if writable is None:
+            return None
+        return {"writable": writable, "error": None if writable else ledger.trouble}
+
     def wait_estimate(self, position: int) -> int | None:
         """Seconds until queue place `position` gets its first token (engine/pace.py)."""
         return wait_estimate(self.engine.snapshot, position, self.engine.now())

@@ -65,6 +65,11 @@ class Ledger:
         self._thread: threading.Thread | None = None
 
     @property
+    def writable(self) -> bool | None:
+        """Whether the file takes the counts now (None: no state directory, memory only)."""
+        return None if self._dir is None else not self.trouble
+
+    @property
     def persistent(self) -> bool:
         """The file is open and taking the counts right now."""
         return self._store is not None
@@ -81,7 +86,7 @@ class Ledger:
                 store.close()
                 raise
         except (sqlite3.Error, OSError) as e:
-            self._failed(f"usage database in {self._dir} cannot be used ({e})")
+            self._failed(f"state directory not usable: usage database in {self._dir} cannot be used ({e})")
             return None
         if rows is not None:
             with self._lock:
@@ -146,7 +151,7 @@ class Ledger:
                     self._pending.setdefault(key, Tally()).add(t)
             self._store = None
             store.close()  # a fresh connection next time: nothing of a failed transaction stays
-            self._failed(f"usage database {store.path} cannot be written ({e})")
+            self._failed(f"state directory not writable: usage database {store.path} cannot be written ({e})")
             return
         if self._failed_at is not None:
             log.warning("usage database %s writable again: the counts held in memory are written", store.path)

@@ -63,6 +63,7 @@ def now(app: App) -> dict[str, Any]:
         # The watchdog pings systemd while the engine loop makes progress (ops/notify.py).
         "watchdog": {"ok": not stalled and e.status in ("ok", "draining"), "stalled_s": round(stalled, 1)},
         "active_clients": app.usage.minutes.active(),
+        "state_dir": app.state_dir(),
     }
 
 

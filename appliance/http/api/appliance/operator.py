@@ -37,6 +37,11 @@ async def health(app: App, request: Request) -> Response:
             body["model"] = app.model_id
         body.update(_engine_health(app))
         body.update(_machine_health(app))
+        # Degraded, not down: answers go on (counted in memory, conversations recomputed).
+        if (state := app.state_dir()) is not None:
+            body["state_dir"] = state if operator else {"writable": state["writable"]}
+        # Requests being read (a body arriving) and parsed: slow senders hold only the former.
+        body["parse"] = {"busy": app.gate.busy, "reading": app.gate.reading, "total": app.gate.total}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
