@@ -361,18 +361,20 @@ def test_oversized_headers_are_refused_however_they_arrive(servers: Callable[...
 
 
 def test_an_answer_its_client_stops_reading_is_cut_and_its_slot_freed(servers: Callable[..., Live]) -> None:
-    live = servers(*SMALL, "--response-stall-s", "2")
+    live = servers("--slots", "4", "--ctx-per-slot", "2048", "--kv-tokens", "8192", "--response-stall-s", "2")
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that takes nothing
     s.connect(("127.0.0.1", live.port))
-    body = (b'{"messages":[{"role":"user","content":"Count to 1000."}],"max_tokens":2000,"stream":true,'
+    # Four choices with 20 alternatives a token: ~5 KiB a step, ~9 MiB in all, more than the
+    # kernel lets a loopback socket buffer (tcp_wmem's 4 MiB) plus the transport's 64 KiB.
+    body = (b'{"messages":[{"role":"user","content":"Count to 1000."}],"max_tokens":1800,"stream":true,"n":4,'
             b'"ignore_eos":true,"logprobs":true,"top_logprobs":20,"temperature":0}')
     s.sendall(f"POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
               f"content-length: {len(body)}\r\n\r\n".encode() + body)
     try:
-        wait_until(lambda: live.health()["slots"]["busy"] == 1, 60, "the answer to start")
-        # The kernel's buffers fill with ~3 KiB per token, the server stops being able to
-        # write, and 2 s later cuts the connection: the slot is free long before 2,000 tokens.
+        wait_until(lambda: live.health()["slots"]["busy"] == 4, 60, "the answer to start")
+        # The buffers fill, the server can write no more, and 2 s later it cuts the
+        # connection: the slots are free long before 4 x 1,800 tokens.
         h = live.wait_health(lambda h: h["slots"]["busy"] == 0, HANG_S, "the unread answer to be cut")
     finally:
         s.close()
