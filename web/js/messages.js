@@ -134,9 +134,6 @@ export function updateControls() {
   refreshActions();
 }
 
-// Editing an earlier message and sending it again: everything after it is replaced. The
-// server keeps the conversation's cache, so the turns before it are not computed again.
-// Send calls send(chat).
 let composing = false; // an IME composition (Chinese, Japanese input) is open
 export function watchComposition(ta) {
   ta.addEventListener('compositionstart', () => { composing = true; });
@@ -146,6 +143,9 @@ export const endComposition = () => { composing = false; };
 // Enter sends, Shift+Enter is a new line, and Enter that ends an IME composition never sends.
 export const isSendKey = (e) => e.key === 'Enter' && !e.shiftKey && !e.isComposing && !composing && e.keyCode !== 229;
 
+// Editing an earlier message and sending it again: everything after it is replaced. The
+// server keeps the conversation's cache, so the turns before it are not computed again.
+// Send calls send(chat).
 let editing = null; // {m, box, v}
 export function openEdit(m, send) {
   if (page.run) return;
