@@ -242,7 +242,7 @@ def context_limit(c: httpx.Client, url: str) -> int:
 
 
 def fit(c: httpx.Client, url: str, text: str, ctx: int, max_tokens: int) -> str:
-    """The first part of `text` the page offers to send (web/app.js room(), web/js/attach.js cutFile)."""
+    """The first part of `text` the page offers to send (web/js/composer.js room(), web/js/attach.js cutFile)."""
     room = ctx - min(max_tokens, ctx // 4) - len(QUESTION) // 3 - 32
     tokens = count(c, url, text)
     for _ in range(3):
