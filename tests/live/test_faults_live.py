@@ -20,13 +20,13 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.polling import wait_until
 from helpers.sse import content_of, events_of
 
@@ -49,13 +49,6 @@ def _can_mount() -> bool:
 needs_mounts = pytest.mark.skipif(not _can_mount(), reason="needs root and mount namespaces (unshare -m); CI has both")
 
 
-def own_mount(state: Path) -> tuple[str, ...]:
-    """A command prefix: the server in a mount namespace of its own, its state directory a
-    bind mount there that the test may remount (ro, rw) or cover (a full tmpfs)."""
-    state.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return ("unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(state))
-
-
 def in_its_mounts(live: Live, *cmd: str) -> None:
     done = subprocess.run(["nsenter", "-t", str(live.proc.pid), "-m", *cmd], capture_output=True, text=True)
     assert done.returncode == 0, (cmd, done.stderr, Path(f"/proc/{live.proc.pid}/mountinfo").read_text()[-2000:])
@@ -74,24 +67,6 @@ def writable_again(live: Live, state: Path) -> None:
 
 def open_fds(live: Live) -> int:
     return len(os.listdir(f"/proc/{live.proc.pid}/fd"))
-
-
-@pytest.fixture
-def servers(bundled_model: Path, tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    started: list[Live] = []
-
-    def run(*args: str, state: Path | None = None, mounted: bool = False) -> Live:
-        state_args = ("--state-dir", str(state)) if state is not None else ()
-        prefix = own_mount(state) if mounted and state is not None else ()
-        live = start(bundled_model, tmp_path, *args, *state_args, prefix=prefix)
-        started.append(live)
-        live.wait_ready()
-        return live
-
-    yield run
-    for live in started:
-        if live.proc.poll() is None:
-            live.stop()
 
 
 def ask(live: Live, content: str, session: str | None = None, *, stream: bool = False, user: int | None = None,

@@ -20,13 +20,13 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.polling import wait_until
 from helpers.sse import content_of, events_of
 
@@ -182,24 +182,6 @@ def cancelled_lines(live: Live, user: int) -> list[tuple[int, int, int]]:
     """(prompt, reused, output) of each request of `user` the log says was cancelled."""
     pat = re.compile(rf"client {re.escape(user_address(user))}: cancelled, prompt (\d+) \(reused (\d+)\), output (\d+)")
     return [(int(a), int(b), int(c)) for a, b, c in pat.findall(live.log())]
-
-
-@pytest.fixture
-def servers(bundled_model: Path, tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """Start servers on the bundled model; every one still running is stopped at the end."""
-    started: list[Live] = []
-
-    def run(*args: str, env: dict[str, str] | None = None, state: Path | None = None) -> Live:
-        state_args = ("--state-dir", str(state)) if state is not None else ()
-        live = start(bundled_model, tmp_path, *args, *state_args, env=env)
-        started.append(live)
-        live.wait_ready()
-        return live
-
-    yield run
-    for live in started:
-        if live.proc.poll() is None:
-            live.stop()
 
 
 # -- overload ------------------------------------------------------------------------------
