@@ -8,11 +8,10 @@ the engine thread keeps behind it.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import overload
 
 from appliance.engine.figures import HistogramView
 
@@ -46,59 +45,6 @@ PHASES = ("decode", "sample", "admit", "other", "idle")
 Row = tuple[int, int, int, int]  # one step: (decode seqs, prefill seqs, prefill tokens, draft tokens)
 
 
-class StepLogView(Sequence[Row]):
-    """An immutable view of the step log as published: frozen chunks plus the tail's copy."""
-
-    __slots__ = ("_chunks", "_tail", "_flat")
-
-    def __init__(self, chunks: tuple[tuple[Row, ...], ...] = (), tail: tuple[Row, ...] = ()) -> None:
-        self._chunks, self._tail = chunks, tail
-        self._flat: tuple[Row, ...] | None = None  # built on the first indexed read
-
-    def __len__(self) -> int:
-        return sum(len(c) for c in self._chunks) + len(self._tail)
-
-    def __iter__(self) -> Iterator[Row]:
-        return itertools.chain(*self._chunks, self._tail)
-
-    @overload
-    def __getitem__(self, i: int) -> Row: ...
-    @overload
-    def __getitem__(self, i: slice) -> tuple[Row, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> Row | tuple[Row, ...]:
-        if self._flat is None:
-            self._flat = tuple(self)
-        return self._flat[i]
-
-
-class StepLog:
-    """Recent steps, kept by the engine thread: shows that a long prefill never stalls the
-    streams already generating. Published every iteration, so a publish must not copy it
-    whole (a 4,096-step tuple took ~60 us each time): full chunks are frozen once, and a
-    publish copies only the tail, at most CHUNK rows."""
-
-    CHUNK = 256
-
-    def __init__(self, maxlen: int = 4096) -> None:
-        self._max_chunks = max(1, maxlen // self.CHUNK)
-        self._chunks: tuple[tuple[Row, ...], ...] = ()
-        self._tail: list[Row] = []
-        self._view: StepLogView | None = StepLogView()
-
-    def append(self, row: Row) -> None:
-        self._tail.append(row)
-        if len(self._tail) == self.CHUNK:
-            self._chunks = (*self._chunks, tuple(self._tail))[-self._max_chunks:]
-            self._tail = []
-        self._view = None
-
-    def view(self) -> StepLogView:
-        if self._view is None:
-            self._view = StepLogView(self._chunks, tuple(self._tail))
-        return self._view
-
-
 @dataclass(slots=True)
 class Stats:
     """The engine thread's running counts; `counters()` is the frozen copy it publishes."""
@@ -113,7 +59,8 @@ class Stats:
     finished: dict[str, int] = field(default_factory=dict)
     decode_rows: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    step_log: StepLog = field(default_factory=StepLog)
+    # Recent steps: shows that a long prefill never stalls the streams already generating.
+    step_log: deque[Row] = field(default_factory=lambda: deque(maxlen=4096))
 
     def spent(self, t0: float, admitted: float, built: float, decoded: float, end: float) -> None:
         """Where one loop iteration's wall time went (perf_counter readings): the breakdown
@@ -146,7 +93,7 @@ class Snapshot:
     cores_others: float = 0.0  # of the engine's cores, what other processes used lately
     counters: Counters = field(default_factory=Counters)
     cache_events: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # hits, evictions...
-    step_log: Sequence[Row] = ()  # (decode, prefill seqs, prefill tokens, drafts): a StepLogView
+    step_log: Sequence[Row] = ()  # (decode, prefill seqs, prefill tokens, drafts)
     admissible: int = 0  # queue places the next admission takes as things stand (Scheduler.admissible)
     step_s: float = 0.0  # a recent step's length, s (pace.StepClock)
     step_ends: float = 0.0  # engine clock: when the step in progress should end (0: none running)
