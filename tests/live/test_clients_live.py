@@ -59,9 +59,11 @@ def test_a_private_system_prompt_is_shared_only_whole_once_three_clients_sent_it
     third client sending it makes it public, and from then on a client that sends it whole
     copies the whole block and nothing of anyone's conversation, while one whose system
     prompt differs only at its end copies nothing at all."""
-    msgs = [{"role": "system", "content": SECRET}, {"role": "user", "content": "What is my codename?"}]
+    # A prompt only this test sends (the test before sent SECRET itself, from client 1).
+    private = SECRET + " Her desk is 4B."
+    msgs = [{"role": "system", "content": private}, {"role": "user", "content": "What is my codename?"}]
     ask(server, 2, msgs)  # client 2 (Alice) has it cached now
-    near = [{"role": "system", "content": SECRET[:-1] + "Z"}, {"role": "user", "content": "What is my codename?"}]
+    near = [{"role": "system", "content": private[:-1] + "Z"}, {"role": "user", "content": "What is my codename?"}]
     before = server.health()["engine"]["prompt_tokens_computed"]
     _, use = ask(server, 7, near)  # one client alone: nothing of Alice's, and no oracle by prefix
     assert cached(use) == 0
@@ -73,7 +75,7 @@ def test_a_private_system_prompt_is_shared_only_whole_once_three_clients_sent_it
     assert 0 < cached(bob) == cached(carol) < carol["prompt_tokens"]  # the system block, no more
     # A near miss nobody else sent still gets nothing of the public block. (Sent again from a
     # third client, Dave's own near miss would become public in turn: three clients sent it.)
-    other = [{"role": "system", "content": SECRET[:-1] + "Q"}, msgs[1]]
+    other = [{"role": "system", "content": private[:-1] + "Q"}, msgs[1]]
     _, dave = ask(server, 9, other)
     assert cached(dave) == 0
 
