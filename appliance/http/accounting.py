@@ -21,8 +21,10 @@ REFUSALS = (429, 503)  # busy, over quota, rate limited, no slot in time, loadin
 
 
 def identity(caller: Caller) -> str:
-    """Whose usage a request is: the key's label (a person), else the key's digest name,
-    else the client's address."""
+    """Whose usage a request is: the person a trusted front-end names, else the key's label
+    (a person), else the key's digest name, else the client's address."""
+    if caller.person is not None:
+        return caller.person.label
     if caller.key is not None:
         return caller.key.label or caller.key.identity
     return caller.address

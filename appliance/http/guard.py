@@ -45,20 +45,53 @@ OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
+# The person a trusted front-end says it is asking for: Open WebUI's forwarded user headers
+# (ENABLE_FORWARD_USER_INFO_HEADERS) and the X-Forwarded-User / -Email pair that signing-in
+# proxies (oauth2-proxy, Authelia) set. Read from trusted_proxies only: from anyone else they
+# are the client's own words and are ignored.
+PERSON_ID_HEADERS = ("x-openwebui-user-id", "x-forwarded-user")
+PERSON_LABEL_HEADERS = ("x-openwebui-user-email", "x-forwarded-email", "x-openwebui-user-name")
+PERSON_MAX = 128  # characters: longer ids are cut (they name a row, they are not a secret)
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    id: str  # the front-end's stable id for the person
+    label: str  # what usage rows and /admin call them (e-mail, else name, else the id)
+
+
+def forwarded_person(headers: Headers) -> Person | None:
+    """The person a trusted front-end names, or None. Control characters are dropped, so a
+    forwarded name cannot write lines into the journal or the usage export."""
+    def clean(v: str) -> str:
+        return "".join(ch for ch in v if ch.isprintable()).strip()[:PERSON_MAX]
+
+    pid = next((v for h in PERSON_ID_HEADERS if (v := clean(headers.get(h, "")))), "")
+    if not pid:
+        return None
+    label = next((v for h in PERSON_LABEL_HEADERS if (v := clean(headers.get(h, "")))), pid)
+    return Person(pid, label)
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
     address: str  # the client's address (as forwarded by a trusted proxy)
     key: Key | None  # the API key it presented, when keys are on
+    person: Person | None = None  # named by a trusted front-end (forwarded_person)
 
     @property
     def client(self) -> str:
-        """The identity for KV reuse, fairness and limits: the key, else the address."""
-        return self.key.identity if self.key else self.address
+        """The identity for KV reuse, fairness and limits: the key, else the address; a
+        person a trusted front-end names is one client of their own within it."""
+        base = self.key.identity if self.key else self.address
+        return f"{base}/person:{self.person.id}" if self.person else base
 
     @property
     def namespace(self) -> str:
-        """Sessions live per key, so another key cannot reach them ("" without keys)."""
-        return self.key.identity if self.key else ""
+        """Sessions live per key (and per forwarded person), so another key or person cannot
+        reach them ("" without keys or persons)."""
+        base = self.key.identity if self.key else ""
+        return f"{base}/person:{self.person.id}" if self.person else base
 
     @property
     def admin(self) -> bool:
@@ -193,7 +226,8 @@ class Guard:
                 want = "the file's own type (e.g. application/pdf), not a form's" if upload else "application/json"
                 raise self._no("bad_content_type", UnsupportedMediaType(
                     f"a request from a web page must send Content-Type: {want}", code="unsupported_media_type"))
-        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), self._key(headers))
+        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), self._key(headers),
+                        forwarded_person(headers) if proxied else None)
         preflight = method == "OPTIONS" and cors
         if p.keys.enabled and path.startswith(API_PATHS) and caller.key is None and not preflight:
             raise self._no("no_key", Unauthorized(

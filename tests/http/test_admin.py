@@ -25,6 +25,7 @@ from appliance.engine.scheduler import Limits
 from appliance.http.accounting import Accounting
 from appliance.http.app import create_app
 from appliance.http.guard import GuardPolicy
+from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
 from appliance.http.state import App
@@ -48,13 +49,14 @@ def keys_file(tmp_path: Path) -> Path:
     return path
 
 
-def served(keys: KeyRing, quota: int = 0, state_dir: str = "") -> Iterator[TestClient]:
+def served(keys: KeyRing, quota: int = 0, state_dir: str = "", proxies: tuple[str, ...] = ()) -> Iterator[TestClient]:
     limits = Limits(slots=2, batch_tokens=64, kv_tokens=4096, ctx_limit=512, max_wait_s=0.0, max_queue=8)
     engine = Engine(lambda: FakeModel(reply=REPLY), EngineOptions(limits, CachePolicy(n_seq=6)))
     metrics = Metrics()
     metrics.attach(engine)
     app = App(engine, MODEL_ID + "-Q4_K_M", RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=512),
-              metrics=metrics, guard=GuardPolicy.build(keys), usage=Accounting(Ledger(state_dir), quota))
+              metrics=metrics, guard=GuardPolicy.build(keys, parse_networks(proxies)),
+              usage=Accounting(Ledger(state_dir), quota))
     with TestClient(as_users(create_app(app)), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
         wait_health(client.get, is_ready)
         yield client
@@ -170,6 +172,26 @@ def test_the_default_quota_applies_to_everyone(keys_file: Path) -> None:
         assert ask(client, BOB).status_code == 200
         assert error_of(ask(client, BOB), 429)["code"] == "quota_exceeded"
         assert ask(client, ALICE).status_code == 200  # her own quota, 5, is not reached yet
+
+
+def test_a_front_ends_forwarded_people_are_people_with_their_own_quota(keys_file: Path) -> None:
+    """Open WebUI with ENABLE_FORWARD_USER_INFO_HEADERS, on 192.168.1.9 (a trusted proxy),
+    calling with one key for everyone: each person it names is a row, with the quota."""
+    front = {**REMOTE, "x-test-client": "192.168.1.9"}
+    def as_(pid: str, email: str) -> dict[str, str]:
+        return {**front, "X-OpenWebUI-User-Id": pid, "X-OpenWebUI-User-Name": pid, "X-OpenWebUI-User-Email": email}
+
+    for client in served(KeyRing(str(keys_file)), quota=1, proxies=("192.168.1.9",)):  # one answer's worth
+        assert ask(client, BOB, **as_("u-1", "ann@office.example")).status_code == 200
+        assert error_of(ask(client, BOB, **as_("u-1", "ann@office.example")), 429)["code"] == "quota_exceeded"
+        assert ask(client, BOB, **as_("u-2", "ben@office.example")).status_code == 200  # his own quota
+        # The same headers from an address that is not a trusted proxy name nobody.
+        assert ask(client, BOB, **{**as_("u-2", "ben@office.example"), "x-test-client": "192.168.1.20"}).status_code == 200
+        wait_health(client.get, is_idle)
+        body = status(client)
+        assert person(body, "ann@office.example")["today"]["requests"] == 1
+        assert person(body, "ben@office.example")["today"]["requests"] == 1
+        assert person(body, "bob")["today"]["requests"] == 1
 
 
 def test_usage_survives_a_restart(keys_file: Path, tmp_path: Path) -> None:

@@ -227,6 +227,35 @@ def test_rate_limit_behind_a_trusted_proxy_counts_each_forwarded_client() -> Non
         error(c.post("/v1/x", json={}, headers=b), 429)
 
 
+# -- a person named by a trusted front-end (Open WebUI's forwarded user headers) -----------------
+OWUI = {"X-OpenWebUI-User-Id": "8f1c-alice", "X-OpenWebUI-User-Name": "Alice",
+        "X-OpenWebUI-User-Email": "alice@office.example", "X-OpenWebUI-Chat-Id": "c-1"}
+
+
+def test_a_trusted_front_end_names_each_person_as_a_client_of_their_own() -> None:
+    with guarded(address="10.0.0.2", trusted_proxies=["10.0.0.2"]) as c:
+        alice = c.post("/v1/x", json={}, headers=OWUI).json()
+        bob = c.post("/v1/x", json={}, headers={**OWUI, "X-OpenWebUI-User-Id": "22aa-bob"}).json()
+        nobody = c.post("/v1/x", json={}).json()
+        assert alice["client"] == "10.0.0.2/person:8f1c-alice" and bob["client"] == "10.0.0.2/person:22aa-bob"
+        assert alice["namespace"] != bob["namespace"] and nobody["client"] == "10.0.0.2"
+        # A signing-in proxy's pair; control characters cannot reach a log line.
+        me = c.post("/v1/x", json={}, headers={"X-Forwarded-User": "carol\x1b[2J", "X-Forwarded-Email": "c@o.example"}).json()
+        assert me["client"] == "10.0.0.2/person:carol[2J"
+
+
+def test_forwarded_persons_from_anyone_else_are_ignored(keys: KeyRing) -> None:
+    with guarded(address="10.0.0.2") as c:  # not a trusted proxy: the headers are the client's claim
+        me = c.post("/v1/x", json={}, headers=OWUI).json()
+        assert me["client"] == "10.0.0.2" and me["namespace"] == ""
+    with guarded(address="10.0.0.2", trusted_proxies=["10.0.0.2"], keys=keys) as c:
+        # Behind the front-end's one key, each person is a client (and a namespace) within it.
+        me = c.post("/v1/x", json={}, headers={**OWUI, "Authorization": f"Bearer {USER_KEY}"}).json()
+        assert me["client"].startswith("key:") and me["client"].endswith("/person:8f1c-alice")
+        assert me["namespace"] == me["client"]
+        error(c.post("/v1/x", json={}, headers=OWUI), 401)  # a person is not a key
+
+
 def test_rate_limit_off_by_default() -> None:
     with guarded() as c:
         assert {c.post("/v1/x", json={}).status_code for _ in range(30)} == {200}
