@@ -196,7 +196,7 @@ def test_streaming_client_disconnect_frees_slot(server: Live) -> None:
                     n += 1
                     if n == 5:
                         break  # leave mid-answer: closing the client drops the connection
-    h = server.wait_idle(timeout=20)
+    h = server.wait_idle(timeout=180)  # a condition, not a speed: beside neighbours the slot frees later
     assert h["engine"]["finished"].get("cancelled", 0) == before + 1
 
 
@@ -208,7 +208,7 @@ def test_non_streaming_client_disconnect_frees_slot(server: Live) -> None:
             # ~700 prompt tokens take seconds to prefill: the client gives up long before.
             c.post("/v1/chat/completions", json={"messages": ask("Tell me about this. " * 120),
                                                  "max_tokens": 100, "temperature": 0})
-    h = server.wait_idle(timeout=20)
+    h = server.wait_idle(timeout=180)  # a condition, not a speed: beside neighbours the slot frees later
     assert h["engine"]["finished"].get("cancelled", 0) == before + 1
 
 
