@@ -83,6 +83,7 @@ def routes(app: App) -> list[BaseRoute]:
     return [
         route("/health", operator.health),
         route("/v1/models", operator.models),
+        route("/v1/models/{model:path}", operator.model),
         route("/v1/system_prompts", operator.system_prompts),
         route("/metrics", operator.prometheus),
         route("/debug/steps", operator.steps),
@@ -97,6 +98,7 @@ def routes(app: App) -> list[BaseRoute]:
         # /completions is llama-server's native format, as llama-server routes it (not /v1's).
         route("/chat/completions", chat.chat, post),
         route("/models", operator.models),
+        route("/models/{model:path}", operator.model),
         route("/completion", llama_completion.completion, post),
         route("/completions", llama_completion.completion, post),
         route("/chat/completions/input_tokens", chat.input_tokens, post),

@@ -366,3 +366,10 @@ def test_models_report_the_context(client: TestClient) -> None:
     (model,) = client.get("/v1/models").json()["data"]
     assert model["id"] == MODEL_ID and model["max_model_len"] == CTX
     assert model["meta"] == {"n_ctx": CTX, "n_vocab": 0x110000}
+
+
+def test_one_model_by_its_id_and_a_404_for_any_other(client: TestClient) -> None:
+    (listed,) = client.get("/v1/models").json()["data"]
+    assert client.get(f"/v1/models/{MODEL_ID}").json() == listed == client.get(f"/models/{MODEL_ID}").json()
+    err = error_of(client.get("/v1/models/gpt-4o"), 404)
+    assert (err["param"], err["code"]) == ("model", "model_not_found") and MODEL_ID in err["message"]

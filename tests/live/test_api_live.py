@@ -90,6 +90,9 @@ def test_openai_sdk_streaming_and_not(server: Live) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                            http_client=httpx.Client(trust_env=False))
     model = client.models.list().data[0].id
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     done = client.chat.completions.create(model=model, messages=ask("What is 2+2?"), max_tokens=20, temperature=0)
     assert "4" in (done.choices[0].message.content or "")
     assert done.usage is not None and done.usage.completion_tokens > 0

@@ -90,12 +90,25 @@ def models_list(model_id: str, created: int | None = None) -> dict[str, Any]:
         {"id": model_id, "object": "model", "created": created or int(time.time()), "owned_by": "appliance"}]}
 
 
-async def models(app: App, request: Request) -> Response:
+def _listed(app: App) -> dict[str, Any]:
     body = models_list(app.model_id, app.created)
     # The context one request may use (prompt + answer), named as llama-server (meta.n_ctx)
     # and vLLM (max_model_len) report it: clients size their prompts by it.
     ctx = app.bounds.ctx_limit
     body["data"][0].update(max_model_len=ctx, meta={"n_ctx": ctx, "n_vocab": app.engine.n_vocab or None})
+    return body
+
+
+async def models(app: App, request: Request) -> Response:
+    return JSONResponse(_listed(app))
+
+
+async def model(app: App, request: Request) -> Response:
+    """GET /v1/models/{id}: the one model, by the id /v1/models lists (OpenAI's retrieve)."""
+    (body,) = _listed(app)["data"]
+    if request.path_params["model"] != body["id"]:
+        raise NotFound(f"the model {request.path_params['model']!r} does not exist; this server has {body['id']!r}",
+                       param="model", code="model_not_found")
     return JSONResponse(body)
 
 
