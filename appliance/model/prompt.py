@@ -233,6 +233,17 @@ def build_prompt(
 
     last_only = encode(system + rest[-1:])
     if len(last_only) > limit:
+        if tools:
+            # Name what is large: a front-end's built-in tools (Open WebUI attaches 36, 25.9 KB,
+            # to every chat turn) are most of such a prompt, and the user cannot shorten them.
+            without = len(template.encode(system + rest[-1:], tokenize, None))
+            n_tools = len(last_only) - without
+            if without <= limit:
+                raise ContextLengthExceeded(
+                    f"the tool definitions do not fit: {len(tools)} tools are {n_tools:,} of this prompt's "
+                    f"{len(last_only):,} tokens, and this server allows {limit:,} prompt tokens per conversation; "
+                    "send fewer tools (a chat front-end's built-in tools can be turned off in its settings)",
+                    param="tools")
         raise ContextLengthExceeded(
             f"the last message does not fit: with the system prompt it is {len(last_only)} tokens, "
             f"and this server allows {limit} prompt tokens per conversation")

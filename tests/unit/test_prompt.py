@@ -444,6 +444,22 @@ def test_tools_longer_than_the_context_are_refused_before_rendering() -> None:
     assert build_prompt([msg("user", "hi")], ChatTemplate(TOOLS_TEMPLATE), tok, limit, tools=small).tokens
 
 
+def test_tools_that_do_not_fit_are_named_with_their_token_count() -> None:
+    """Open WebUI's case: a short question, tools that fill the context (by tokens, not yet
+    by characters): the 400 names the tools and their share, param tools."""
+    def tok(s: str, special: bool = True) -> list[int]:
+        return list(s.encode())
+
+    tools = [tool("Returns the weather. " * 30) for _ in range(5)]  # ~3,300 characters, < 1,000 x 12
+    with pytest.raises(ContextLengthExceeded) as e:
+        build_prompt([msg("user", "hi")], ChatTemplate(TOOLS_TEMPLATE), tok, 1000, tools=tools)
+    assert e.value.param == "tools" and e.value.message.startswith("the tool definitions do not fit: 5 tools are ")
+    # A last message too long on its own is still the message's fault.
+    with pytest.raises(ContextLengthExceeded) as e:
+        build_prompt([msg("user", "x" * 1200)], ChatTemplate(TOOLS_TEMPLATE), tok, 1000, tools=[tool("w")])
+    assert e.value.param == "messages" and "the last message does not fit" in e.value.message
+
+
 def test_encode_tokenizes_content_without_specials(chatml: ChatTemplate) -> None:
     calls: list[tuple[str, bool]] = []
 
