@@ -169,6 +169,10 @@ class Config:
         "local midnight; a key's third field in api_keys_file overrides it; 0 = no quota", _non_negative))
     ageing_s: float = field(default=2.0, metadata=_opt(
         "a new conversation waiting this long ranks with continuing ones, s", _non_negative))
+    people_slots: int = field(default=-1, metadata=_opt(
+        "free slots background requests (service_tier flex, priority > 0, X-Priority: background, a chat "
+        "front-end's title and tag requests) leave to people; -1 = a quarter of the slots, at least 1",
+        lambda v: None if isinstance(v, int) and v >= -1 else "must be -1 or more"))
     max_per_client: int = field(default=0, metadata=_opt(
         "running + queued requests per client identity (address, or API key); 0 = no cap", _non_negative))
     rate_limit_per_s: float = field(default=0.0, metadata=_opt(

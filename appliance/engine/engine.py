@@ -31,7 +31,7 @@ from appliance.engine.scheduler import Limits
 from appliance.engine.snapshot import SessionView, Snapshot
 from appliance.engine.text import Text, prompt_limit
 from appliance.engine.threads import CoreShare
-from appliance.engine.turn import Turn
+from appliance.engine.turn import Lane, Turn
 from appliance.errors import ApplianceError, EngineFailure, Unavailable
 from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, public_prefixes
 from appliance.sampling import SamplingParams
@@ -53,7 +53,9 @@ class Handle:
     queue, read from the published snapshot; and a cancel. It holds the request's id and
     its event queue, never the engine's Turn."""
 
-    def __init__(self, rid: int, queue: asyncio.Queue[Event], inbox: Inbox, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, rid: int, queue: asyncio.Queue[Event], inbox: Inbox, snapshot: Callable[[], Snapshot],
+                 lane: Lane = Lane.PEOPLE) -> None:
+        self.lane = lane  # a background request's queue note says it waits behind people
         self.rid = rid
         self._queue = queue  # the engine's events, put on the loop thread (Engine._emit)
         self._inbox = inbox
@@ -221,7 +223,8 @@ class Engine:
         return self._text
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
-               session: str = "", named: bool = True, progress: Report | bool = Report.NONE) -> Handle:
+               session: str = "", named: bool = True, progress: Report | bool = Report.NONE,
+               lane: Lane = Lane.PEOPLE) -> Handle:
         """Queue one request (or refuse it: QueueFull, Unavailable). Loop thread only: the
         ids are handed out in the order the inbox receives them (Snapshot.position). With
         `progress` (True: Report.LONG), its prompt's Progress events come before its first Delta."""
@@ -233,9 +236,9 @@ class Engine:
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
         turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
                     client=client, session=session or f"{self._anon}{rid}", public_len=public, system_len=system,
-                    named=named and bool(session), progress=Report(int(progress)))
+                    named=named and bool(session), progress=Report(int(progress)), lane=lane)
         self._inbox.submit(turn)  # a refusal (QueueFull) is counted where every refusal is: http/
-        return Handle(rid, queue, self._inbox, lambda: self.snapshot)
+        return Handle(rid, queue, self._inbox, lambda: self.snapshot, lane)
 
     def session_info(self, session: str) -> dict[str, Any] | None:
         """GET /v1/sessions/{id}, rendered from the last snapshot."""

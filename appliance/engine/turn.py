@@ -15,6 +15,14 @@ from appliance.sampling import SamplingParams
 Sink = Callable[[Event], None]  # where a turn's events go (called on the event loop)
 
 
+class Lane(Enum):
+    """Whose work a turn is. People's turns are admitted and prefilled first; background
+    work (a front-end's titles and tags, batch jobs) runs in the capacity they leave."""
+
+    PEOPLE = auto()
+    BACKGROUND = auto()
+
+
 class State(Enum):
     WAITING = auto()  # queued for a slot
     PREFILL = auto()  # has a slot; prompt partly in the KV cache
@@ -37,6 +45,7 @@ class Turn:
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
     progress: Report = Report.NONE  # which prompts' reading its stream hears of (events.Progress)
+    lane: Lane = Lane.PEOPLE
     state: State = State.WAITING
     seq_id: int = -1  # llama.cpp sequence id while it holds a slot
     n_cached: int = 0  # leading tokens of prompt+output whose KV is in the cache
@@ -57,6 +66,10 @@ class Turn:
     drafts: Any = field(default=None, repr=False)
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # not yet sent with a Delta
     n_sent: int = 0  # leading tokens of `output` whose ids went out with a Delta
+
+    @property
+    def background(self) -> bool:
+        return self.lane is Lane.BACKGROUND
 
     @property
     def n_prompt(self) -> int:

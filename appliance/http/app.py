@@ -80,35 +80,28 @@ def routes(app: App) -> list[BaseRoute]:
 
     post = ["POST"]
     store = ResponseStore()  # previous_response_id -> the conversation, per caller
+    # OpenAI's paths, each also without /v1 (the same handler) for clients configured for
+    # llama-server; /completions without /v1 is llama-server's native format, as it routes it.
+    openai_paths: list[tuple[str, Handler, list[str] | None]] = [
+        ("/models", operator.models, None), ("/models/{model:path}", operator.model, None),
+        ("/chat/completions", chat.chat, post), ("/chat/completions/input_tokens", chat.input_tokens, post),
+        ("/responses", partial(responses.create, store), post),
+        ("/responses/input_tokens", partial(responses.input_tokens, store), post)]
     return [
         route("/health", operator.health),
-        route("/v1/models", operator.models),
-        route("/v1/models/{model:path}", operator.model),
+        *(route(v1 + path, handler, methods) for path, handler, methods in openai_paths for v1 in ("/v1", "")),
+        route("/v1/completions", completions.completions, post),
         route("/v1/system_prompts", operator.system_prompts),
         route("/metrics", operator.prometheus),
         route("/debug/steps", operator.steps),
-        route("/v1/chat/completions", chat.chat, post),
-        route("/v1/completions", completions.completions, post),
-        # llama-server's fill-in-the-middle and tokens.
+        # llama-server's fill-in-the-middle, tokens, native /completion, /props and /slots.
         route("/infill", llama_infill.infill, post),
         route("/tokenize", llama_tokens.tokenize, post),
         route("/detokenize", llama_tokens.detokenize, post),
-        # Clients configured for llama-server or OpenAI: paths without /v1 (the same handlers),
-        # llama-server's native /completion, /props and /slots, and OpenAI's Responses API.
-        # /completions is llama-server's native format, as llama-server routes it (not /v1's).
-        route("/chat/completions", chat.chat, post),
-        route("/models", operator.models),
-        route("/models/{model:path}", operator.model),
         route("/completion", llama_completion.completion, post),
         route("/completions", llama_completion.completion, post),
-        route("/chat/completions/input_tokens", chat.input_tokens, post),
-        route("/v1/chat/completions/input_tokens", chat.input_tokens, post),
         route("/props", llama_completion.props),
         route("/slots", llama_completion.slots),
-        route("/v1/responses", partial(responses.create, store), post),
-        route("/responses", partial(responses.create, store), post),
-        route("/v1/responses/input_tokens", partial(responses.input_tokens, store), post),
-        route("/responses/input_tokens", partial(responses.input_tokens, store), post),
         # Ollama's API.
         route("/api/chat", ollama.chat, post, errors=ollama_error),
         route("/api/generate", ollama.generate, post, errors=ollama_error),

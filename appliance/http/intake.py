@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from appliance.errors import ApplianceError, PayloadTooLarge
 from appliance.http.guard import Caller, caller_of
+from appliance.http.lanes import lane_of
 from appliance.http.state import App
 from appliance.http.validate import MAX_BODY_BYTES, parse_json, precheck
 
@@ -31,7 +32,10 @@ async def intake(app: App, request: Request, parse: Callable[[dict[str, Any]], T
         precheck(body, app.bounds.max_messages)  # a few ms for 4 MiB, and no GIL held for long
 
         def parsed() -> T:
-            return parse(parse_json(body))
+            data = parse_json(body)
+            if isinstance(data, dict):  # the lane the job will run in (respond reads it)
+                request.scope.setdefault("state", {})["lane"] = lane_of(caller, request.headers, data)
+            return parse(data)
 
         # A 4 MiB body takes tens of ms to parse and check: not on the event loop.
         yield caller, await asyncio.to_thread(parsed) if len(body) > THREAD_PARSE_BYTES else parsed()

@@ -1,9 +1,11 @@
 """API keys: an optional file of keys, checked in constant time, reloaded on SIGHUP.
 
-File format, one key per line: `KEY [LABEL [QUOTA]]`; blank lines and `#` comments are
-skipped. A key is 16-256 printable ASCII characters without spaces; the label `admin` marks
-an operator key (it may read /metrics, /debug/steps and /admin from anywhere). QUOTA is the
-key's daily generated-token quota in place of quota_tokens_per_day (0 = none for this key).
+File format, one key per line: `KEY [LABEL [QUOTA [LANE]]]`; blank lines and `#` comments
+are skipped. A key is 16-256 printable ASCII characters without spaces; the label `admin`
+marks an operator key (it may read /metrics, /debug/steps and /admin from anywhere). QUOTA is
+the key's daily generated-token quota in place of quota_tokens_per_day (0 = none for this
+key). LANE `background` makes every request of the key background work (a nightly batch job,
+an indexing tool): it runs in the capacity people leave free (engine/scheduler.py).
 Keys are held only as SHA-256 digests, and nothing here ever logs or prints one.
 """
 
@@ -23,7 +25,9 @@ ADMIN = "admin"
 _KEY = re.compile(r"[\x21-\x7e]{16,256}")
 _LABEL = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _QUOTA = re.compile(r"[0-9]{1,12}")
-_FORMAT = "expected `KEY [LABEL]` or `KEY LABEL QUOTA` (QUOTA: generated tokens a day, 0 = no quota)"
+_FORMAT = ("expected `KEY [LABEL]`, `KEY LABEL QUOTA` or `KEY LABEL QUOTA background` "
+           "(QUOTA: generated tokens a day, 0 = no quota)")
+LANES = ("people", "background")
 
 
 class KeysFileError(Exception):
@@ -35,6 +39,7 @@ class Key:
     digest: bytes  # SHA-256 of the key
     label: str
     quota: int | None = None  # generated tokens a day (0 = none); None = the configured default
+    background: bool = False  # every request of this key is background work
 
     @property
     def identity(self) -> str:
@@ -57,7 +62,8 @@ def parse_keys(text: str, source: str = "keys file") -> tuple[Key, ...]:
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
-        if len(fields) > 3 or (len(fields) == 3 and not _QUOTA.fullmatch(fields[2])):
+        if len(fields) > 4 or (len(fields) >= 3 and not _QUOTA.fullmatch(fields[2])) \
+                or (len(fields) == 4 and fields[3] not in LANES):
             raise KeysFileError(f"{source} line {n}: {_FORMAT}")
         if not _KEY.fullmatch(fields[0]):
             raise KeysFileError(f"{source} line {n}: a key must be 16-256 printable ASCII characters")
@@ -68,7 +74,8 @@ def parse_keys(text: str, source: str = "keys file") -> tuple[Key, ...]:
         if digest in seen:
             raise KeysFileError(f"{source} line {n}: the same key appears twice")
         seen.add(digest)
-        keys.append(Key(digest, label, int(fields[2]) if len(fields) == 3 else None))
+        keys.append(Key(digest, label, int(fields[2]) if len(fields) >= 3 else None,
+                        len(fields) == 4 and fields[3] == "background"))
     if not keys:
         raise KeysFileError(f"{source}: no keys (to turn keys off, unset api_keys_file)")
     return tuple(keys)

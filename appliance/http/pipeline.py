@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, Report
 from appliance.engine.names import session_name
+from appliance.engine.turn import Lane
 from appliance.errors import ApplianceError, EngineFailure
 from appliance.http.guard import Caller
 from appliance.http.outcome import ran
@@ -50,6 +51,7 @@ class Job:
     session: str = field(default_factory=new_session_id)
     named: bool = False  # the client named the session (it is kept and may be saved)
     report: Report = Report.NONE  # a stream's prompt reading it asked to hear of (llama-server's return_progress)
+    lane: Lane = Lane.PEOPLE  # background work runs in the capacity people leave (http/lanes.py)
 
 
 def choices(params: SamplingParams, n: int) -> tuple[SamplingParams, ...]:
@@ -124,7 +126,7 @@ def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
             # another key's sessions are out of reach and no raw id is held, logged or saved.
             key = session_name(ns, job.session if i == 0 else new_session_id())
             handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named,
-                                             progress=progress))
+                                             progress=progress, lane=job.lane))
     except ApplianceError:
         for h in handles:
             h.cancel()
@@ -141,6 +143,7 @@ async def respond(app: App, request: Request, job: Job, shape: Shape) -> Respons
     # an NDJSON stream would have nothing to write it with), every one's if the job asked.
     report = max(job.report, Report.LONG if shape.notes else Report.NONE) if job.stream else Report.NONE
     app.usage.check(job.caller)  # the caller's daily quota
+    job = dataclasses.replace(job, lane=request.scope.get("state", {}).get("lane", job.lane))  # intake decided it
     run = Run(app, job.caller, submit(app, job, report), timing)
     if job.stream:
         return StreamingResponse(guarded(stream(app, run, shape), run.handles, shape.error),
@@ -228,7 +231,8 @@ async def stream(app: App, run: Run, shape: Shape) -> AsyncGenerator[bytes, None
                 if got is None:
                     # Waiting: a comment tells the user, and finds out if they left. A turn whose
                     # prompt is being read is running, not queued: it hears its progress again.
-                    yield reading or app.queue_note(min((pos for h in run.handles if (pos := h.position)), default=0))
+                    yield reading or app.queue_note(min((pos for h in run.handles if (pos := h.position)), default=0),
+                                                    run.handles[0].lane is Lane.BACKGROUND)
                     continue
                 i, ev = got
                 if isinstance(ev, Failed):

@@ -59,9 +59,12 @@ class App:
         """Seconds until queue place `position` gets its first token (engine/pace.py)."""
         return wait_estimate(self.engine.snapshot, position, self.engine.now())
 
-    def queue_note(self, position: int) -> bytes:
-        """The SSE comment a waiting stream hears: its place in the queue and the wait."""
+    def queue_note(self, position: int, background: bool = False) -> bytes:
+        """The SSE comment a waiting stream hears: its place in the queue and the wait (for
+        background work, that it waits behind people: no estimate, people may keep coming)."""
         if not position:
             return comment("busy")
+        if background:
+            return comment(f"queued {position} behind people")
         eta = self.wait_estimate(position)
         return comment(f"queued {position} eta {eta}") if eta is not None else comment(f"queued {position}")

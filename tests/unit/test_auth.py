@@ -86,7 +86,13 @@ def test_bearer(header: str | None, token: str | None) -> None:
 def test_a_third_field_is_the_keys_daily_quota() -> None:
     keys = parse_keys(f"{K1} alice 20000\n{K2} bob 0\n{K3} carol\n")
     assert [k.quota for k in keys] == [20000, 0, None]  # None: the configured default
-    for bad in (f"{K1} alice many\n", f"{K1} alice -5\n", f"{K1} alice 1 2\n"):
+    for bad in (f"{K1} alice many\n", f"{K1} alice -5\n", f"{K1} alice 1 2\n", f"{K1} alice 1 later\n",
+                f"{K1} alice 1 background x\n"):
         with pytest.raises(KeysFileError) as e:
             parse_keys(bad, "keys")
         assert "KEY LABEL QUOTA" in str(e.value) and K1 not in str(e.value)
+
+
+def test_a_fourth_field_puts_every_request_of_the_key_in_the_background_lane() -> None:
+    keys = parse_keys(f"{K1} nightly 0 background\n{K2} bob 10 people\n{K3} carol\n")
+    assert [k.background for k in keys] == [True, False, False] and keys[0].quota == 0

@@ -6,7 +6,7 @@ import pytest
 from helpers.fakes import FakeClock
 
 from appliance.engine.scheduler import Limits, Scheduler
-from appliance.engine.turn import State, Turn
+from appliance.engine.turn import Lane, State, Turn
 from appliance.errors import Unavailable
 from appliance.sampling import SamplingParams
 
@@ -584,3 +584,65 @@ def test_admissible_stops_at_the_slots() -> None:
     s.waiting.extend(seq(clock) for _ in range(5))
     assert s.admissible() == 2
     assert len(s.admit()) == 2 and s.admissible() == 0
+
+
+# -- lanes: background work runs in the capacity people leave -----------------------------------
+def background(clock: FakeClock, client: str, n: int = 1, **kw: object) -> list[Turn]:
+    out = of(clock, client, n, **kw)
+    for t in out:
+        t.lane = Lane.BACKGROUND
+    return out
+
+
+def test_people_are_admitted_before_background_work_that_came_first() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=1, max_wait_s=0.0, people_slots=0)
+    titles = background(clock, "owui/person:a", 2) + background(clock, "owui/person:b")
+    clock.advance(0.005)  # the chat turn, milliseconds after its front-end's title request
+    (chat,) = of(clock, "owui/person:a")
+    s.waiting.extend([*titles, chat])
+    assert s.admit() == [chat]
+    # Among themselves, background requests are fair across clients as people's are: a has
+    # just been served, so b's goes first, then a's two.
+    order: list[Turn] = []
+    while s.waiting:
+        for t in list(s.running):
+            s.release(t)
+        order += s.admit()
+    assert order == [titles[2], titles[0], titles[1]]
+
+
+def test_background_work_leaves_free_slots_to_people() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=8, max_wait_s=0.0, max_queue=64)  # people_slots -1: a quarter of 8
+    assert s.limits.kept_for_people == 2
+    batch = background(clock, "nightly", 10)
+    s.waiting.extend(batch)
+    assert s.admit() == batch[:6] and s.admissible() == 0
+    people = of(clock, "10.0.0.7", 2)
+    s.waiting.extend(people)
+    assert s.admit() == people
+    assert [t for t in s.waiting] == batch[6:]
+    # One slot: background work still runs, in its turn.
+    assert make(clock, slots=1).limits.kept_for_people == 0
+
+
+def test_a_background_prompt_is_read_only_in_steps_that_read_no_persons() -> None:
+    clock = FakeClock()
+    s = make(clock, slots=4, batch_tokens=64, max_wait_s=0.0)
+    (title,) = background(clock, "owui/person:a", n_prompt=40)
+    s.waiting.append(title)
+    s.admit()
+    run_step(s)  # alone, it is read at full speed
+    assert title.prefill_left == 0
+    (paste,) = background(clock, "owui/person:b", n_prompt=300)
+    (chat,) = of(clock, "owui/person:a", n_prompt=100)
+    s.waiting.extend([paste, chat])
+    s.admit()
+    step = s.schedule()
+    assert [t for t, _ in step.prefill] == [chat] and title in step.decode
+    while chat.prefill_left:
+        run_step(s)
+    assert paste.n_cached == 0  # not a token of it before the person's first token
+    step = s.schedule()
+    assert [t for t, _ in step.prefill] == [paste]
