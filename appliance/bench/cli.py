@@ -212,6 +212,11 @@ def _add_office(parser: argparse.ArgumentParser) -> None:
       help="office: each conversation has 1..N follow-ups, uniformly (default 3, at most 4), "
            "then the user starts a new one. A refused (429/503) or failed turn is counted and "
            "not retried: it ends its conversation, and the next starts after its think time")
+    a("--front-end-tasks", dest="tasks", choices=("lanes", "people"), default="",
+      help="office: after every answer, a chat front-end's title and tags requests in Open WebUI's "
+           "shape (appliance/bench/tasks.py), counted apart from the people's turns: `lanes` as Open "
+           "WebUI sends them (the appliance runs them as background work), `people` the same with "
+           "X-Priority: people (what they cost without lanes)")
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
@@ -337,7 +342,7 @@ async def _run(args: argparse.Namespace, targets: list[tuple[str, str]], models:
                     max_tokens=args.max_tokens, temperature=args.temperature,
                     long_prompt_tokens=args.long_prompt_tokens, turns=args.turns,
                     think_s=args.think_s, session_ids=args.session_ids,
-                    one_address=args.workload == "burst")
+                    one_address=args.workload == "burst", tasks=args.tasks)
     for c in args.concurrency or DEFAULT_LEVELS[args.workload]:
         parts: dict[str, list[LevelResult]] = {lb: [] for lb, _ in targets}
         rounds[c] = parts

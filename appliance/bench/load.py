@@ -32,7 +32,7 @@ STAGGER_S = 0.25
 async def request(
     client: httpx.AsyncClient, endpoint: str, workload: Workload,
     messages: list[dict[str, str]], timeout: float, session: str | None = None,
-    first_token: asyncio.Event | None = None,
+    first_token: asyncio.Event | None = None, extra_headers: dict[str, str] | None = None,
 ) -> RequestResult:
     """One streamed chat completion, timed chunk by chunk; never raises for HTTP trouble."""
     body = {
@@ -41,6 +41,7 @@ async def request(
         "messages": messages,
     }
     headers = {"X-Session-Id": session or f"bench-{uuid.uuid4()}"} if workload.session_ids else {}
+    headers.update(extra_headers or {})
     res = RequestResult(t_start=time.perf_counter())
     try:
         # httpx timeouts are per read; asyncio.timeout bounds the whole request.

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -18,6 +18,8 @@ from appliance.bench.progress import Progress
 from appliance.bench.results import LevelResult, RequestResult, Sample
 from appliance.bench.schedule import Conversation, Office, conversations
 from appliance.bench.target import base_url, is_loopback
+from appliance.bench.tasks import MAX_TOKENS as TASK_TOKENS
+from appliance.bench.tasks import task_messages
 from appliance.bench.workload import Workload
 
 POLL_S = 1.0  # seconds between looks at /health
@@ -47,6 +49,8 @@ class _Office:
     in_flight: int = 0  # safe without a lock: only awaits switch tasks
     results: list[RequestResult] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
+    tasks: list[RequestResult] = field(default_factory=list)  # --front-end-tasks: titles and tags
+    pending: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def user(self, client: httpx.AsyncClient, i: int) -> None:
         for conv in conversations(self.office, i, self.salt):
@@ -76,7 +80,16 @@ class _Office:
             if not res.ok:
                 return True
             messages.append({"role": "assistant", "content": res.text})
+            if self.workload.tasks:
+                self.pending += [asyncio.create_task(self.task(client, m)) for m in task_messages(messages)]
         return True
+
+    async def task(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> None:
+        """A front-end's title or tags request, sent as the answer ends (not in the user's
+        think time: Open WebUI sends them at once), with no session id (Open WebUI sends none)."""
+        wl = replace(self.workload, max_tokens=TASK_TOKENS, session_ids=False)
+        headers = {"X-Priority": "people"} if self.workload.tasks == "people" else {}
+        self.tasks.append(await request(client, self.endpoint, wl, messages, self.timeout, extra_headers=headers))
 
     async def poll(self, client: httpx.AsyncClient, url: str, t0: float, progress: Progress | None) -> None:
         while True:
@@ -110,6 +123,7 @@ async def run_office(url: str, users: int, workload: Workload, plan: Office, dur
         poller = asyncio.create_task(run.poll(probe, base_url(url) + "/health", t0, progress))
         try:
             await asyncio.gather(*(run.user(clients[i], i) for i in range(users)))
+            await asyncio.gather(*run.pending)  # the last answers' titles and tags
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,4 +133,4 @@ async def run_office(url: str, users: int, workload: Workload, plan: Office, dur
         wall = time.perf_counter() - t0
         after = await scrape(probe, metrics) if before is not None else None
     engine = delta(before, after) if before is not None and after is not None else {}
-    return LevelResult(label, users, wall, run.results, t0=t0, timeline=run.timeline, engine=engine)
+    return LevelResult(label, users, wall, run.results, t0=t0, timeline=run.timeline, engine=engine, tasks=run.tasks)

@@ -170,9 +170,17 @@ def _office(done: dict[int, dict[str, LevelResult]], labels: list[str], lw: int,
                            markdown, _OFFICE_RATIO_OF)
     if any(lv.by_pad() for level in done.values() for lv in level.values()):
         lines += [""] + _pad_table(done, labels, lw, markdown, "pasted document (0 = a question)")
-    lines += _engine_table(done, labels, markdown) + _estimates(done, labels)
+    lines += _engine_table(done, labels, markdown) + _estimates(done, labels) + _tasks(done, labels)
     more = ", ttft95/99 = {b}/{a}, utok10 = {a}/{b}, fair = {b}/{a}"
     return lines + _ratio_legend(labels, ", ttft50@2+ = {b}/{a}", more) + _failures(done, labels)
+
+
+def _tasks(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> list[str]:
+    """--front-end-tasks: the title and tags requests beside the people's turns."""
+    out = [f"{c} {lb}: {t['tasks']} front-end tasks, {t['tasks_failed']} failed; end-to-end p50 "
+           f"{t['tasks_e2e_ms_p50']} ms, p95 {t['tasks_e2e_ms_p95']} ms"
+           for c, level in done.items() for lb in labels if lb in level and (t := level[lb].task_summary())["tasks"]]
+    return ([""] + out) if out else []
 
 
 def _estimates(done: dict[int, dict[str, LevelResult]], labels: list[str]) -> list[str]:

@@ -104,6 +104,8 @@ class LevelResult:
     # office: what the appliance's engine counters added over the run (engine_time.delta);
     # empty for a server without them.
     engine: dict[str, float] = field(default_factory=dict)
+    # office --front-end-tasks: the title and tags requests sent after the answers
+    tasks: list[RequestResult] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: list[LevelResult]) -> LevelResult:
@@ -115,6 +117,7 @@ class LevelResult:
             # RSS and the timeline are one run's story: the first round tells it.
             first.rss_mib, first.warmup_s, first.t0, first.timeline,
             functools.reduce(engine_time.add, (p.engine for p in parts), {}) if all(p.engine for p in parts) else {},
+            [r for p in parts for r in p.tasks],
         )
 
     def detail(self) -> dict[str, Any]:
@@ -253,6 +256,7 @@ class LevelResult:
             "itl_ms_max_during_long": ms(max(self.itl_during_long, default=None)),
             "long_ttft_ms_p50": ms(percentile(long_ttfts, 50)),
             "long_failed": sum(1 for r in self.long_results if not r.ok),
+            **self.task_summary(),
             **by_turn,
             "prompt_tokens_by_turn": self.prompt_tokens_by_turn(),
             "by_prompt_mix": self.by_pad(),  # {} without --prompt-mix
@@ -267,6 +271,13 @@ class LevelResult:
             "warmup_s": self.warmup_s,
         }
 
+
+    def task_summary(self) -> dict[str, Any]:
+        """office --front-end-tasks: how many title and tags requests, and their latency."""
+        done = [r for r in self.tasks if r.ok]
+        return {"tasks": len(self.tasks), "tasks_failed": len(self.tasks) - len(done),
+                "tasks_e2e_ms_p50": ms(percentile([r.t_end - r.t_start for r in done], 50)),
+                "tasks_e2e_ms_p95": ms(percentile([r.t_end - r.t_start for r in done], 95))}
 
     def estimates(self) -> dict[str, Any]:
         """How the queue notes' estimates came true: the waits that followed a note, as actual

@@ -31,6 +31,10 @@ class Workload:
     session_ids: bool = True
     # All requests from one address (burst: one person's script); else one per simulated user.
     one_address: bool = False
+    # office: after every answer, a chat front-end's title and tags requests (Open WebUI's
+    # shape, bench/tasks.py): "" none; "lanes" as Open WebUI sends them (the appliance runs
+    # them as background work); "people" the same with `X-Priority: people` (no lanes).
+    tasks: str = ""
 
 
 def fresh_system(system: str) -> str:

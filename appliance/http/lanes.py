@@ -32,10 +32,14 @@ TASK_START, TASK_HISTORY = "### Task:", "<chat_history>"
 
 
 def lane_of(caller: Caller, headers: Headers, data: dict[str, Any]) -> Lane:
+    """The operator's word (the key's lane) first, then the client's, then the shape's: a
+    client that says `X-Priority: people` is believed over the shape of its prompt."""
     asked = _asked(headers, data)  # validated whatever else decides
-    if asked or (caller.key is not None and caller.key.background) or front_end_task(data):
+    if asked or (caller.key is not None and caller.key.background):
         return Lane.BACKGROUND
-    return Lane.PEOPLE
+    if headers.get("x-priority", "").strip().lower() in PEOPLE_WORDS:
+        return Lane.PEOPLE
+    return Lane.BACKGROUND if front_end_task(data) else Lane.PEOPLE
 
 
 def _asked(headers: Headers, data: dict[str, Any]) -> bool:

@@ -47,6 +47,7 @@ def test_background_work_in_each_way_clients_say_it(data: dict[str, Any], header
     ({"service_tier": "priority", "priority": 0}, {}),
     ({"priority": -5}, {}),
     ({}, {"x-priority": "interactive"}),
+    ({"messages": [{"role": "user", "content": TITLE}]}, {"x-priority": "people"}),  # its word over its shape
     ({"messages": [{"role": "user", "content": "### Task: write me a poem about printers"}]}, {}),
     # The task text quoted earlier in a chat is not the chat's last message.
     ({"messages": [{"role": "user", "content": TITLE}, {"role": "assistant", "content": "ok"},

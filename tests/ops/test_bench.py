@@ -45,7 +45,7 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
     engine = asyncio.Lock()
     # Every request received, where from, and the text streamed back, so tests can check
     # the history and that each simulated user has its own address.
-    seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": [], "hosts": []}
+    seen: dict[str, list] = {"session_ids": [], "bodies": [], "replies": [], "hosts": [], "priority": []}
     streaming = [0]  # replies in progress: what the fake's /health calls its queue
     # A test may hold every reply until this many are in progress (for at most 10 s), so that
     # "sent at once" is seen in the most replies in progress, not timed.
@@ -60,6 +60,7 @@ def make_app(first_s: float, gap_s: float) -> Starlette:
         seen["session_ids"].append(request.headers.get("x-session-id", ""))
         seen["bodies"].append(body)
         seen["hosts"].append(request.client.host if request.client else "")
+        seen["priority"].append(request.headers.get("x-priority", ""))
         is_long = len(body["messages"][-1]["content"]) > 2000
         # A reply unique to this request, so a resent history shows whose answer it holds.
         n = len(seen["bodies"])
@@ -977,6 +978,25 @@ def test_office_counts_refusals_and_starts_a_new_conversation(
     # No /health queue behind this URL: the timeline holds the client's in-flight count only.
     assert run["timeline"] and all(q is None for _, _, q in run["timeline"])
     assert "http 503" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tasks, priority", [("lanes", ""), ("people", "people")])
+def test_office_front_end_tasks_follow_every_answer_and_are_counted_apart(
+    fast: FakeServer, tmp_path: Path, tasks: str, priority: str
+) -> None:
+    out_path = tmp_path / "office.json"
+    start = len(fast.seen["bodies"])
+    assert _run("--url", fast.url, *_OFFICE_ARGS, "--front-end-tasks", tasks, "--json", str(out_path)) == 0
+    s = json.loads(out_path.read_text())["levels"][0]["results"]["appliance"]
+    bodies, said = fast.seen["bodies"][start:], fast.seen["priority"][start:]
+    asks = [b for b in bodies if not b["messages"][-1]["content"].startswith("### Task:")]
+    titles = [b for b in bodies if "concise, 3-5 word title" in b["messages"][-1]["content"]]
+    tags = [b for b in bodies if "broad tags" in b["messages"][-1]["content"]]
+    # A title and a tags request per answer, apart from the people's turns, without a session id.
+    assert s["requests"] == len(asks) and s["tasks"] == len(titles) + len(tags) == 2 * s["completed"] > 0
+    assert all("<chat_history>" in b["messages"][0]["content"] and b["max_tokens"] == 40 for b in titles + tags)
+    assert {p for b, p in zip(bodies, said, strict=True) if b in titles + tags} == {priority}
+    assert s["tasks_failed"] == 0 and s["tasks_e2e_ms_p50"] is not None
 
 
 def test_office_defaults() -> None:
