@@ -160,9 +160,11 @@ def _system_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[:n_sys]
 
 
-def public_prefix(system: list[dict[str, Any]], template: ChatTemplate, tokenize: Tokenize) -> list[int]:
-    """The tokens a prompt with these system messages starts with, before anything private."""
-    a, b = (template.encode(system + [{"role": "user", "content": p}], tokenize) for p in _PROBES)
+def public_prefix(system: list[dict[str, Any]], template: ChatTemplate, tokenize: Tokenize,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The tokens a prompt with these system messages (and tools) starts with, before anything
+    that differs from one request to the next."""
+    a, b = (template.encode(system + [{"role": "user", "content": p}], tokenize, tools) for p in _PROBES)
     return a[:common_prefix(a, b)]
 
 
@@ -175,18 +177,25 @@ def public_prefixes(presets: Iterable[str], template: ChatTemplate, tokenize: To
 
 
 def _shared(messages: list[dict[str, Any]], tokens: list[int], dropped: int, template: ChatTemplate,
-            tokenize: Tokenize, presets: frozenset[str]) -> Prompt:
+            tokenize: Tokenize, presets: frozenset[str], tools: list[dict[str, Any]] | None = None) -> Prompt:
     """The prompt with its public length (the template's start and a preset system prompt)
-    and its system block's length (one system message, whole)."""
+    and its system block's length (one system message with the tools, whole)."""
     system = _system_part(messages)
     if len(system) > 1:
         return Prompt(tokens, dropped)  # several system messages: nothing is shared
-    block = public_prefix(system, template, tokenize)
-    n = common_prefix(tokens, block)
-    whole = n if system and n == len(block) else 0
+    plain = public_prefix(system, template, tokenize)
+    public = common_prefix(tokens, plain)
+    if tools:
+        # The template writes the tools into the system block (Qwen's, after the system text):
+        # the block with them is the client's until common (kv/commons.py), as a private
+        # system prompt is; an office tool or front-end sends the same tools from every PC.
+        block = public_prefix(system, template, tokenize, tools)
+        whole = len(block) if common_prefix(tokens, block) == len(block) else 0
+    else:
+        whole = public if system and public == len(plain) else 0
     if system and system[0]["content"] not in presets:
         return Prompt(tokens, dropped, 0, whole)  # a private system prompt: shared only once common
-    return Prompt(tokens, dropped, n, whole)
+    return Prompt(tokens, dropped, public, whole)
 
 
 def refuse_control_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -229,7 +238,7 @@ def build_prompt(
     if k0 == 0:
         tokens = encode(messages)
         if len(tokens) <= limit:
-            return _shared(messages, tokens, 0, template, tokenize, presets)
+            return _shared(messages, tokens, 0, template, tokenize, presets, tools)
 
     last_only = encode(system + rest[-1:])
     if len(last_only) > limit:
@@ -249,7 +258,7 @@ def build_prompt(
             f"and this server allows {limit} prompt tokens per conversation")
     kept = _fewest_dropped_by_tokens(system, rest, k0, lambda msgs: len(encode(msgs)) <= limit)
     tokens = encode(kept)
-    return _shared(kept, tokens, len(messages) - len(kept), template, tokenize, presets)
+    return _shared(kept, tokens, len(messages) - len(kept), template, tokenize, presets, tools)
 
 
 def _split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

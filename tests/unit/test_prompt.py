@@ -460,6 +460,22 @@ def test_tools_that_do_not_fit_are_named_with_their_token_count() -> None:
     assert e.value.param == "messages" and "the last message does not fit" in e.value.message
 
 
+def test_the_tools_are_part_of_the_system_block_and_never_public() -> None:
+    """The same tools from every PC (an office tool, a chat front-end) become one block that
+    may be shared once common; with tools, the block ends where the questions begin."""
+    def tok(s: str, special: bool = True) -> list[int]:
+        return list(s.encode())
+
+    t, tools = ChatTemplate(TOOLS_TEMPLATE), [tool("Returns the weather.")]
+    a = build_prompt([msg("user", "alpha")], t, tok, 10_000, tools=tools)
+    b = build_prompt([msg("user", "beta"), msg("assistant", "x"), msg("user", "y")], t, tok, 10_000, tools=tools)
+    head = public_prefix([], t, tok, tools)
+    assert a.system_len == b.system_len == len(head) > 0 and a.tokens[:a.system_len] == b.tokens[:b.system_len] == head
+    assert a.public_len < a.system_len  # the client's tools are not public until common
+    other = build_prompt([msg("user", "alpha")], t, tok, 10_000, tools=[tool("Returns the time.")])
+    assert other.tokens[:other.system_len] != head
+
+
 def test_encode_tokenizes_content_without_specials(chatml: ChatTemplate) -> None:
     calls: list[tuple[str, bool]] = []
 
