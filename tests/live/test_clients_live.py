@@ -80,6 +80,30 @@ def test_a_private_system_prompt_is_shared_only_whole_once_three_clients_sent_it
     assert cached(dave) == 0
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": f"office_{name}", "description": f"Look up the office's {name} by a short query.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+    for name in ("printers", "rooms", "holidays", "suppliers", "phone_numbers")]
+
+
+def test_the_same_tools_from_three_clients_are_read_once_for_everyone_after(server: Live) -> None:
+    """An office tool (or a chat front-end) sends the same tool definitions from every PC: the
+    template writes them into the system block, which becomes shared once three clients sent
+    it; before that, nobody gets a token of another's tools."""
+    def turn(user: int, question: str) -> dict[str, Any]:
+        r = server.chat([{"role": "user", "content": question}], as_user=user, tools=TOOLS, max_tokens=8, temperature=0)
+        assert r.status_code == 200, r.text
+        return dict(r.json()["usage"])
+
+    _, default = ask(server, 11, [{"role": "user", "content": "Say hello."}])
+    first, second = turn(12, "Which printer is on floor two?"), turn(13, "Is room 4B free today?")
+    assert cached(first) == cached(second) <= cached(default)  # at most the model's default prompt
+    third, fourth = turn(14, "When is the next holiday?"), turn(15, "Who supplies our paper?")
+    block = cached(fourth)
+    assert block == cached(third) > cached(default) + 5 * 30  # the five tools, read once
+    assert fourth["prompt_tokens"] - block < 30  # the question and the template's glue
+
+
 def test_an_operator_preset_is_shared_and_reported_by_both(server: Live) -> None:
     uses = [ask(server, user, [{"role": "system", "content": PRESET}, {"role": "user", "content": q}])[1]
             for user, q in ((4, "How do I reset my password?"), (5, "Where is the printer?"))]
