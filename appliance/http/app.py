@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
+from appliance.http.api.anthropic import messages as anthropic
 from appliance.http.api.appliance import admin, documents, operator
 from appliance.http.api.llama import completion as llama_completion
 from appliance.http.api.llama import infill as llama_infill
@@ -31,7 +32,7 @@ from appliance.http.api.openai.response_store import ResponseStore
 from appliance.http.guard import Guard, caller_of
 from appliance.http.outcome import refused
 from appliance.http.state import App
-from appliance.http.wire import openai_error
+from appliance.http.wire import anthropic_error, openai_error
 
 log = logging.getLogger(__name__)
 Handler = Callable[[App, Request], Awaitable[Response]]
@@ -102,6 +103,9 @@ def routes(app: App) -> list[BaseRoute]:
         route("/completions", llama_completion.completion, post),
         route("/props", llama_completion.props),
         route("/slots", llama_completion.slots),
+        # Anthropic's Messages API, its errors in Anthropic's shape.
+        route("/v1/messages", anthropic.create, post, errors=anthropic_error),
+        route("/v1/messages/count_tokens", anthropic.count_tokens, post, errors=anthropic_error),
         # Ollama's API.
         route("/api/chat", ollama.chat, post, errors=ollama_error),
         route("/api/generate", ollama.generate, post, errors=ollama_error),

@@ -26,6 +26,7 @@ from appliance.errors import ApplianceError, Forbidden, MisdirectedRequest, Queu
 from appliance.http.identity import Network, client_identity, is_trusted
 from appliance.http.keys import Key, KeyRing, bearer
 from appliance.http.throttle import RateLimiter
+from appliance.http.wire import ANTHROPIC_PATHS, anthropic_body
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
@@ -259,7 +260,9 @@ class Guard:
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
         if isinstance(err, Unauthorized):
             headers["WWW-Authenticate"] = "Bearer"
-        body = {"error": err.message} if scope["path"].startswith(OLLAMA_PATHS) else err.body()
+        path = scope["path"]
+        body = {"error": err.message} if path.startswith(OLLAMA_PATHS) else \
+            anthropic_body(err) if path.startswith(ANTHROPIC_PATHS) else err.body()
         await JSONResponse(body, status_code=err.status, headers=headers)(scope, receive, _with_headers(send, origin))
 
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:

@@ -54,3 +54,27 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+# Anthropic's error types by HTTP status (its API's own table); 503 (loading, draining, no
+# slot in time) is Anthropic's overloaded_error, kept at our status with Retry-After.
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error"}
+ANTHROPIC_PATHS = "/v1/messages"  # where errors take Anthropic's shape (the guard's refusals too)
+
+
+def anthropic_body(err: ApplianceError) -> dict[str, Any]:
+    """Anthropic's error body: {"type": "error", "error": {"type", "message"}}."""
+    kind = ANTHROPIC_ERRORS.get(err.status, "invalid_request_error" if 400 <= err.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def anthropic_error(err: ApplianceError) -> JSONResponse:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return JSONResponse(anthropic_body(err), status_code=err.status, headers=headers)
+
+
+def event(name: str, obj: dict[str, Any]) -> bytes:
+    """One named SSE event, as Anthropic's streams carry them (`event:` then `data:`)."""
+    return b"event: " + name.encode() + b"\n" + sse(obj)
