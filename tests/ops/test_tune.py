@@ -170,4 +170,7 @@ def test_appliance_tune_on_this_machine(bundled_model: Path, tmp_path: Path) -> 
     assert "why:" in out.stdout and "slots" in out.stdout and f"written to {path}" in out.stdout
     cfg = load(config_file=str(path), environ={})[0]
     assert cfg.port == 8081 and cfg.ubatch_tokens in tune.UBATCHES and cfg.threads >= 1
-    assert cfg.kv_type == "f16" and cfg.slots >= 4  # plenty of memory here
+    assert cfg.kv_type == "f16"  # plenty of memory here
+    # The slot count follows the step times measured now, which a busy machine stretches (CI's
+    # run beside other work chose 2): the written value is the one the reasons name.
+    assert cfg.slots in (1, 2, 4, 8, 16, 24) and f"slots {cfg.slots}: a step of {cfg.slots} streams" in out.stdout
