@@ -42,7 +42,7 @@ main() {
   local peers=${PEERS_DIR:-$HOME/.cache/appliance-peers}
   local port=${PORT:-18290}
   local model=${MODEL:-$root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
-  local files=(test_basic test_chat_completion test_completion test_compat_oai_responses test_infill
+  local files=(test_basic test_chat_completion test_completion test_compat_oai_responses test_compat_anthropic test_infill
                test_security test_tokenize test_ignore_eos)
 
   local src="$peers/llama_cpp_python-$version/vendor/llama.cpp/tools/server/tests"
