@@ -23,8 +23,8 @@
 # as features the appliance does not have: embeddings and
 # rerank (test_embedding, test_rerank), LoRA (test_lora), speculative decoding with a draft
 # model (test_speculative), multimodal (test_vision_api), the router and multi-model and model
-# reload (test_router, test_stream, test_sleep), the Anthropic and Vertex APIs
-# (test_compat_anthropic, test_compat_gcp), MCP, proxy and built-in tools (test_mcp_servers,
+# reload (test_router, test_stream, test_sleep), the Vertex API
+# (test_compat_gcp), MCP, proxy and built-in tools (test_mcp_servers,
 # test_proxy, test_tools_builtin), other models' chat templates (test_template, test_tool_call:
 # each loads another template or model), the tests marked slow (each downloads another model),
 # and server-flag features with our own counterparts (test_ctx_shift, test_slot_save,
