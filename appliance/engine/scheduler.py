@@ -7,8 +7,8 @@ are prefilled together. Waiting requests are admitted round-robin across client
 identities (fair shares), each client's own in priority order.
 
 Two lanes (turn.Lane): people's turns are ordered before every background turn, background
-turns never take the last `people_slots` free slots, and their prompts are read only in
-steps that read no person's prompt. So a front-end's title and tag requests, sent a few
+turns never take the last `people_slots` free slots, and their prompts are read with
+what people's prompts leave of a step. So a front-end's title and tag requests, sent a few
 milliseconds before the chat turn they describe, no longer hold that turn's first token
 behind their prefill (1.39 s instead of 0.18 s with Open WebUI, issue 37).
 """
@@ -235,13 +235,14 @@ class Scheduler:
             if s.leader is not None:
                 key = id(s.leader)
                 shared_end[key] = max(shared_end.get(key, 0), s.lead_n)
-        # Short prompts first keeps time-to-first-token low for short questions; a long
-        # paste still advances whenever budget is left.
+        # People's prompts first, then background work's; within a lane short prompts first
+        # keeps time-to-first-token low for short questions, and a long paste still advances
+        # whenever budget is left. Background prompts get what people's leave: holding them
+        # back whenever a person's prompt was being read (the first design) starved them in
+        # an office over capacity, where someone always is, and the slots and KV they held
+        # were lost to people too (20 users, 60 s: 8 people's turns timed out).
         prefilling = sorted((s for s in self.running if s.state is State.PREFILL and s.leader is None),
-                            key=lambda s: (s.prefill_left, s.arrival))
-        if any(not s.background for s in prefilling):
-            # A person's prompt is being read: background prompts wait for a step without one.
-            prefilling = [s for s in prefilling if not s.background]
+                            key=lambda s: (s.background, s.prefill_left, s.arrival))
         budget = self._prefill_budget(len(step.decode), prefilling)
         for s in prefilling:
             if budget <= 0:

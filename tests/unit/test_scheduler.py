@@ -627,7 +627,7 @@ def test_background_work_leaves_free_slots_to_people() -> None:
     assert make(clock, slots=1).limits.kept_for_people == 0
 
 
-def test_a_background_prompt_is_read_only_in_steps_that_read_no_persons() -> None:
+def test_a_background_prompt_is_read_with_what_peoples_prompts_leave() -> None:
     clock = FakeClock()
     s = make(clock, slots=4, batch_tokens=64, max_wait_s=0.0)
     (title,) = background(clock, "owui/person:a", n_prompt=40)
@@ -640,9 +640,19 @@ def test_a_background_prompt_is_read_only_in_steps_that_read_no_persons() -> Non
     s.waiting.extend([paste, chat])
     s.admit()
     step = s.schedule()
-    assert [t for t, _ in step.prefill] == [chat] and title in step.decode
-    while chat.prefill_left:
-        run_step(s)
-    assert paste.n_cached == 0  # not a token of it before the person's first token
+    # The person's prompt takes the step (64 tokens, one of them the title's decode) ...
+    assert step.prefill == [(chat, 63)] and title in step.decode
+    run_step(s)
+    # ... and the background prompt is read with what it leaves, after it in the step.
     step = s.schedule()
-    assert [t for t, _ in step.prefill] == [paste]
+    assert step.prefill == [(chat, 37), (paste, 26)]
+    run_step(s)
+    # A person's prompt that arrives later still goes first; the background prompt, read
+    # in part, goes on with the rest of the step (in an office over capacity someone is
+    # always being read: holding background prompts back then held their slots forever).
+    (later,) = of(clock, "10.0.0.9", n_prompt=20)
+    s.waiting.append(later)
+    s.admit()
+    step = s.schedule()
+    assert [t for t, _ in step.prefill] == [later, paste]
+    assert sum(n for _, n in step.prefill) + len(step.decode) == 64
