@@ -432,7 +432,7 @@ class EngineCore:
             waiting=tuple(t.rid for t in self.sched.waiting), taken=self.taken,
             sessions=MappingProxyType(sessions), parked_bytes=cache.parked_bytes, threads=self.threads,
             cores_others=self.cores.others if self.cores else 0.0, counters=st.counters(),
-            cache_events=MappingProxyType(events), step_log=tuple(st.step_log),
+            cache_events=MappingProxyType(events), step_log=st.step_log.view(),
             admissible=self.sched.admissible(), step_s=self.pace.step_s, step_ends=self.step_ends,
             park_budget=cache.park_budget, finished_at=tuple(self.figures.finished_at),
             served_s=tuple(self.figures.served_s), histograms=self.figures.histograms())
