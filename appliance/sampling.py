@@ -25,6 +25,9 @@ class SamplingParams:
     grammar: str | None = None  # GBNF the answer must follow (structured output, forced tool calls)
     logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit; -inf bans it)
+    # Tool calls (structured.tools.call_key) whose results end the conversation: an answer
+    # that only repeats one is sampled again as an answer (engine/repeat.py).
+    answered: tuple[tuple[str, str], ...] = ()
 
     @property
     def greedy(self) -> bool:

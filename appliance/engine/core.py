@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.engine import repeat
 from appliance.engine.batch import FA_TILE_ROWS, Batch, build, split
 from appliance.engine.events import Delta, Done, Event, Failed, Report, TokenLogprob
 from appliance.engine.figures import Figures
@@ -24,7 +25,7 @@ from appliance.engine.kv.cache import SessionCache
 from appliance.engine.kv.commons import Commons, CommonsPolicy
 from appliance.engine.kv.store import CachePolicy, KVStore
 from appliance.engine.model_api import Model
-from appliance.engine.names import log_name
+from appliance.engine.names import log_finished
 from appliance.engine.pace import StepClock
 from appliance.engine.scheduler import Limits, Scheduler, Step
 from appliance.engine.snapshot import SessionView, Snapshot, Stats
@@ -191,6 +192,7 @@ class EngineCore:
                 self.kv.attach(turn)
                 turn.sampler = self.model.new_sampler(turn.params)
                 turn.text = TextStream(turn.params.stop)
+                turn.guard = repeat.CallGuard(frozenset(turn.params.answered)) if turn.params.answered else None
                 turn.drafts = self._new_drafts(turn)
                 if turn.progress is Report.EVERY:  # where its reading starts: what the cache held
                     self.events.append((turn.sink, turn.reading))
@@ -324,8 +326,12 @@ class EngineCore:
         if t.drafts is not None:
             t.drafts.index.extend((token,))
         self.stats.generated_tokens += 1
-        text = t.text.push(tokenizer.piece(token))
-        if text:
+        pieces = [tokenizer.piece(token)] if t.guard is None else self._guarded(t, tokenizer.piece(token))
+        if pieces is None:
+            return False  # rewound: it samples its first token again
+        if t.unban is not None:
+            repeat.first_token_taken(t, self.model)
+        if text := "".join(t.text.push(p) for p in pieces):
             self._emit_text(t, text, now)
         if t.text.stopped:
             self._finish(t, "stop")
@@ -336,6 +342,16 @@ class EngineCore:
               or now - t.arrival > self.request_timeout_s):
             self._finish(t, "length")
         return t.state is not State.FINISHED
+
+    def _guarded(self, t: Turn, piece: bytes) -> list[bytes] | None:
+        """repeat.py: what of the answer's opening goes out now; None: it repeated a call just
+        answered, and the turn was rewound."""
+        pieces = t.guard.feed(piece)
+        if pieces is None:
+            repeat.rewind(t, self.model)
+        elif pieces:
+            t.guard = None
+        return pieces
 
     def _emit_text(self, t: Turn, text: str, now: float) -> None:
         if t.first_token_at:
@@ -366,9 +382,10 @@ class EngineCore:
         t.leader = None
         self._release_kv(t, keep=(error is None or keep) and t.n_cached > 0)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
-        self._log_finished(t, reason, error)
+        log_finished(t, reason, error, self.clock())
         if error is None or keep:
-            tail = t.text.flush() if t.text is not None else ""
+            held = t.guard.release() if t.guard is not None else []  # an opening held (repeat.py): text
+            tail = "".join(t.text.push(p) for p in held) + t.text.flush() if t.text is not None else ""
             if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
                 self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
                 t.logprobs = []
@@ -390,18 +407,6 @@ class EngineCore:
         if t.sampler is not None:
             t.sampler.free()
             t.sampler = None
-
-    def _log_finished(self, t: Turn, reason: str, error: ApplianceError | None) -> None:
-        if not log.isEnabledFor(logging.INFO):
-            return
-        # One line per request for the operator. The session id is a bearer secret: log a
-        # short digest of it, enough to follow one conversation.
-        ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
-        wait = f"{(t.admitted_at - t.arrival) * 1000:.0f} ms" if t.admitted_at else "-"
-        log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
-                 "slot after %s, first token %s, total %.1f s", t.rid, log_name(t.session),
-                 t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
-                 len(t.output), wait, ttft, self.clock() - t.arrival)
 
     def fail_all(self, error: ApplianceError, pending: list[Command], keep: bool = False) -> None:
         """Shutting down or crashed: every queued and running request ends with `error`. On

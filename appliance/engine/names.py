@@ -6,6 +6,10 @@ a second digest, and log lines by a short third one, so no raw id is held, saved
 from __future__ import annotations
 
 import hashlib
+import logging
+from typing import Any
+
+log = logging.getLogger("appliance.engine.core")  # the operator's one line per request, as it always was
 
 
 def session_name(namespace: str, session: str) -> str:
@@ -22,3 +26,15 @@ def saved_key(session: str) -> str:
 def log_name(session: str) -> str:
     """A short digest for log lines, enough to follow one session through the log."""
     return hashlib.sha256(session.encode()).hexdigest()[:8]
+
+
+def log_finished(t: Any, reason: str, error: Any, now: float) -> None:
+    """One line per request (an engine Turn) for the operator, its session by log_name."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    ttft = f"{(t.first_token_at - t.arrival) * 1000:.0f} ms" if t.first_token_at else "-"
+    wait = f"{(t.admitted_at - t.arrival) * 1000:.0f} ms" if t.admitted_at else "-"
+    log.info("request %d session %s client %s: %s%s, prompt %d (reused %d), output %d, "
+             "slot after %s, first token %s, total %.1f s", t.rid, log_name(t.session),
+             t.client or "-", reason, f" ({error.status})" if error else "", t.n_prompt, t.n_reused,
+             len(t.output), wait, ttft, now - t.arrival)

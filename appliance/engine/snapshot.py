@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from appliance.engine.figures import HistogramView
 
@@ -84,7 +85,7 @@ class StepLogView(Sequence[Row]):
         for b in self._blocks:
             yield from b
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return tuple(self)[i]
         if i < 0:

@@ -64,6 +64,8 @@ class Turn:
     sampler: Any = field(default=None, repr=False)
     text: Any = field(default=None, repr=False)
     drafts: Any = field(default=None, repr=False)
+    guard: Any = field(default=None, repr=False)  # repeat.CallGuard while its opening may repeat a call
+    unban: Any = None  # after a rewind (repeat.py): the sampling its answer goes on with after its first token
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # not yet sent with a Delta
     n_sent: int = 0  # leading tokens of `output` whose ids went out with a Delta
 

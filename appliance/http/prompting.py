@@ -18,6 +18,7 @@ from appliance.errors import BadRequest, ContextLengthExceeded
 from appliance.http.validate import Biases, check_tokens
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
+from appliance.structured.tools import answered
 
 # Between input_extra chunks when the model has no file-separator token (llama-server's).
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
@@ -95,6 +96,8 @@ async def prepare(engine: Engine, ask: Ask) -> Prepared:
     if isinstance(src, Messages):
         prompt: list[int] | Prompt = await engine.prepare(src.messages, params.max_tokens, src.tools)
         truncated = False
+        if src.tools and params.grammar is None:  # a call just answered is not made again (engine/repeat.py)
+            params = dataclasses.replace(params, answered=answered(src.messages))
     elif isinstance(src, Raw):
         prompt, truncated = nonempty(await tokens_of(engine, src.prompt, special=True)), False
     else:

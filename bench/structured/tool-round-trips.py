@@ -7,7 +7,8 @@ the first request should call a tool; its result (computed here from the argumen
 back as a `tool` message, and the second request is classified:
 
 - answer: text and no tool call (the round trip ends);
-- repeat: the identical call again (same name, same arguments): the failure issue 37 names;
+- repeat: the identical call again (same name, same arguments), as a call or as the text the
+  answer opens with: the failure issue 37 names;
 - other: a different call; its result goes back too, up to three calls in all.
 
     bench/structured/tool-round-trips.py --url http://127.0.0.1:8080 [--json FILE]
@@ -26,9 +27,9 @@ from typing import Any
 import httpx
 
 
-def fn(name: str, description: str, **props: str) -> dict[str, Any]:
+def fn(fname: str, description: str, **props: str) -> dict[str, Any]:
     return {"type": "function", "function": {
-        "name": name, "description": description,
+        "name": fname, "description": description,
         "parameters": {"type": "object", "required": list(props),
                        "properties": {k: {"type": "string", "description": v} for k, v in props.items()}}}}
 
@@ -85,13 +86,31 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return fa["name"] == fb["name"] and json.loads(fa["arguments"] or "{}") == json.loads(fb["arguments"] or "{}")
 
 
+def text_call(content: str) -> dict[str, Any] | None:
+    """A call the answer's text opens with (tagged, bare or fenced JSON), as the model wrote it
+    where the server did not take it as a call: the repeat then reaches the user as text."""
+    s = content.strip().removeprefix("<tool_call>").strip()
+    s = s.removeprefix("```json").removeprefix("```").strip()
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(s)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or "name" not in obj:
+        return None
+    args = obj.get("arguments", {})
+    return {"function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
 def round_trip(client: httpx.Client, url: str, question: str) -> tuple[str, str]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     made: list[dict[str, Any]] = []
-    for hop in range(3):
+    for _hop in range(3):
         msg = call(client, url, messages)
         calls = msg.get("tool_calls") or []
         if not calls:
+            written = text_call(msg.get("content") or "")
+            if made and written is not None and any(same(written, m) for m in made):
+                return "repeat", "as text: " + (msg.get("content") or "")[:100]
             return ("answer" if made else "no call"), (msg.get("content") or "")[:100]
         if any(same(c, m) for c in calls for m in made):
             return "repeat", calls[0]["function"]["name"] + " " + calls[0]["function"]["arguments"]
