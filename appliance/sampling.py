@@ -28,6 +28,9 @@ class SamplingParams:
     # Tool calls (structured.tools.call_key) whose results end the conversation: an answer
     # that only repeats one is sampled again as an answer (engine/repeat.py).
     answered: tuple[tuple[str, str], ...] = ()
+    # The prompt such an answer is sampled again from: the chat with the user's question put
+    # again after the result (http/prompting.py). Empty: the same prompt.
+    retry_prompt: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:

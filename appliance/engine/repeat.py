@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from appliance.engine.turn import State, Turn
+from appliance.model.prompt import common_prefix
 from appliance.structured.tools import CLOSE, OPEN, after_fence, call_key, may_be_bare
 
 MAX_HELD_CHARS = 4096  # an opening longer than this is let out as it is (bounds what is held)
@@ -99,12 +100,16 @@ def call_tag(tokenizer: Any) -> tuple[int, ...]:
 
 
 def rewind(t: Turn, model: Any) -> None:
-    """Back to the end of the prompt, to sample an answer: its first token by ANSWER_START,
-    the tag's token banned for the whole answer. The last prompt token is computed again (its
-    logits are gone). What was generated was held, so nothing of it went out; a turn is
-    rewound once (its guard goes)."""
-    model.seq_rm(t.seq_id, t.n_prompt - 1, -1)
-    t.n_cached = t.n_prompt - 1
+    """Back to the prompt, to sample an answer: from its retry prompt when it has one (read
+    from where the two part), else from the end of the prompt (its last token computed again:
+    its logits are gone); the first token by ANSWER_START, the tag's token banned for the
+    whole answer. What was generated was held, so nothing of it went out; a turn is rewound
+    once (its guard goes)."""
+    retry = list(t.params.retry_prompt)
+    cut = min(common_prefix(t.prompt, retry), len(retry) - 1) if retry else t.n_prompt - 1
+    model.seq_rm(t.seq_id, cut, -1)
+    t.prompt = retry or t.prompt
+    t.n_cached = cut
     t.output.clear()
     t.logprobs = []
     t.n_sent = 0

@@ -107,4 +107,5 @@ class Turn:
     def kv_reserve(self, ctx_limit: int) -> int:
         """KV cells this turn may come to hold: admission keeps the sum within budget,
         so a decode never runs out of cache mid-answer."""
-        return min(len(self.prompt) + self.params.max_tokens, ctx_limit)
+        # A prompt that may be swapped for its retry (repeat.py) reserves for the longer.
+        return min(max(len(self.prompt), len(self.params.retry_prompt)) + self.params.max_tokens, ctx_limit)

@@ -74,6 +74,23 @@ def test_a_repeated_call_is_rewound_and_answered_instead() -> None:
     assert c.leaked_ids() == set()
 
 
+def test_a_retry_prompt_is_read_from_where_it_parts_from_the_prompt() -> None:
+    model = Repeater(reply=CALL)
+    c = make(model)
+    prompt = [ord(x) for x in "weather? <tool_response>7 C</tool_response>"]
+    retry = prompt + [ord(x) for x in " Answer my question from the result."]
+    t, rec = c.submit(prompt, params=params(answered=(KEY,), retry_prompt=tuple(retry)))
+    c.run()
+    assert rec.text == "It is 7 C in Oslo." and isinstance(rec.end, Done)
+    assert t.prompt == retry and rec.end.prompt_tokens == len(retry)
+    # The fake checks every position follows the cells held: the repeat's cells went, the
+    # retry's own tail was computed from where it parts from the prompt.
+    fed = {p: tok for toks, pos, _, _ in model.calls[-(len(rec.text) + 2):] for tok, p in zip(toks, pos)}
+    assert [fed[p] for p in range(len(prompt), len(retry))] == retry[len(prompt):]
+    # The reservation was made for the longer prompt and given back whole.
+    assert c.core.budget.reserved == 0 and c.leaked_ids() == set()
+
+
 def test_a_different_call_goes_out_as_it_was_written() -> None:
     other = CALL.replace("Oslo", "Lisbon")
     model = Repeater(reply=other)

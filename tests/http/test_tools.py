@@ -6,13 +6,15 @@ Ollama's /api/chat, where an answer that is only JSON may be a call without its 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from helpers.fakes import FakeModel
+from helpers.fakes import FakeModel, FakeSampler
 from helpers.inprocess import CHAT, USER, dicts, events_of, serving
 
 from appliance.bench import sse
+from appliance.sampling import SamplingParams
 from appliance.structured.tools import CLOSE, MAX_DEPTH, OPEN, ToolCallParser, split_answer
 
 NAMES = frozenset({"get_weather"})
@@ -145,3 +147,70 @@ def test_an_openai_call_without_its_tags_is_still_a_call(reply: str, content: st
         # Without tools the same text is just text.
         (choice,) = client.post(CHAT, json={"messages": USER, "max_tokens": 200}).json()["choices"]
         assert choice["message"] == {"role": "assistant", "content": reply}
+
+
+# -- after a tool's result: the call just answered is not made again ------------------------
+@dataclass
+class EchoModel(FakeModel):
+    """Writes its call again, as the 0.5B model does after a tool's result, unless its sampler
+    has a grammar (a rewound turn: engine/repeat.py): then it answers. Records the prompts."""
+
+    answer: str = "It is 21 C."
+    prompts: list[str] = field(default_factory=list)
+
+    def new_sampler(self, params: SamplingParams) -> FakeSampler:
+        return GrammarSampler(grammar=params.grammar)
+
+    text: str = ""
+    i: int = 0
+    after_grammar: bool = False  # the last first token came from a grammar sampler
+
+    def sample(self, sampler: FakeSampler, row: int) -> int:
+        grammar = getattr(sampler, "grammar", None)
+        if sampler.n == 0 and (grammar or not self.after_grammar):  # a turn's (or a rewound turn's) start
+            self.text, self.i = (self.answer if grammar else self.reply), 0
+        if sampler.n == 0:
+            self.after_grammar = bool(grammar)
+        sampler.n += 1
+        self.i += 1
+        return ord(self.text[self.i - 1]) if self.i <= len(self.text) else 0
+
+    def decode(self, tokens: list[int], pos: list[int], seq_ids: list[int], logits: list[bool]) -> None:
+        super().decode(tokens, pos, seq_ids, logits)
+        self.prompts.append("".join(chr(t) for t in tokens))
+
+
+@dataclass
+class GrammarSampler(FakeSampler):
+    grammar: str | None = None
+
+
+ECHO = OPEN + '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' + CLOSE
+AFTER_RESULT = [USER[0], {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 21}'}]
+
+
+def test_after_a_tools_result_the_same_call_again_becomes_an_answer_on_every_route() -> None:
+    model = EchoModel(reply=ECHO)
+    with serving(lambda: model) as client:
+        body = {"messages": AFTER_RESULT, "tools": TOOLS, "max_tokens": 200}
+        (choice,) = strict(client.post(CHAT, json=body).text)["choices"]
+        assert choice["message"] == {"role": "assistant", "content": "It is 21 C."} and choice["finish_reason"] == "stop"
+        # The answer was read from the chat with the user's question put again after the result.
+        asked = USER[0]["content"]
+        assert any(f'Answer my question "{asked}" from the tool\'s result' in p for p in model.prompts)
+        events = events_of(client.post(CHAT, json={**body, "stream": True}))
+        assert "".join(sse.content(e) for e in events) == "It is 21 C."
+        assert not any(c["delta"].get("tool_calls") for e in dicts(events) for c in e.get("choices", []))
+        # Ollama's chat, its arguments an object.
+        msgs = [AFTER_RESULT[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, {"role": "tool", "content": "21 C"}]
+        r = client.post("/api/chat", json={"model": "m", "messages": msgs, "tools": TOOLS, "stream": False,
+                                           "options": {"num_predict": 200}})
+        assert r.status_code == 200 and r.json()["message"]["content"] == "It is 21 C.", r.text
+        # Another call (other arguments) goes out as the call it is.
+        model.reply = ECHO.replace("Paris", "Lyon")
+        (choice,) = strict(client.post(CHAT, json=body).text)["choices"]
+        assert choice["finish_reason"] == "tool_calls"
+        assert strict(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Lyon"}
