@@ -153,6 +153,35 @@ def test_tool_call_round_trip(sdk: openai.OpenAI, stream: bool) -> None:
     assert r.choices[0].finish_reason == "stop" and "21" in answer, answer
 
 
+LOOKUP: Any = {"type": "function", "function": {
+    "name": "lookup_employee", "description": "An employee's phone, office and role",
+    "parameters": {"type": "object", "properties": {"name": {"type": "string", "description": "the person's full name"}},
+                   "required": ["name"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_after_a_tools_result_the_bundled_model_answers_instead_of_calling_again(sdk: openai.OpenAI,
+                                                                                stream: bool) -> None:
+    # Issue 37: after this result the bundled model wrote the same call again (as text that
+    # opened with its JSON) in 6 of 6 round trips of bench/structured/tool-round-trips.py;
+    # engine/repeat.py rewinds such an answer and answers from the question put again.
+    follow = [{"role": "user", "content": "What's Anna Berg's phone number?"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                  "name": "lookup_employee", "arguments": json.dumps({"name": "Anna Berg"})}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": json.dumps(
+                  {"name": "Anna Berg", "phone": "+47 555 0101", "office": "Building B, 3rd floor"})}]
+    kw: dict[str, Any] = {"model": "any", "messages": follow, "tools": [LOOKUP], "temperature": 0, "max_tokens": 60}
+    if stream:
+        chunks = list(sdk.chat.completions.create(stream=True, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+    else:
+        msg = sdk.chat.completions.create(**kw).choices[0].message
+        text = msg.content or ""
+        assert not msg.tool_calls
+    assert "555 0101" in text and text.strip()[:1].isalnum() and "lookup_employee" not in text, text
+
+
 def test_auto_tool_choice_calls_when_asked(sdk: openai.OpenAI) -> None:
     r = sdk.chat.completions.create(model="any", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=100)
     choice = r.choices[0]
