@@ -326,12 +326,15 @@ class EngineCore:
         if t.drafts is not None:
             t.drafts.index.extend((token,))
         self.stats.generated_tokens += 1
-        pieces = [tokenizer.piece(token)] if t.guard is None else self._guarded(t, tokenizer.piece(token))
-        if pieces is None:
+        if t.guard is None:  # every token but an answer's opening after a tool's result: no list, no join
+            text = t.text.push(tokenizer.piece(token))
+        elif (pieces := self._guarded(t, tokenizer.piece(token))) is None:
             return False  # rewound: it samples its first token again
+        else:
+            text = "".join(t.text.push(p) for p in pieces)
         if t.unban is not None:
             repeat.first_token_taken(t, self.model)
-        if text := "".join(t.text.push(p) for p in pieces):
+        if text:
             self._emit_text(t, text, now)
         if t.text.stopped:
             self._finish(t, "stop")
