@@ -104,6 +104,12 @@ class Config:
     # costs what its rows cost, so idle slots cost nothing.
     slots: int = field(default=24, metadata=_opt("sequences decoded together (batch width)", _positive))
     ctx_per_slot: int = field(default=4096, metadata=_opt("context limit of one conversation, tokens", _positive))
+    # 8192: Open WebUI attaches its 36 built-in tools (6,626 tokens rendered) to every chat turn;
+    # the block is read once and shared (engine/kv/commons), so a conversation's own cells stay
+    # within ctx_per_slot (issue 37).
+    tools_tokens: int = field(default=8192, metadata=_opt(
+        "tokens of tool definitions a request may send beyond ctx_per_slot (a front-end's built-in tools)",
+        _non_negative))
     kv_tokens: int = field(default=16384, metadata=_opt("KV cache cells shared by all sequences (12 KiB each in f16)", _positive))
     kv_type: str = field(default="f16", metadata=_opt(
         "KV cache precision: f16, or q8_0 for half the memory", _one_of("f16", "q8_0")))

@@ -94,7 +94,7 @@ def plan_drafts(decode: list[Turn], n_prefill: int, spec_budget: int, max_rows: 
     for t in decode:
         d = t.drafts
         # Never draft past max_tokens or the context: the KV reservation covers neither.
-        room = min(t.params.max_tokens - len(t.output), ctx_cap - t.n_cached) - 2
+        room = min(t.params.max_tokens - len(t.output), ctx_cap + t.allowance - t.n_cached) - 2
         if d is None or room <= 0:
             found.append([])
             wants.append(0)

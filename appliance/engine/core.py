@@ -72,8 +72,7 @@ class EngineCore:
 
     @property
     def ctx_cap(self) -> int:
-        """Most tokens one turn may hold: its context limit, or the cells the public
-        prefixes leave (kv_tokens may equal ctx_per_slot), whichever is less."""
+        """Most tokens a turn may hold (+ its Turn.allowance): the context limit, or the cells public prefixes leave."""
         return min(self.limits.ctx_limit, self.budget.total - self.budget.pinned)
 
     # -- start-up ------------------------------------------------------------------------
@@ -104,8 +103,9 @@ class EngineCore:
         n = self.kv.policy.common_prompts
         if n and not self.kv.policy.share_all:  # sharing everything already shares these
             first = self._next_public_id
-            self.kv.commons = Commons(CommonsPolicy(max_public=n), range(first, first + n), self.model, self.cache,
-                                      self.budget, self.sched, self.clock)
+            policy = CommonsPolicy(max_public=n, max_front_tokens=self.limits.ctx_limit + self.limits.tools_tokens)
+            self.kv.commons = Commons(policy, range(first, first + n), self.model, self.cache, self.budget, self.sched,
+                                      self.clock)
 
     # -- commands ------------------------------------------------------------------------
     def handle(self, cmd: Command) -> None:
@@ -341,7 +341,7 @@ class EngineCore:
         elif (len(t.output) >= t.params.max_tokens
               # prompt + output, not n_cached: a verified run advances n_cached by all its
               # accepted drafts before their tokens are taken one by one here.
-              or t.n_prompt + len(t.output) >= self.ctx_cap
+              or t.n_prompt + len(t.output) >= self.ctx_cap + t.allowance
               or now - t.arrival > self.request_timeout_s):
             self._finish(t, "length")
         return t.state is not State.FINISHED

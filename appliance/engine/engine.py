@@ -224,18 +224,18 @@ class Engine:
 
     def submit(self, prompt: list[int] | Prompt, params: SamplingParams, client: str = "",
                session: str = "", named: bool = True, progress: Report | bool = Report.NONE,
-               lane: Lane = Lane.PEOPLE) -> Handle:
+               lane: Lane = Lane.PEOPLE, front_end: str = "") -> Handle:
         """Queue one request (or refuse it: QueueFull, Unavailable). Loop thread only: the
         ids are handed out in the order the inbox receives them (Snapshot.position). With
         `progress` (True: Report.LONG), its prompt's Progress events come before its first Delta."""
         self._check_accepting()
-        tokens, public, system = ((prompt.tokens, prompt.public_len, prompt.system_len) if isinstance(prompt, Prompt)
-                                  else (prompt, 0, 0))
+        p = prompt if isinstance(prompt, Prompt) else Prompt(prompt, 0)
         rid = next(self._ids)
         queue: asyncio.Queue[Event] = asyncio.Queue()
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
-        turn = Turn(rid=rid, prompt=tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
-                    client=client, session=session or f"{self._anon}{rid}", public_len=public, system_len=system,
+        turn = Turn(rid=rid, prompt=p.tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
+                    client=client, session=session or f"{self._anon}{rid}", public_len=p.public_len,
+                    system_len=p.system_len, allowance=p.allowance, front_end=front_end, block_public=p.block_public,
                     named=named and bool(session), progress=Report(int(progress)), lane=lane)
         self._inbox.submit(turn)  # a refusal (QueueFull) is counted where every refusal is: http/
         return Handle(rid, queue, self._inbox, lambda: self.snapshot, lane)
@@ -326,7 +326,7 @@ class Engine:
             core.add_public(tokens)
         core.open_commons()
         core.kv.load_sessions()
-        self._text = Text(template, tokenize, tok, self._limits.ctx_limit, frozenset(o.presets))
+        self._text = Text(template, tokenize, tok, self._limits.ctx_limit, frozenset(o.presets), self._limits.tools_tokens)
         if o.fault is not None:
             inject(model, o.fault)  # after start-up's own decodes
         return core

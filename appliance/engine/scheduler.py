@@ -39,6 +39,7 @@ class Limits:
     queue_timeout_s: float = 120.0
     ageing_s: float = 2.0  # a new conversation waiting this long ranks with continuing ones
     people_slots: int = -1  # free slots background work leaves to people (-1: a quarter, at least 1)
+    tools_tokens: int = 0  # tool definitions a turn may hold beyond ctx_limit (Turn.allowance)
 
     @property
     def kept_for_people(self) -> int:

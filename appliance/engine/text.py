@@ -28,6 +28,7 @@ class Text:
     tokenizer: Tokenizer
     ctx_limit: int
     presets: frozenset[str]  # operator system prompts, public to every client
+    tools_allowance: int = 0  # tokens of tool definitions allowed beyond the prompt limit
     _eog: tuple[int, ...] | None = field(default=None)  # end-of-generation tokens, found on first use
 
     async def prepare(self, messages: list[dict[str, Any]], max_tokens: int,
@@ -35,7 +36,7 @@ class Text:
         def build() -> Prompt:
             refuse_control_text(messages, tools, self.tokenizer.control_texts)
             return build_prompt(messages, self.template, self.tokenize_fn, prompt_limit(self.ctx_limit, max_tokens),
-                                self.presets, tools)
+                                self.presets, tools, self.tools_allowance)
 
         # Templating and tokenizing a long paste takes milliseconds: off the event loop.
         return await asyncio.to_thread(build)

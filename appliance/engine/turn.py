@@ -42,6 +42,11 @@ class Turn:
     named: bool = True  # the client sent the session id (False: the server made one up)
     public_len: int = 0  # leading prompt tokens that any client may share (public system prompt)
     system_len: int = 0  # leading tokens through its one system message: public once common (kv/commons)
+    allowance: int = 0  # tokens of tool definitions it may hold beyond ctx_limit (prompt.build_prompt)
+    # A trusted front-end asks for one of its people (their address or key): its system block,
+    # when `block_public` (the template's or a preset, plus tools), is the front-end's (kv/commons).
+    front_end: str = ""
+    block_public: bool = False
     continuing: bool = False  # its session already has cached KV (scheduling priority)
     no_cache: bool = False  # its session was deleted while it ran: free the KV at the end
     progress: Report = Report.NONE  # which prompts' reading its stream hears of (events.Progress)
@@ -56,6 +61,7 @@ class Turn:
     last_emit_at: float = 0.0  # for inter-token latency
     n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
     copied: int = 0  # of those, tokens whose cells another sequence owns (shared prefix)
+    shared: int = 0  # of those, cells a pinned public prefix holds: not reserved for it (kv/store.attach)
     # Waits for `leader` to compute the shared prefix [0, lead_n), then copies it.
     leader: Turn | None = field(default=None, repr=False)
     lead_n: int = 0
@@ -107,5 +113,7 @@ class Turn:
     def kv_reserve(self, ctx_limit: int) -> int:
         """KV cells this turn may come to hold: admission keeps the sum within budget,
         so a decode never runs out of cache mid-answer."""
-        # A prompt that may be swapped for its retry (repeat.py) reserves for the longer.
-        return min(max(len(self.prompt), len(self.params.retry_prompt)) + self.params.max_tokens, ctx_limit)
+        # A prompt that may be swapped for its retry (repeat.py) reserves for the longer; the
+        # cells of a pinned public prefix it copied are counted once, as pinned.
+        longest = max(len(self.prompt), len(self.params.retry_prompt)) + self.params.max_tokens
+        return min(longest, ctx_limit + self.allowance) - self.shared

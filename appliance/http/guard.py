@@ -88,6 +88,14 @@ class Caller:
         return f"{base}/person:{self.person.id}" if self.person else base
 
     @property
+    def front_end(self) -> str:
+        """The trusted front-end asking for a person it names ("" otherwise): the tools it
+        sends all its people are its own, not a person's (engine/kv/commons)."""
+        if self.person is None:
+            return ""
+        return self.key.identity if self.key else self.address
+
+    @property
     def namespace(self) -> str:
         """Sessions live per key (and per forwarded person), so another key or person cannot
         reach them ("" without keys or persons)."""

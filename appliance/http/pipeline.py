@@ -126,7 +126,7 @@ def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
             # another key's sessions are out of reach and no raw id is held, logged or saved.
             key = session_name(ns, job.session if i == 0 else new_session_id())
             handles.append(app.engine.submit(job.prompt, params, job.caller.client, key, named=i == 0 and job.named,
-                                             progress=progress, lane=job.lane))
+                                             progress=progress, lane=job.lane, front_end=job.caller.front_end))
     except ApplianceError:
         for h in handles:
             h.cancel()

@@ -126,14 +126,16 @@ async def guarded(engine: Engine, src: Messages, params: SamplingParams, calls: 
                                      params.max_tokens, src.tools)
     except ContextLengthExceeded:
         return dataclasses.replace(params, answered=calls)
-    tokens = retry.tokens if isinstance(retry, Prompt) else retry
-    return dataclasses.replace(params, answered=calls, retry_prompt=tuple(tokens) if len(tokens) <= limit else ())
+    tokens, room = (retry.tokens, limit + retry.allowance) if isinstance(retry, Prompt) else (retry, limit)
+    return dataclasses.replace(params, answered=calls, retry_prompt=tuple(tokens) if len(tokens) <= room else ())
 
 
 def fit(prompt: list[int] | Prompt, limit: int, context: list[int], length_param: str) -> list[int] | Prompt:
     """The prompt, if it and the context fit in `limit` tokens (a chat prompt fits: the
     template dropped old turns); plain tokens when there is a context to put first."""
     tokens = prompt.tokens if isinstance(prompt, Prompt) else prompt
+    if isinstance(prompt, Prompt):
+        limit += prompt.allowance  # its tool definitions' room beyond the limit (build_prompt)
     if len(context) + len(tokens) > limit:
         raise ContextLengthExceeded(f"the prompt is {len(context) + len(tokens)} tokens, and this server allows "
                                     f"{limit} prompt tokens with this {length_param}", param="prompt")

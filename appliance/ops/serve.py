@@ -60,7 +60,8 @@ def build_engine(cfg: Config, model_path: Path, on_fatal: Any = lambda: None) ->
         prefill_steps=cfg.prefill_steps, prefill_group=cfg.prefill_group, kv_tokens=cfg.kv_tokens,
         ctx_limit=cfg.ctx_per_slot,
         max_wait_s=cfg.max_wait_ms / 1000, min_batch=cfg.min_batch, max_queue=cfg.max_queue,
-        queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s, people_slots=cfg.people_slots)
+        queue_timeout_s=cfg.queue_timeout_s, ageing_s=cfg.ageing_s, people_slots=cfg.people_slots,
+        tools_tokens=cfg.tools_tokens)
 
     n_seq = cfg.slots + cfg.cached_sessions
     presets = tuple(cfg.system_prompts.values())

@@ -88,3 +88,68 @@ def test_off_and_under_a_full_cache_nothing_is_promoted() -> None:
     ask(tight, "alice", SYSTEM, 100)
     ask(tight, "bert", SYSTEM, 99)
     assert ask(tight, "bob", SYSTEM, 101) == (0, 46) and public_ids(tight) == []
+
+
+# -- a trusted front-end's tools block (issue 37) --------------------------------------------
+TOOLS_BLOCK = list(range(1000, 1150))  # the template's system prompt + a front-end's tool definitions
+FRONT = "10.0.0.5"  # Open WebUI's address: it names its people with forwarded headers
+
+
+def ask_via(c: Core, person: str, block: list[int], question: int, *, public: bool = True,
+            front_end: str = FRONT) -> tuple[int, int]:
+    """One turn a front-end sends for `person`: (tokens reused, tokens computed)."""
+    before = c.core.stats.prompt_tokens_computed
+    client = f"{front_end}/person:{person}" if front_end else person
+    turn, rec = c.submit(block + [question] * 6, max_tokens=4, client=client, system_len=len(block),
+                         allowance=len(block) - 10, front_end=front_end, block_public=public)
+    c.run()
+    # Its whole answer, though the prompt is past ctx_limit: its tools' allowance ("length" without).
+    assert isinstance(rec.end, Done) and rec.end.finish_reason == "stop" and len(turn.output) == 2
+    return turn.n_reused, c.core.stats.prompt_tokens_computed - before
+
+
+def front_core() -> Core:
+    # ctx_limit 64: the 156-token prompts fit only with their tools allowance (Open WebUI's
+    # 6,626 tokens of tools against 3,584 prompt tokens per conversation).
+    return make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=1024,
+                tools_tokens=200)
+
+
+def test_a_front_ends_tools_block_is_read_once_and_every_person_behind_it_copies_it() -> None:
+    c = front_core()
+    assert ask_via(c, "alice", TOOLS_BLOCK, 100) == (0, 156)  # the first chat ever reads it
+    # Bob's first chat: the block is the front-end's, not Alice's, so it is public now.
+    assert ask_via(c, "bob", TOOLS_BLOCK, 101) == (150, 6)
+    assert c.core.kv.stats.promoted == 1 and c.core.sched.pinned == 150
+    assert ask_via(c, "carol", TOOLS_BLOCK, 102) == (150, 6)
+    assert c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def test_a_turn_that_copied_a_pinned_block_reserves_only_its_own_cells_and_keeps_the_block_pinned() -> None:
+    c = front_core()
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    turn, rec = c.submit(TOOLS_BLOCK + [7] * 6, max_tokens=40, client=f"{FRONT}/person:bob",
+                         system_len=len(TOOLS_BLOCK), allowance=140, front_end=FRONT, block_public=True)
+    c.step()
+    assert turn.shared == 150 and turn.n_reused == 150
+    # 156 prompt + 40 answer, of which the 150 pinned cells are counted once, as pinned.
+    assert c.core.sched.reserved == 156 + 40 - 150
+    commons = c.core.kv.commons
+    assert commons is not None and commons.least_used() is None  # in use: never demoted under it
+    c.run()
+    assert isinstance(rec.end, Done)
+    assert c.core.sched.reserved == 0 and commons.least_used() is not None
+
+
+def test_a_persons_own_system_prompt_through_a_front_end_stays_theirs() -> None:
+    """A block with a system prompt a person wrote (block_public False) keeps the rule of
+    three different clients, and a client not behind the front-end copies nothing of the
+    front-end's public block unless three such clients sent it: no oracle either way."""
+    c = front_core()
+    own = list(range(2000, 2150))
+    ask_via(c, "alice", own, 100, public=False)
+    assert ask_via(c, "bob", own, 101, public=False) == (0, 156)
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    ask_via(c, "bob", TOOLS_BLOCK, 101)
+    assert c.core.kv.stats.promoted == 1
+    assert ask_via(c, "mallory", TOOLS_BLOCK, 103, front_end="") == (0, 156)

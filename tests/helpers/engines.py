@@ -47,13 +47,14 @@ class Core:
 
     def submit(self, prompt: list[int], max_tokens: int = 20, client: str = "c", session: str | None = None,
                params: SamplingParams | None = None, public_len: int = 0,
-               progress: Report | bool = False, system_len: int = 0) -> tuple[Turn, Recorder]:
+               progress: Report | bool = False, system_len: int = 0, **fields: Any) -> tuple[Turn, Recorder]:
         self.rid += 1
         rec = Recorder()
         turn = Turn(rid=self.rid, prompt=list(prompt), params=params or SamplingParams(max_tokens=max_tokens,
                                                                                        temperature=0.0),
                     arrival=self.clock(), sink=rec, client=client, session=session or f"anon-{self.rid}",
-                    named=session is not None, public_len=public_len, progress=Report(int(progress)), system_len=system_len)
+                    named=session is not None, public_len=public_len, progress=Report(int(progress)), system_len=system_len,
+                    **fields)
         self.core.inbox.submit(turn)
         return turn, rec
 
@@ -82,11 +83,11 @@ class Core:
 
 def make(model: FakeModel, *, slots: int = 1, n_seq: int = 0, kv_tokens: int = 4096, ctx_limit: int = 1024,
          batch_tokens: int = 256, spec_budget: int = 0, prefill_chunk: int = 0, prefill_group: int = 0,
-         **policy: Any) -> Core:
+         tools_tokens: int = 0, **policy: Any) -> Core:
     clock = FakeClock()
     limits = Limits(slots=slots, batch_tokens=batch_tokens, kv_tokens=kv_tokens, ctx_limit=ctx_limit,
                     max_wait_s=0.0, max_queue=64, queue_timeout_s=30.0, prefill_chunk=prefill_chunk,
-                    prefill_group=prefill_group)
+                    prefill_group=prefill_group, tools_tokens=tools_tokens)
     core = EngineCore(model, limits, CachePolicy(n_seq=n_seq or slots + 1, **policy), Inbox(64, 0), clock=clock,
                       spec_budget=spec_budget)
     core.warm_up()

@@ -460,6 +460,31 @@ def test_tools_that_do_not_fit_are_named_with_their_token_count() -> None:
     assert e.value.param == "messages" and "the last message does not fit" in e.value.message
 
 
+def test_tool_definitions_may_take_their_allowance_beyond_the_limit() -> None:
+    """Open WebUI at its defaults: 6,626 tokens of built-in tools on a 3,584-token limit. The
+    tools may use `tools_allowance` more tokens (the engine lets the turn hold them: allowance);
+    the conversation itself keeps the limit, and tools beyond the allowance are still named."""
+    def tok(s: str, special: bool = True) -> list[int]:
+        return list(s.encode())
+
+    t = ChatTemplate(TOOLS_TEMPLATE)
+    tools = [tool("Returns the weather. " * 30) for _ in range(5)]  # ~3,300 tokens against 1,000
+    n_tools = len(public_prefix([], t, tok, tools)) - len(public_prefix([], t, tok))
+    p = build_prompt([msg("user", "hi")], t, tok, 1000, tools=tools, tools_allowance=4000)
+    assert p.allowance == n_tools > 1000 and len(p.tokens) > 1000
+    assert p.block_public  # the template's own system part and the tools: nothing a person wrote
+    # The allowance covers the tools only: a history longer than the limit still loses old turns.
+    history = [msg("user", "q" * 600), msg("assistant", "a" * 600), msg("user", "again")]
+    assert build_prompt(history, t, tok, 1000, tools=tools, tools_allowance=4000).dropped_messages == 2
+    # A system prompt of one's own makes the block the person's.
+    own = build_prompt([msg("system", "You are Bob's helper."), msg("user", "hi")], t, tok, 1000, tools=tools,
+                       tools_allowance=4000)
+    assert not own.block_public and own.allowance == p.allowance
+    with pytest.raises(ContextLengthExceeded) as e:
+        build_prompt([msg("user", "hi")], t, tok, 1000, tools=tools, tools_allowance=100)
+    assert e.value.param == "tools" and "and 100 more for tool definitions" in e.value.message
+
+
 def test_the_tools_are_part_of_the_system_block_and_never_public() -> None:
     """The same tools from every PC (an office tool, a chat front-end) become one block that
     may be shared once common; with tools, the block ends where the questions begin."""

@@ -2,7 +2,8 @@
 reserves cells for the turns it admits, and the KV store, which pins public prefixes and
 keeps idle conversations in what is left (as nano-vllm's block manager sits below its
 scheduler and knows nothing of it). Each figure has one writer: the scheduler reserves and
-releases, the core and the commons pin and unpin, through the methods here.
+releases (the store gives back, once, what a turn copied from a pinned prefix), the core
+and the commons pin and unpin, through the methods here.
 
 `InFlight` is what the KV code reads of the turns in flight (the scheduler satisfies it):
 passed in, so kv/ never imports the scheduler.

@@ -3,7 +3,13 @@
 public sequence and shared like an operator preset (an office tool sends the same one from
 every PC). What a client can learn from its timing is that someone else sent exactly the
 system message it sent, never a part of one: only the whole block matches (docs/SECURITY.md).
-kv/store.py asks it for each admitted turn, before looking for a prefix to reuse."""
+kv/store.py asks it for each admitted turn, before looking for a prefix to reuse.
+
+A trusted front-end's block is its own, not a person's: tool definitions after the template's
+own system prompt or a preset (nothing a person wrote), sent for people the front-end names,
+are public once computed. Open WebUI sends its 36 built-in tools (6,626 tokens) with every
+chat turn of every person; read once, a new chat copies them instead of reading them for
+minutes (issue 37)."""
 
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ class CommonsPolicy:
     need_clients: int = 3
     min_tokens: int = 16  # shorter blocks are not worth a sequence
     max_tokens: int = 2048  # longer ones are not pinned for everyone
+    max_front_tokens: int = 2048  # a trusted front-end's tools block (ctx_per_slot + tools_tokens)
     max_candidates: int = 256  # blocks remembered (by digest) while they wait for enough clients
 
 
@@ -63,7 +70,9 @@ class Commons:
         n = turn.system_len
         if not 0 < n < len(turn.prompt):
             return False
-        cand = self.note(turn.client, turn.prompt[:n], self.clock())
+        front = bool(turn.front_end and turn.block_public)
+        cand = (self.note(turn.front_end, turn.prompt[:n], self.clock(), 1, self.policy.max_front_tokens) if front
+                else self.note(turn.client, turn.prompt[:n], self.clock()))
         if cand is None:
             return False
         promoted = cand.seq_id < 0 and self._promote(cand)
@@ -91,7 +100,7 @@ class Commons:
         self.cache.add_public(sid, block)
         self.budget.pin(n)  # as for a preset: cells no reservation may count on
         cand.seq_id = sid
-        log.info("a system prompt of %d tokens sent by %d clients is public now", n, len(cand.clients))
+        log.info("a system block of %d tokens is public now (sent by %d client identities)", n, len(cand.clients))
         return True
 
     def _demote(self, cand: Candidate) -> None:
@@ -107,11 +116,12 @@ class Commons:
         # A digest, not Python's hash(): no client can make its block collide with another's.
         return hashlib.blake2b(array("i", tokens).tobytes(), digest_size=16).digest()
 
-    def note(self, client: str, block: list[int], now: float) -> Candidate | None:
-        """Client sent this whole block; the candidate once enough different clients have,
-        else None. Equality is checked token by token, not only by digest."""
+    def note(self, client: str, block: list[int], now: float, need: int = 0, longest: int = 0) -> Candidate | None:
+        """Client sent this whole block; the candidate once `need` (default: the policy's)
+        different clients have, else None. Equality is checked token by token, not only by digest."""
         p = self.policy
-        if not p.max_public or not p.min_tokens <= len(block) <= p.max_tokens:
+        need = need or p.need_clients
+        if not p.max_public or not p.min_tokens <= len(block) <= (longest or p.max_tokens):
             return None
         k = self.key(block)
         cand = self.candidates.get(k)
@@ -124,7 +134,7 @@ class Commons:
         if len(cand.clients) < p.need_clients:
             cand.clients.add(client)
         cand.last_used = now
-        return cand if len(cand.clients) >= p.need_clients else None
+        return cand if len(cand.clients) >= need else None
 
     def _bound(self) -> None:
         """Forget the least recently sent blocks beyond max_candidates (promoted ones stay)."""
@@ -142,5 +152,9 @@ class Commons:
         return sid
 
     def least_used(self) -> Candidate | None:
-        promoted = [c for c in self.candidates.values() if c.seq_id >= 0]
+        """The promoted block sent least recently that no running turn copied: a turn's cells
+        of it are counted as pinned (Turn.shared), so it stays pinned while they run."""
+        held = [t.prompt for t in self.turns.running if t.shared]
+        promoted = [c for c in self.candidates.values()
+                    if c.seq_id >= 0 and not any(p[:len(c.tokens)] == c.tokens for p in held)]
         return min(promoted, key=lambda c: c.last_used, default=None)

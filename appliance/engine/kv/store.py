@@ -146,6 +146,12 @@ class KVStore:
         if donor is not None:
             self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
+            if donor.public:
+                # Cells a pinned prefix holds are counted once, as pinned: the turn's reservation
+                # gives them back (a front-end's 6,626-token tools block reserved per chat let
+                # two chats run at once in 16,384 cells; shared, a dozen).
+                self.budget.release(m.n_common)
+                turn.shared = m.n_common
             self.stats.shared_hits += 1
             return
         if leader is not None and lead_n >= self.policy.min_shared:

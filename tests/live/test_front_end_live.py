@@ -1,0 +1,47 @@
+"""A chat front-end's tools on the real appliance (issue 37): Open WebUI attaches its built-in
+tools to every chat turn, more than a conversation's context allows. The tools take their own
+allowance (`tools_tokens`), and the block a trusted front-end sends for all its people is
+read once: the next person's first chat copies it. A client not behind the front-end copies
+nothing of it (no oracle on what the front-end's people sent)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from helpers.live import Live
+
+pytestmark = [pytest.mark.integration]
+
+# Six tools of a front-end, ~770 tokens rendered: three times what --ctx-per-slot 256 allows.
+TOOLS = [{"type": "function", "function": {
+    "name": f"office_tool_{i}",
+    "description": f"Office tool number {i}: looks up records of the {topic} register for a colleague, "
+                   "returns the matching rows with their dates, owners and notes, newest first.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "what to look for, in the colleague's words"},
+        "limit": {"type": "integer", "description": "how many rows at most"}}, "required": ["query"]}}}
+    for i, topic in enumerate(["invoice", "contract", "visitor", "parcel", "room", "laptop"])]
+
+
+def ask(live: Live, question: str, person: str | None) -> dict[str, Any]:
+    headers = {"X-OpenWebUI-User-Id": person, "X-OpenWebUI-User-Name": person} if person else {}
+    r = live.client.post("/v1/chat/completions", headers=headers, json={
+        "messages": [{"role": "user", "content": question}], "tools": TOOLS, "max_tokens": 8, "temperature": 0},
+        timeout=900)  # a busy machine reads the block slowly; no test waits on a quiet one
+    assert r.status_code == 200, r.text
+    return dict(r.json()["usage"])
+
+
+def test_a_front_ends_tools_fit_beside_the_context_and_are_read_once_for_all_its_people(
+        servers: Callable[..., Live]) -> None:
+    live = servers("--ctx-per-slot", "256", "--kv-tokens", "4096", "--slots", "2", "--trusted-proxies", "127.0.0.1")
+    first = ask(live, "Which invoices are due this week?", "ann")
+    assert first["prompt_tokens"] > 256  # beyond the conversation's own context: the tools' allowance
+    assert first["prompt_tokens_details"]["cached_tokens"] < 100  # the first chat ever reads the block
+    second = ask(live, "Is room 4 free at noon?", "ben")  # another person's first chat
+    assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 30
+    # Not behind the front-end: the same tools are this client's own, computed again.
+    direct = ask(live, "Is room 4 free at noon?", None)
+    assert direct["prompt_tokens_details"]["cached_tokens"] < 100
