@@ -139,6 +139,15 @@ def test_a_turn_that_copied_a_pinned_block_reserves_only_its_own_cells_and_keeps
     c.run()
     assert isinstance(rec.end, Done)
     assert c.core.sched.reserved == 0 and commons.least_used() is not None
+    # Bob's next turn takes over his cached conversation, which goes on sharing the block.
+    history = turn.prompt + turn.output
+    nxt, rec = c.submit(history + [8] * 4, max_tokens=40, client=f"{FRONT}/person:bob", system_len=len(TOOLS_BLOCK),
+                        allowance=140, front_end=FRONT, block_public=True)
+    c.step()
+    assert nxt.n_reused >= len(history) - 1 and nxt.shared == 150
+    assert c.core.sched.reserved == len(nxt.prompt) + 40 - 150 and commons.least_used() is None
+    c.run()
+    assert isinstance(rec.end, Done) and c.core.sched.reserved == 0 and c.leaked_ids() == set()
 
 
 def test_a_persons_own_system_prompt_through_a_front_end_stays_theirs() -> None:

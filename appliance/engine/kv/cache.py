@@ -46,6 +46,7 @@ class Entry:
     turns: int = 1  # finished turns of this session
     named: bool = True  # the client chose the id (not one the server made up for it)
     public: bool = False  # a pinned public prefix, not a conversation
+    shared: int = 0  # leading cells it shares with a pinned public prefix (Turn.shared)
 
     @property
     def n_tokens(self) -> int:
@@ -210,7 +211,7 @@ class SessionCache:
         self.free_ids.append(seq_id)
 
     def put(self, session: str, seq_id: int, tokens: list[int], public_len: int, copied: int,
-            owner: str = "", named: bool = True) -> int | None:
+            owner: str = "", named: bool = True, shared: int = 0) -> int | None:
         """A finished turn leaves its KV behind as the session's entry. Returns the sequence
         id of an idle entry it replaced (two turns of one session ran at once), whose
         cells the caller must clear; its id is free again."""
@@ -221,7 +222,7 @@ class SessionCache:
             self.release_id(old.seq_id)
         self.entries[session] = Entry(session, seq_id, tokens, public_len, self.clock(), owner=owner,
                                       own_tokens=len(tokens) - copied,
-                                      turns=old.turns + 1 if old is not None else 1, named=named)
+                                      turns=old.turns + 1 if old is not None else 1, named=named, shared=shared)
         return replaced
 
     def add_saved(self, entry: Entry) -> None:

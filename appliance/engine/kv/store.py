@@ -147,11 +147,7 @@ class KVStore:
             self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
             if donor.public:
-                # Cells a pinned prefix holds are counted once, as pinned: the turn's reservation
-                # gives them back (a front-end's 6,626-token tools block reserved per chat let
-                # two chats run at once in 16,384 cells; shared, a dozen).
-                self.budget.release(m.n_common)
-                turn.shared = m.n_common
+                self._share_pinned(turn, m.n_common)
             self.stats.shared_hits += 1
             return
         if leader is not None and lead_n >= self.policy.min_shared:
@@ -163,7 +159,19 @@ class KVStore:
         turn.seq_id, turn.n_cached, turn.n_reused = e.seq_id, n_common, n_common
         # Cells this entry shares with the sequence it copied from stay not-its-own.
         turn.copied = min(e.n_tokens - e.own_tokens, n_common)
+        # A conversation that copied a pinned block (a front-end's tools) goes on sharing it,
+        # while the block is still pinned.
+        if 0 < e.shared <= n_common and any(p.n_tokens == e.shared and e.tokens[:e.shared] == p.tokens
+                                             for p in self.cache.public):
+            self._share_pinned(turn, e.shared)
         self.stats.hits += 1
+
+    def _share_pinned(self, turn: Turn, n: int) -> None:
+        """The turn's first n cells are a pinned public prefix's: counted once, as pinned, so
+        its reservation gives them back (a front-end's 6,626-token tools block reserved per
+        chat let two chats run at once in 16,384 cells; shared, a dozen)."""
+        self.budget.release(n)
+        turn.shared = n
 
     def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
         """A running turn it may share with that is computing (or has) more of its prompt
@@ -348,7 +356,7 @@ class KVStore:
             old = cache.entries.get(t.session)
             if old is not None:
                 _unlink(old.disk)  # a file saved by the last run is superseded by this turn
-            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named)
+            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named, t.shared)
             if replaced is not None:
                 self.model.seq_rm(replaced)
             self.make_room()
