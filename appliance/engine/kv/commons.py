@@ -70,9 +70,12 @@ class Commons:
         n = turn.system_len
         if not 0 < n < len(turn.prompt):
             return False
+        # Through a front-end a block may be as long as its tools' allowance (pinning cost, not
+        # privacy, bounds it); it is the front-end's at once only with nothing a person wrote.
+        longest = self.policy.max_front_tokens if turn.front_end else 0
         front = bool(turn.front_end and turn.block_public)
-        cand = (self.note(turn.front_end, turn.prompt[:n], self.clock(), 1, self.policy.max_front_tokens) if front
-                else self.note(turn.client, turn.prompt[:n], self.clock()))
+        cand = self.note(turn.front_end if front else turn.client, turn.prompt[:n], self.clock(), 1 if front else 0,
+                         longest)
         if cand is None:
             return False
         promoted = cand.seq_id < 0 and self._promote(cand)
@@ -121,7 +124,7 @@ class Commons:
         different clients have, else None. Equality is checked token by token, not only by digest."""
         p = self.policy
         need = need or p.need_clients
-        if not p.max_public or not p.min_tokens <= len(block) <= (longest or p.max_tokens):
+        if not p.max_public or not p.min_tokens <= len(block) <= max(longest, p.max_tokens):
             return None
         k = self.key(block)
         cand = self.candidates.get(k)
