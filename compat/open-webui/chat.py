@@ -1,0 +1,106 @@
+"""Drive Open WebUI (unchanged, at its defaults) in chromium in front of the appliance (issue 37).
+
+Two people sign in (the first is Open WebUI's admin, the second one the admin adds), each opens
+a new chat and asks a question; the first chat ever reads the front-end's tools block, every
+later new chat must copy it. Prints one JSON line: per chat, the seconds from pressing send to
+the first answer text, the answer's first characters, and the people the appliance's /admin
+counted. Run by compat/open-webui/run.sh, which starts both servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import httpx
+from playwright.sync_api import Browser, Page, sync_playwright
+
+PEOPLE = [("Ann Office", "ann@office.example"), ("Ben Office", "ben@office.example")]
+PASSWORD = "open-webui-check-1"
+QUESTIONS = ["In one sentence: what is a good name for a meeting room?",
+             "In one sentence: how do I book the projector?",
+             "In one sentence: what should a visitor badge show?"]
+
+
+def accounts(url: str) -> None:
+    """The first sign-up is Open WebUI's admin; the admin adds the second person."""
+    with httpx.Client(base_url=url, timeout=60) as c:
+        (name, email), (name2, email2) = PEOPLE
+        r = c.post("/api/v1/auths/signup", json={"name": name, "email": email, "password": PASSWORD})
+        r.raise_for_status()
+        token = r.json()["token"]
+        r = c.post("/api/v1/auths/add", headers={"Authorization": f"Bearer {token}"},
+                   json={"name": name2, "email": email2, "password": PASSWORD, "role": "user"})
+        r.raise_for_status()
+
+
+def sign_in(browser: Browser, url: str, email: str) -> Page:
+    page = browser.new_context(locale="en-US").new_page()
+    page.goto(f"{url}/auth")
+    page.fill('input[autocomplete="email"]', email)
+    page.fill('input[type="password"]', PASSWORD)
+    page.click('button[type="submit"]')
+    page.wait_for_selector("#chat-search, #chat-input, #chat-textarea", timeout=120_000)
+    letsgo = page.get_by_role("button", name="Okay, Let's Go!")  # the changelog, once per browser
+    if letsgo.count():
+        letsgo.click()
+    return page
+
+
+def chat(page: Page, url: str, question: str, timeout_s: float) -> dict[str, Any]:
+    """A new chat, one question; seconds to the first answer text and to the whole answer."""
+    page.goto(url + "/")
+    box = page.locator("#chat-input, #chat-textarea").first
+    box.wait_for(timeout=60_000)
+    box.click()
+    page.keyboard.type(question)
+    n_before = page.locator(".chat-assistant").count()
+    t0 = time.monotonic()
+    page.keyboard.press("Enter")
+    answer = page.locator(".chat-assistant").nth(n_before)
+    deadline = t0 + timeout_s
+    first = None
+    while time.monotonic() < deadline:
+        text = answer.inner_text(timeout=1000).strip() if answer.count() else ""
+        if text and first is None:
+            first = time.monotonic() - t0
+        if first is not None and page.locator('.chat-assistant [aria-label="Edit"], '
+                                              '.chat-assistant button[aria-label="Regenerate"]').count():
+            break
+        time.sleep(0.1)
+    text = answer.inner_text(timeout=1000).strip() if answer.count() else ""
+    return {"question": question, "first_text_s": None if first is None else round(first, 2),
+            "done_s": round(time.monotonic() - t0, 2), "answer": text[:120]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--url", required=True, help="Open WebUI")
+    ap.add_argument("--appliance", required=True, help="the appliance (its /admin/status, from this machine)")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--new-chat-s", type=float, default=5.0, help="the bound on a later new chat's first text")
+    a = ap.parse_args()
+    accounts(a.url)
+    chats = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        ann, ben = (sign_in(browser, a.url, email) for _, email in PEOPLE)
+        chats.append({"who": "ann", "first_chat_ever": True, **chat(ann, a.url, QUESTIONS[0], a.timeout_s)})
+        chats.append({"who": "ben", **chat(ben, a.url, QUESTIONS[1], a.timeout_s)})
+        chats.append({"who": "ann", **chat(ann, a.url, QUESTIONS[2], a.timeout_s)})
+        browser.close()
+    people = httpx.get(f"{a.appliance}/admin/status", timeout=30).json().get("people", [])
+    who = sorted(p["who"] for p in people)
+    later = [c["first_text_s"] for c in chats[1:]]
+    ok = (all(c["first_text_s"] is not None for c in chats) and all(s <= a.new_chat_s for s in later)
+          and {"ann@office.example", "ben@office.example"} <= set(who))
+    print(json.dumps({"label": a.label, "ok": ok, "chats": chats, "people": who}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
