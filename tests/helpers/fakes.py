@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,18 +31,18 @@ class FakeClock:
 class Pauses:
     """Stands in for a module's `threading` where it pauses (`threading.Event().wait(s)`, as
     faults.py does): records each pause's seconds, so a test asserts which pauses were taken
-    rather than timing them; waits them too when `real` (a test that looks in meanwhile)."""
+    rather than timing them; `at_pause` looks at what a pause finds."""
 
-    real: bool = False
     seconds: list[float | None] = field(default_factory=list)
+    at_pause: Callable[[], None] | None = None  # called at each pause, in the pausing thread
 
     def Event(self) -> Pauses:  # noqa: N802 - threading's name
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
         self.seconds.append(timeout)
-        if self.real:
-            threading.Event().wait(timeout)
+        if self.at_pause is not None:
+            self.at_pause()
         return False
 
 
