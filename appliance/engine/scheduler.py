@@ -44,6 +44,14 @@ class Limits:
     tools_tokens: int = 0  # tool definitions a turn may hold beyond ctx_limit (Turn.allowance)
 
     @property
+    def background_cap(self) -> int:
+        """Background turns running at once: an eighth of the slots, at least one. Background
+        work beside people moves a tenth of a step's rows, so it holds its slots long: left to
+        take every slot but `kept_for_people`, it held 18 of 24 and people's next turns waited
+        15 s for a slot (121 s TTFT p50, office of 20 with Open WebUI's titles and tags)."""
+        return max(1, self.slots // 8)
+
+    @property
     def kept_for_people(self) -> int:
         if self.people_slots >= 0:
             return min(self.people_slots, self.slots - 1)
@@ -184,7 +192,8 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.limits.slots:
             turn = self.waiting[0]
-            if turn.background and self.limits.slots - len(self.running) <= self.limits.kept_for_people:
+            if turn.background and (self.limits.slots - len(self.running) <= self.limits.kept_for_people
+                                    or sum(t.background for t in self.running) >= self.limits.background_cap):
                 break  # the rest are background too (order): they wait for people to leave room
             need = turn.kv_reserve(self.limits.ctx_limit)
             if not self._fits(bool(self.running), self.budget.committed, need):
@@ -215,7 +224,8 @@ class Scheduler:
             need = t.kv_reserve(self.limits.ctx_limit)
             if n >= free or not self._fits(bool(self.running) or n > 0, reserved, need):
                 return n
-            if t.background and free - n <= self.limits.kept_for_people:
+            if t.background and (free - n <= self.limits.kept_for_people or
+                                 sum(r.background for r in self.running) >= self.limits.background_cap):
                 return n
             reserved += need
         return max(free, 0)

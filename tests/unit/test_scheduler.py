@@ -615,21 +615,24 @@ def test_people_are_admitted_before_background_work_that_came_first() -> None:
 def test_background_work_leaves_free_slots_to_people() -> None:
     clock = FakeClock()
     s = make(clock, slots=8, max_wait_s=0.0, max_queue=64)  # people_slots -1: a quarter of 8
-    assert s.limits.kept_for_people == 2
+    assert s.limits.kept_for_people == 2 and s.limits.background_cap == 1
     batch = background(clock, "nightly", 10)
     s.waiting.extend(batch)
-    assert s.admit() == batch[:6] and s.admissible() == 0
-    people = of(clock, "10.0.0.7", 2)
+    assert s.admit() == batch[:1] and s.admissible() == 0  # an eighth of the slots
+    people = of(clock, "10.0.0.7", 6)
     s.waiting.extend(people)
     assert s.admit() == people
-    assert [t for t in s.waiting] == batch[6:]
+    assert [t for t in s.waiting] == batch[1:]
+    wide = make(clock, slots=24, max_wait_s=0.0, max_queue=64)
+    wide.waiting.extend(background(clock, "nightly", 10))
+    assert len(wide.admit()) == 3 == wide.limits.background_cap
     # One slot: background work still runs, in its turn.
     assert make(clock, slots=1).limits.kept_for_people == 0
 
 
 def test_background_work_adds_at_most_a_tenth_of_peoples_rows_to_a_step() -> None:
     clock = FakeClock()
-    s = make(clock, slots=4, batch_tokens=64, max_wait_s=0.0)
+    s = make(clock, slots=16, batch_tokens=64, max_wait_s=0.0)  # two background turns at once
     (title,) = background(clock, "owui/person:a", n_prompt=40)
     s.waiting.append(title)
     s.admit()
