@@ -7,8 +7,8 @@ are prefilled together. Waiting requests are admitted round-robin across client
 identities (fair shares), each client's own in priority order.
 
 Two lanes (turn.Lane): people's turns are ordered before every background turn, background
-turns never take the last `people_slots` free slots, and their prompts are read with
-what people's prompts leave of a step. So a front-end's title and tag requests, sent a few
+turns never take the last `people_slots` free slots, hold at most an eighth of the slots,
+and add at most a tenth of people's rows to a step. So a front-end's title and tag requests, sent a few
 milliseconds before the chat turn they describe, no longer hold that turn's first token
 behind their prefill (1.39 s instead of 0.18 s with Open WebUI, issue 37).
 """
