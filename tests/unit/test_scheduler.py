@@ -667,3 +667,31 @@ def test_background_work_adds_at_most_a_tenth_of_peoples_rows_to_a_step() -> Non
         s.release(t)
     step = s.schedule()
     assert sum(n for _, n in step.prefill) + len(step.decode) == min(64, paste.prefill_left + 1)
+
+
+def test_a_persons_own_background_work_does_not_put_their_next_turn_behind_a_backlog() -> None:
+    """Ann's front-end asks for a title after her answer; her next question comes while it
+    runs. She asked while nothing of hers ran in her lane: she goes before Ben's backlog (turns
+    sent while one of his was served), as she would without the title request."""
+    clock = FakeClock()
+    s = make(clock, slots=8, max_wait_s=0.0, max_queue=64)
+    (ann1,) = of(clock, "ann")
+    s.waiting.append(ann1)
+    assert s.admit() == [ann1]
+    s.release(ann1)
+    clock.advance(1)
+    (ben1,) = of(clock, "ben")
+    s.waiting.append(ben1)
+    assert s.admit() == [ben1]
+    clock.advance(1)
+    (title,) = background(clock, "ann")
+    s.waiting.append(title)
+    assert s.admit() == [title]  # admitted after Ben's turn: Ann's latest admission
+    clock.advance(1)
+    backlog = of(clock, "ben", 2)  # sent while ben1 runs
+    clock.advance(1)
+    (ann2,) = of(clock, "ann")  # while her title runs
+    clock.advance(1)
+    s.release(title)  # it ends after she asked
+    s.waiting.extend([*backlog, ann2])
+    assert s.order(clock())[0] is ann2
