@@ -68,11 +68,11 @@ def split(step: Step) -> list[Step]:
     return [Step(prefill=alone), Step(decode=step.decode, prefill=beside)]
 
 
-def build(step: Step, spec_budget: int, max_rows: int, ctx_cap: int) -> Batch:
+def build(step: Step, spec_budget: int, max_rows: int, ctx_cap: int, pool: int = 1 << 30) -> Batch:
     """The step's batch: max_rows is llama.cpp's n_batch, ctx_cap the most tokens one turn
     may hold (drafts never run past it)."""
     batch = Batch()
-    drafts = plan_drafts(step.decode, sum(n for _, n in step.prefill), spec_budget, max_rows, ctx_cap)
+    drafts = plan_drafts(step.decode, sum(n for _, n in step.prefill), spec_budget, max_rows, ctx_cap, pool)
     for t, d in zip(step.decode, drafts):
         batch.add(t, [t.last_token, *d], t.n_cached, True, d)
     for t, n in step.prefill:
@@ -81,7 +81,8 @@ def build(step: Step, spec_budget: int, max_rows: int, ctx_cap: int) -> Batch:
     return batch
 
 
-def plan_drafts(decode: list[Turn], n_prefill: int, spec_budget: int, max_rows: int, ctx_cap: int) -> list[list[int]]:
+def plan_drafts(decode: list[Turn], n_prefill: int, spec_budget: int, max_rows: int, ctx_cap: int,
+                pool: int = 1 << 30) -> list[list[int]]:
     """Each generating turn's draft tokens for this step: within the step's budget, then
     rounded so the step's rows fill whole tiles of the CPU matmuls (spec.fit_tile)."""
     if not spec_budget:
@@ -94,7 +95,7 @@ def plan_drafts(decode: list[Turn], n_prefill: int, spec_budget: int, max_rows: 
     for t in decode:
         d = t.drafts
         # Never draft past max_tokens or the context: the KV reservation covers neither.
-        room = min(t.params.max_tokens - len(t.output), ctx_cap + t.allowance - t.n_cached) - 2
+        room = min(t.params.max_tokens - len(t.output), min(ctx_cap + t.allowance, pool + t.shared) - t.n_cached) - 2
         if d is None or room <= 0:
             found.append([])
             wants.append(0)

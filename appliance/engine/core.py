@@ -152,7 +152,7 @@ class EngineCore:
         rows = self.limits.batch_tokens if len(parts) == 1 else FA_TILE_ROWS - 1
         start, admitted = t0, t1
         for part in parts:
-            batch = build(part, self.spec_budget, max(rows, part.n_tokens), self.ctx_cap)
+            batch = build(part, self.spec_budget, max(rows, part.n_tokens), self.ctx_cap, self.budget.total - self.budget.pinned)
             built = time.perf_counter()
             ok = self._decode(batch, part)
             decoded = time.perf_counter()
@@ -341,7 +341,7 @@ class EngineCore:
         elif (len(t.output) >= t.params.max_tokens
               # prompt + output, not n_cached: a verified run advances n_cached by all its
               # accepted drafts before their tokens are taken one by one here.
-              or t.n_prompt + len(t.output) >= self.ctx_cap + t.allowance
+              or t.n_prompt + len(t.output) >= min(self.ctx_cap + t.allowance, self.budget.total - self.budget.pinned + t.shared)
               or now - t.arrival > self.request_timeout_s):
             self._finish(t, "length")
         return t.state is not State.FINISHED

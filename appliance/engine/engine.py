@@ -326,7 +326,10 @@ class Engine:
             core.add_public(tokens)
         core.open_commons()
         core.kv.load_sessions()
-        self._text = Text(template, tokenize, tok, self._limits.ctx_limit, frozenset(o.presets), self._limits.tools_tokens)
+        # Tools beyond what the pool holds past one conversation could never run.
+        lim = self._limits
+        tools = min(lim.tools_tokens, max(0, lim.kv_tokens - lim.ctx_limit))
+        self._text = Text(template, tokenize, tok, lim.ctx_limit, frozenset(o.presets), tools)
         if o.fault is not None:
             inject(model, o.fault)  # after start-up's own decodes
         return core

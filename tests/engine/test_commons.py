@@ -162,3 +162,33 @@ def test_a_persons_own_system_prompt_through_a_front_end_stays_theirs() -> None:
     ask_via(c, "bob", TOOLS_BLOCK, 101)
     assert c.core.kv.stats.promoted == 1
     assert ask_via(c, "mallory", TOOLS_BLOCK, 103, front_end="") == (0, 156)
+
+
+def test_an_outsider_with_two_identities_never_copies_a_front_ends_block() -> None:
+    """The front-end's copy is not one of the three identities an outsider's guess needs:
+    two addresses of its own learn nothing of what the front-end sent."""
+    c = front_core()
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    ask_via(c, "bob", TOOLS_BLOCK, 101)
+    assert c.core.kv.stats.promoted == 1
+    assert ask_via(c, "mallory-1", TOOLS_BLOCK, 103, front_end="") == (0, 156)
+    assert ask_via(c, "mallory-2", TOOLS_BLOCK, 104, front_end="") == (0, 156)
+    # A third identity of theirs: three outsiders sent it, which is the rule without a front-end.
+    assert ask_via(c, "mallory-3", TOOLS_BLOCK, 105, front_end="")[0] == 150
+
+
+def test_a_tools_turn_that_shares_nothing_stops_at_the_cells_the_pool_has_left() -> None:
+    """Its allowance never takes it past the cells the pinned blocks leave: it ends with
+    "length", as a long answer does, and no decode runs out of cache."""
+    c = make(FakeModel(reply="x" * 100), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=330,
+             tools_tokens=200)
+    for person, q in (("alice", 100), ("bob", 101)):
+        turn, rec = c.submit(TOOLS_BLOCK + [q] * 6, max_tokens=2, client=f"{FRONT}/person:{person}",
+                             system_len=150, allowance=140, front_end=FRONT, block_public=True)
+        c.run()
+    assert c.core.sched.pinned == 150
+    other = list(range(3000, 3150))  # another block of tools, sent directly: computed, not shared
+    turn, rec = c.submit(other + [7] * 6, max_tokens=100, client="10.0.0.8", system_len=150, allowance=140)
+    c.run()
+    assert isinstance(rec.end, Done) and rec.end.finish_reason == "length"
+    assert len(turn.prompt) + len(turn.output) <= 330 - 150

@@ -28,6 +28,9 @@ from appliance.engine.turn import Turn
 log = logging.getLogger(__name__)
 
 
+FRONT = "\x00front:"  # a trusted front-end's identity among a block's senders (no client id starts so)
+
+
 class CopyOps(Protocol):
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
@@ -74,8 +77,8 @@ class Commons:
         # privacy, bounds it); it is the front-end's at once only with nothing a person wrote.
         longest = self.policy.max_front_tokens if turn.front_end else 0
         front = bool(turn.front_end and turn.block_public)
-        cand = self.note(turn.front_end if front else turn.client, turn.prompt[:n], self.clock(), 1 if front else 0,
-                         longest)
+        cand = self.note(FRONT + turn.front_end if front else turn.client, turn.prompt[:n], self.clock(),
+                         1 if front else 0, longest)
         if cand is None:
             return False
         promoted = cand.seq_id < 0 and self._promote(cand)
@@ -112,6 +115,10 @@ class Commons:
         self.cache.remove_public(cand.seq_id)
         self.model.seq_rm(cand.seq_id)
         self.budget.unpin(len(cand.tokens))
+        n = len(cand.tokens)
+        for e in self.cache.entries.values():  # their cells of it are their own now, not the pinned copy's
+            if e.shared == n and e.tokens[:n] == cand.tokens:
+                e.shared = 0
         self.release(cand)
 
     @staticmethod
@@ -134,10 +141,14 @@ class Commons:
         elif cand.tokens != block:
             return None  # a digest collision: nobody shares anything through it
         self.candidates.move_to_end(k)
-        if len(cand.clients) < p.need_clients:
+        if len(cand.clients) < p.need_clients + 1:
             cand.clients.add(client)
         cand.last_used = now
-        return cand if len(cand.clients) >= need else None
+        if need == 1:
+            return cand
+        # A front-end's copy never counts toward the identities a client needs: with two of its
+        # own, an outsider would learn that the front-end had sent exactly these tools.
+        return cand if sum(not c.startswith(FRONT) for c in cand.clients) >= need else None
 
     def _bound(self) -> None:
         """Forget the least recently sent blocks beyond max_candidates (promoted ones stay)."""
