@@ -43,10 +43,7 @@ class EngineCore:
     def __init__(self, model: Model, limits: Limits, policy: CachePolicy, inbox: Inbox, *,
                  clock: Callable[[], float], request_timeout_s: float = 600.0,
                  spec_budget: int = 0, cores: CoreShare | None = None) -> None:
-        self.model = model
-        self.limits = limits
-        self.inbox = inbox
-        self.clock = clock
+        self.model, self.limits, self.inbox, self.clock = model, limits, inbox, clock
         self.figures = Figures()  # distributions and recent answers, published in the snapshot
         self.request_timeout_s = request_timeout_s
         self.spec_budget = spec_budget  # draft rows per step (less one per stream); 0 = off
@@ -56,6 +53,7 @@ class EngineCore:
         self.sched = Scheduler(limits, clock, self.budget)
         self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
         self.kv = KVStore(model, self.cache, policy, self.budget, self.sched, clock)
+        self.sched.shares = self.kv.expected_share  # a pinned prefix's cells counted once at admission
         self.stats = Stats()
         self.events: Events = []  # handed to the event loop after each iteration
         self._next_public_id = policy.n_seq  # public prefixes get ids beyond the sessions'

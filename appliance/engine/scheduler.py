@@ -83,6 +83,11 @@ class Scheduler:
         self._last_admitted: dict[str, tuple[float, int]] = {}  # client -> its latest admission (time, number)
         # (client, lane) -> when its last running turn in that lane ended
         self._idle_since: dict[tuple[str, Lane], float] = {}
+        # The cells of a pinned public prefix the KV store's attach would let a waiting turn
+        # copy (KVStore.expected_share; set by the core). Admission counts them once, as
+        # pinned: counted again per chat, Open WebUI's 6,626-token tools let one chat at a
+        # time start beside two running in 16,384 cells.
+        self.shares: Callable[[Turn], int] = lambda turn: 0
 
     @property
     def reserved(self) -> int:
@@ -202,11 +207,15 @@ class Scheduler:
                 break  # the rest are background too (order): they wait for people to leave room
             need = turn.kv_reserve(self.limits.ctx_limit)
             if not self._fits(bool(self.running), self.budget.committed, need):
-                break  # head of line waits for cache space, so it cannot be starved
+                turn.shared = self.shares(turn)  # attach takes it back if it copies less
+                need = turn.kv_reserve(self.limits.ctx_limit)
+                if not self._fits(bool(self.running), self.budget.committed, need):
+                    turn.shared = 0
+                    break  # head of line waits for cache space, so it cannot be starved
             self.waiting.popleft()
             turn.state = State.PREFILL
             turn.admitted_at = now
-            self.budget.reserve(need)
+            self.budget.hold(turn, need)
             self.running.append(turn)
             admitted.append(turn)
             self._last_admitted[turn.client] = (now, self._admissions)
@@ -227,6 +236,8 @@ class Scheduler:
         reserved = self.budget.committed
         for n, t in enumerate(self.waiting):
             need = t.kv_reserve(self.limits.ctx_limit)
+            if n < free and not self._fits(bool(self.running) or n > 0, reserved, need):
+                need -= self.shares(t)  # as admit
             if n >= free or not self._fits(bool(self.running) or n > 0, reserved, need):
                 return n
             if t.background and (free - n <= self.limits.kept_for_people or
@@ -351,6 +362,6 @@ class Scheduler:
         turn.state = State.FINISHED
         if was_running:
             self.running.remove(turn)
-            self.budget.release(turn.kv_reserve(self.limits.ctx_limit))
+            self.budget.hold(turn, 0)
             if all(t.client != turn.client or t.lane is not turn.lane for t in self.running):
                 self._idle_since[(turn.client, turn.lane)] = self.clock()

@@ -192,3 +192,44 @@ def test_a_tools_turn_that_shares_nothing_stops_at_the_cells_the_pool_has_left()
     c.run()
     assert isinstance(rec.end, Done) and rec.end.finish_reason == "length"
     assert len(turn.prompt) + len(turn.output) <= 330 - 150
+
+
+def test_chats_that_copy_a_pinned_block_are_admitted_counting_its_cells_once() -> None:
+    """Admission counts a pinned block's cells once, as pinned: two new chats behind the
+    front-end start together in cells that hold the block and their own turns, not the block
+    three times (at Open WebUI's 6,626 tokens of tools, a second chat waited for the first)."""
+    c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=400,
+             tools_tokens=200)
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    ask_via(c, "bob", TOOLS_BLOCK, 101)
+    assert c.core.sched.pinned == 150
+    turns = [c.submit(TOOLS_BLOCK + [q] * 6, max_tokens=40, client=f"{FRONT}/person:{p}", system_len=150,
+                      allowance=140, front_end=FRONT, block_public=True) for p, q in (("carol", 102), ("dave", 103))]
+    # Each may come to hold 156 + 40 cells: 150 pinned + 2 x 196 is past the 400, 150 + 2 x 46 is not.
+    assert c.core.sched.admissible() == 2
+    c.step()
+    assert not c.core.sched.waiting and len(c.core.sched.running) == 2
+    assert [t.shared for t, _ in turns] == [150, 150] and c.core.sched.reserved == 2 * (156 + 40 - 150)
+    c.run()
+    assert all(isinstance(rec.end, Done) for _, rec in turns)
+    assert c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def test_a_turn_admitted_on_a_share_it_does_not_get_reserves_its_whole_need() -> None:
+    """Should attach copy less than admission counted on, it reserves the rest: the sum of
+    reservations stays the sum of what the running turns may come to hold."""
+    c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=350,
+             tools_tokens=200)
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    ask_via(c, "bob", TOOLS_BLOCK, 101)
+    running, _ = c.submit(TOOLS_BLOCK + [102] * 6, max_tokens=40, client=f"{FRONT}/person:dave", system_len=150,
+                          allowance=140, front_end=FRONT, block_public=True)
+    c.step()
+    assert running.shared == 150 and c.core.sched.reserved == 46
+    c.core.sched.shares = lambda turn: 150  # admission is told so, but this prompt shares nothing
+    turn, rec = c.submit(list(range(3000, 3150)) + [7] * 6, max_tokens=40, client=f"{FRONT}/person:carol",
+                         system_len=150, allowance=140, front_end=FRONT, block_public=True)
+    c.step()
+    assert turn.shared == 0 and c.core.sched.reserved == 46 + 156 + 40
+    c.run()
+    assert isinstance(rec.end, Done) and c.core.sched.reserved == 0 and c.leaked_ids() == set()

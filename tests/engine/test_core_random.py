@@ -71,7 +71,9 @@ def invariants(c: Core, model: FlakyModel, turns: list[Turn]) -> list[str]:
             open_[t.client] = open_.get(t.client, 0) + 1
     if open_ != core.inbox._open or core.inbox._queued != len(core.sched.waiting):
         bad.append(f"inbox counts: open {core.inbox._open} vs {open_}, queued {core.inbox._queued}")
-    if core.sched.reserved != sum(t.kv_reserve(core.limits.ctx_limit) for t in core.sched.running):
+    # The budget is the sum of the turns' holdings, and each holds what it may come to hold.
+    if core.sched.reserved != sum(t.reserved for t in core.sched.running) or any(
+            t.reserved < t.kv_reserve(core.limits.ctx_limit) for t in core.sched.running):
         bad.append("reservations")
     return bad
 

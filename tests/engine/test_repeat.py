@@ -91,6 +91,21 @@ def test_a_retry_prompt_is_read_from_where_it_parts_from_the_prompt() -> None:
     assert c.core.budget.reserved == 0 and c.leaked_ids() == set()
 
 
+def test_a_retry_prompt_shorter_than_the_prompt_gives_back_the_whole_reservation() -> None:
+    """A rewound turn's prompt is its retry prompt: what it may come to hold shrinks, what it
+    gives back does not (the budget kept the difference for good before Turn.reserved)."""
+    model = Repeater(reply=CALL)
+    c = make(model)
+    prompt = [ord(x) for x in "the weather in Oslo, please? <tool_response>7 C</tool_response>"]
+    retry = [ord(x) for x in "the weather? <tool_response>7 C</tool_response>"]
+    t, rec = c.submit(prompt, params=params(answered=(KEY,), retry_prompt=tuple(retry)))
+    c.step()
+    assert t.reserved == len(prompt) + 200 and c.core.budget.reserved == t.reserved
+    c.run()
+    assert rec.text == "It is 7 C in Oslo." and t.prompt == retry
+    assert c.core.budget.reserved == 0 and t.reserved == 0 and c.leaked_ids() == set()
+
+
 def test_a_different_call_goes_out_as_it_was_written() -> None:
     other = CALL.replace("Oslo", "Lisbon")
     model = Repeater(reply=other)

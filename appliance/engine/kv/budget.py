@@ -32,7 +32,7 @@ class InFlight(Protocol):
 class KVBudget:
     total: int  # the pool's cells (kv_tokens)
     pinned: int = 0  # held for good by public prefixes: no reservation may count on them
-    reserved: int = 0  # promised to running turns (the sum of their kv_reserve)
+    reserved: int = 0  # promised to running turns (the sum of their Turn.reserved)
 
     @property
     def committed(self) -> int:
@@ -43,11 +43,12 @@ class KVBudget:
         """Whether `cells` more can be promised or pinned beside what is."""
         return self.committed + cells <= self.total
 
-    def reserve(self, cells: int) -> None:
-        self.reserved += cells
-
-    def release(self, cells: int) -> None:
-        self.reserved -= cells
+    def hold(self, turn: Turn, cells: int) -> None:
+        """Make what is reserved for `turn` `cells` (0 gives it all back). Turn.reserved is the
+        one record of it: a turn's kv_reserve may change as it runs (a rewound turn's prompt
+        is its retry prompt, which may be shorter), what it gives back may not."""
+        self.reserved += cells - turn.reserved
+        turn.reserved = cells
         assert self.reserved >= 0, "released more cells than were reserved"
 
     def pin(self, cells: int) -> None:

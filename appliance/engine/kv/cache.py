@@ -234,6 +234,11 @@ class SessionCache:
     def add_public(self, seq_id: int, tokens: list[int]) -> None:
         self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))
 
+    def shares_pinned(self, e: Entry, n_common: int) -> bool:
+        """The entry's first e.shared cells, all of them kept (n_common), are a prefix still pinned."""
+        return 0 < e.shared <= n_common and any(p.n_tokens == e.shared and e.tokens[:e.shared] == p.tokens
+                                                for p in self.public)
+
     def remove_public(self, seq_id: int) -> None:
         self.public = [e for e in self.public if e.seq_id != seq_id]
 

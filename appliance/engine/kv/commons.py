@@ -86,6 +86,21 @@ class Commons:
             turn.public_len = max(turn.public_len, n)
         return promoted
 
+    def public_len(self, turn: Turn) -> int:
+        """The public_len `share` would give this turn now, noting nothing: its block's length
+        if the block is public already and the turn may copy it (KVStore.expected_share)."""
+        n, p = turn.system_len, self.policy
+        if not 0 < n < len(turn.prompt) or not p.min_tokens <= n <= max(
+                p.max_front_tokens if turn.front_end else 0, p.max_tokens):
+            return turn.public_len
+        block = turn.prompt[:n]
+        cand = self.candidates.get(self.key(block))
+        if cand is None or cand.seq_id < 0 or cand.tokens != block:
+            return turn.public_len
+        front = bool(turn.front_end and turn.block_public)
+        senders = sum(not c.startswith(FRONT) for c in cand.clients | {turn.client})
+        return max(turn.public_len, n) if front or senders >= p.need_clients else turn.public_len
+
     def _promote(self, cand: Candidate) -> bool:
         """Copy the block from a sequence that holds it into a public one of its own and pin
         it; False while none has computed it yet (the next turn that sends it tries again)."""

@@ -119,6 +119,10 @@ class KVStore:
         history (or its client's conversation it continues), a parked or saved copy of
         that, else the longest prefix it may copy (its client's own, or a public one)."""
         cache = self.cache
+        # Admission may have counted on sharing a pinned prefix (Scheduler.shares): the full
+        # reservation back first, then _share_pinned gives back what the turn really copies.
+        self.budget.hold(turn, turn.reserved + turn.shared)
+        turn.shared = 0
         if self.commons is not None:
             self.stats.promoted += self.commons.share(turn)
         m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
@@ -161,16 +165,33 @@ class KVStore:
         turn.copied = min(e.n_tokens - e.own_tokens, n_common)
         # A conversation that copied a pinned block (a front-end's tools) goes on sharing it,
         # while the block is still pinned.
-        if 0 < e.shared <= n_common and any(p.n_tokens == e.shared and e.tokens[:e.shared] == p.tokens
-                                             for p in self.cache.public):
+        if self.cache.shares_pinned(e, n_common):
             self._share_pinned(turn, e.shared)
         self.stats.hits += 1
+
+    def expected_share(self, turn: Turn) -> int:
+        """The cells of a pinned public prefix `attach` would let this waiting turn copy, as
+        things stand (0 where unsure: a restore, a leader computing more). Pure: admission
+        asks it only of a turn that does not fit otherwise (Scheduler.shares)."""
+        cache = self.cache
+        if not any(len(turn.prompt) > p.n_tokens and turn.prompt[:p.n_tokens] == p.tokens for p in cache.public):
+            return 0
+        public_len = turn.public_len if self.commons is None else self.commons.public_len(turn)
+        m = cache.match(turn.session, turn.client, turn.prompt, public_len)
+        e = m.entry
+        if m.own and e is not None and e.seq_id >= 0:  # _take_over
+            return e.shared if cache.shares_pinned(e, m.n_common) else 0
+        own = cache.entries.get(turn.session) or (e if m.own else None)
+        if own is not None and own.stored or e is None or not e.public or m.n_common < self.policy.min_shared:
+            return 0
+        leader, lead_n = self._leader(turn)
+        return 0 if leader is not None and lead_n > m.n_common else m.n_common
 
     def _share_pinned(self, turn: Turn, n: int) -> None:
         """The turn's first n cells are a pinned public prefix's: counted once, as pinned, so
         its reservation gives them back (a front-end's 6,626-token tools block reserved per
         chat let two chats run at once in 16,384 cells; shared, a dozen)."""
-        self.budget.release(n)
+        self.budget.hold(turn, turn.reserved - n)
         turn.shared = n
 
     def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
