@@ -50,27 +50,36 @@ def sign_in(browser: Browser, url: str, email: str) -> Page:
     return page
 
 
-def chat(page: Page, url: str, question: str, timeout_s: float) -> dict[str, Any]:
+def idle(appliance: str) -> bool:
+    """No slot busy and nobody queued on the appliance: the answer (and whatever Open WebUI
+    asked for beside it) is done. Open WebUI 0.12.4's page has no marker of a finished answer
+    this script could rely on (its buttons show on hover)."""
+    text = httpx.get(f"{appliance}/metrics", timeout=30).text
+    figures = dict(line.split() for line in text.splitlines()
+                   if line.startswith(("appliance_slots_active ", "appliance_queue_depth ")))
+    return all(float(v) == 0 for v in figures.values()) and len(figures) == 2
+
+
+def chat(page: Page, url: str, appliance: str, question: str, timeout_s: float) -> dict[str, Any]:
     """A new chat, one question; seconds to the first answer text and to the whole answer."""
     page.goto(url + "/")
     box = page.locator("#chat-input, #chat-textarea").first
     box.wait_for(timeout=60_000)
     box.click()
     page.keyboard.type(question)
-    n_before = page.locator(".chat-assistant").count()
+    n_before = page.locator("#response-content-container").count()
     t0 = time.monotonic()
     page.keyboard.press("Enter")
-    answer = page.locator(".chat-assistant").nth(n_before)
+    answer = page.locator("#response-content-container").nth(n_before)
     deadline = t0 + timeout_s
     first = None
     while time.monotonic() < deadline:
         text = answer.inner_text(timeout=1000).strip() if answer.count() else ""
         if text and first is None:
             first = time.monotonic() - t0
-        if first is not None and page.locator('.chat-assistant [aria-label="Edit"], '
-                                              '.chat-assistant button[aria-label="Regenerate"]').count():
+        if first is not None and idle(appliance):
             break
-        time.sleep(0.1)
+        time.sleep(0.2)
     text = answer.inner_text(timeout=1000).strip() if answer.count() else ""
     return {"question": question, "first_text_s": None if first is None else round(first, 2),
             "done_s": round(time.monotonic() - t0, 2), "answer": text[:120]}
@@ -89,9 +98,9 @@ def main() -> int:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         ann, ben = (sign_in(browser, a.url, email) for _, email in PEOPLE)
-        chats.append({"who": "ann", "first_chat_ever": True, **chat(ann, a.url, QUESTIONS[0], a.timeout_s)})
-        chats.append({"who": "ben", **chat(ben, a.url, QUESTIONS[1], a.timeout_s)})
-        chats.append({"who": "ann", **chat(ann, a.url, QUESTIONS[2], a.timeout_s)})
+        chats.append({"who": "ann", "first_chat_ever": True, **chat(ann, a.url, a.appliance, QUESTIONS[0], a.timeout_s)})
+        chats.append({"who": "ben", **chat(ben, a.url, a.appliance, QUESTIONS[1], a.timeout_s)})
+        chats.append({"who": "ann", **chat(ann, a.url, a.appliance, QUESTIONS[2], a.timeout_s)})
         browser.close()
     people = httpx.get(f"{a.appliance}/admin/status", timeout=30).json().get("people", [])
     who = sorted(p["who"] for p in people)

@@ -30,11 +30,13 @@ for conn in ollama openai; do
   ollama=false; openai=false
   [ "$conn" = ollama ] && ollama=true
   [ "$conn" = openai ] && openai=true
-  # Offline: no model downloads, no update checks; the connection under test only.
+  # Offline: no model downloads, no update checks; the connection under test only. Open WebUI
+  # shows a model to its admin only until the admin grants access: BYPASS_MODEL_ACCESS_CONTROL
+  # is that grant for everyone (without it the second person's page says "Select a model").
   DATA_DIR="$out/$conn/data" WEBUI_SECRET_KEY=open-webui-check OFFLINE_MODE=true HF_HUB_OFFLINE=1 \
     ENABLE_OLLAMA_API=$ollama OLLAMA_BASE_URL=http://127.0.0.1:18282 \
     ENABLE_OPENAI_API=$openai OPENAI_API_BASE_URL=http://127.0.0.1:18282/v1 OPENAI_API_KEY=none \
-    ENABLE_FORWARD_USER_INFO_HEADERS=true ENABLE_VERSION_UPDATE_CHECK=false \
+    ENABLE_FORWARD_USER_INFO_HEADERS=true ENABLE_VERSION_UPDATE_CHECK=false BYPASS_MODEL_ACCESS_CONTROL=true \
     "$venv/bin/open-webui" serve --host 127.0.0.1 --port 18283 >"$out/$conn/open-webui.log" 2>&1 &
   pids+=($!)
   wait_ok 18283 /health
