@@ -303,7 +303,11 @@ class Scheduler:
         tokens slowed 4x in an office with Open WebUI's titles and tags (12.9 -> 3.4 tok/s)."""
         people = step.n_tokens
         if not people:
-            return self.limits.batch_tokens
+            # Alone, a prefill_chunk a step: a person who arrives waits for the step in
+            # progress, and a 252-token title prompt read in one step held Open WebUI's chat
+            # 6.2 s for its slot (2-core VM, one llama.cpp thread); prompt tokens/s hardly
+            # depends on the step's size from 64 tokens (_first_chunk).
+            return self.limits.prefill_chunk or self.limits.batch_tokens
         return min(max(1, people // BACKGROUND_SHARE), self.limits.batch_tokens - people)
 
     def _prefill_budget(self, n_decode: int, prefilling: list[Turn]) -> int:
