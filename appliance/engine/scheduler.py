@@ -304,9 +304,9 @@ class Scheduler:
         people = step.n_tokens
         if not people:
             # Alone, a prefill_chunk a step: a person who arrives waits for the step in
-            # progress, and a 252-token title prompt read in one step held Open WebUI's chat
-            # 6.2 s for its slot (2-core VM, one llama.cpp thread); prompt tokens/s hardly
-            # depends on the step's size from 64 tokens (_first_chunk).
+            # progress. The 252-token background prompt Open WebUI sent just before its chat,
+            # read in one step, held the chat 6.2 s for its slot (2-core VM, one llama.cpp
+            # thread); prompt tokens/s hardly depends on the step's size from 64 tokens.
             return self.limits.prefill_chunk or self.limits.batch_tokens
         return min(max(1, people // BACKGROUND_SHARE), self.limits.batch_tokens - people)
 

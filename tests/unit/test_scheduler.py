@@ -676,7 +676,7 @@ def test_background_work_alone_reads_a_prefill_chunk_a_step_so_a_person_arriving
     s.waiting.append(title)
     s.admit()
     step = s.schedule()
-    # Not the whole step: a person who arrives now waits for this one (a 252-token title
+    # Not the whole step: a person who arrives now waits for this one (a 252-token background
     # prompt in one step held Open WebUI's chat 6.2 s for its slot on a slow 2-core VM).
     assert step.prefill == [(title, 16)] and not step.decode
     run_step(s)
