@@ -252,6 +252,8 @@ class EngineCore:
             t.n_cached += 1
         for t, n in step.prefill:
             t.n_cached += n
+            if t.front_end and self.kv.commons is not None and t.n_cached - n < t.system_len:
+                self.kv.stats.promoted += self.kv.commons.computed(t)  # a front-end's block: public once read
             # One small object per step per prompt that asked (Turn.reports), before its
             # first Delta (sampled after this); nothing per token, nothing for the decode rows.
             if t.reports(self.limits.batch_tokens):

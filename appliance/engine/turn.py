@@ -62,6 +62,7 @@ class Turn:
     n_reused: int = 0  # prompt tokens found in the KV cache instead of computed
     copied: int = 0  # of those, tokens whose cells another sequence owns (shared prefix)
     shared: int = 0  # of those, cells a pinned public prefix holds: not reserved for it (kv/store.attach)
+    shared_from: int = -1  # that prefix's public sequence, when attach copied it (kv/commons lends it on)
     reserved: int = 0  # KV cells the budget holds for it while it runs (KVBudget.hold)
     # Waits for `leader` to compute the shared prefix [0, lead_n), then copies it.
     leader: Turn | None = field(default=None, repr=False)

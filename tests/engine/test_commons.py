@@ -8,6 +8,7 @@ from helpers.engines import Core, make
 from helpers.fakes import FakeModel
 
 from appliance.engine.events import Done
+from appliance.engine.turn import State
 
 SYSTEM = list(range(1, 41))  # 40 tokens: the template's start and one system message
 
@@ -233,3 +234,67 @@ def test_a_turn_admitted_on_a_share_it_does_not_get_reserves_its_whole_need() ->
     assert turn.shared == 0 and c.core.sched.reserved == 46 + 156 + 40
     c.run()
     assert isinstance(rec.end, Done) and c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def test_a_front_ends_block_is_public_as_soon_as_the_first_chat_has_read_it() -> None:
+    """Not when a second chat sends it: Open WebUI gives its admins and its users different
+    tools, so the first chat's block may not be sent again for a long while, and a person
+    whose chat starts while the first still answers copies it at once."""
+    c = front_core()
+    first, rec = c.submit(TOOLS_BLOCK + [100] * 6, max_tokens=30, client=f"{FRONT}/person:alice", system_len=150,
+                          allowance=140, front_end=FRONT, block_public=True)
+    while first.n_cached < len(TOOLS_BLOCK):
+        c.step()
+    assert c.core.kv.stats.promoted == 1 and c.core.sched.pinned == 150 and first.state is State.DECODE
+    bob, bob_rec = c.submit(TOOLS_BLOCK + [101] * 6, max_tokens=4, client=f"{FRONT}/person:bob", system_len=150,
+                            allowance=140, front_end=FRONT, block_public=True)
+    c.step()
+    assert bob.n_reused == 150 and bob.shared == 150 and first.state is State.DECODE
+    c.run()
+    assert isinstance(rec.end, Done) and isinstance(bob_rec.end, Done)
+    assert c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def test_a_persons_first_chat_never_makes_their_own_system_block_public_at_once() -> None:
+    """Only a front-end's block (nothing a person wrote) is public once read; a person's own
+    system prompt behind it, or a client's, still needs three identities."""
+    c = front_core()
+    ask_via(c, "alice", TOOLS_BLOCK, 100, public=False)
+    ask(c, "mallory", TOOLS_BLOCK, 101)
+    assert c.core.kv.stats.promoted == 0 and c.core.sched.pinned == 0
+
+
+# Open WebUI 0.12.4 sends its admins 36 tools and its users 30, the first 24 the same.
+USERS_BLOCK = TOOLS_BLOCK[:100] + list(range(5000, 5030))
+
+
+def test_a_front_ends_second_block_copies_what_it_has_in_common_with_the_first_pinned_once() -> None:
+    c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=1024,
+             tools_tokens=200)
+    assert ask_via(c, "alice", TOOLS_BLOCK, 100) == (0, 156)  # the admin's first chat reads 150
+    # The first user's chat copies the 100 tokens both blocks begin with and reads its 30.
+    assert ask_via(c, "bob", USERS_BLOCK, 101) == (100, 36)
+    # Its block is public too; its first 100 cells are the admin block's: pinned once.
+    assert c.core.kv.stats.promoted == 2 and c.core.sched.pinned == 150 + 30
+    assert ask_via(c, "carol", USERS_BLOCK, 102) == (130, 6)
+    # A third block takes the least recently sent one's sequence (the admin's); the users'
+    # block now holds those 100 cells alone, so they are pinned as its own.
+    assert ask_via(c, "dave", list(range(7000, 7150)), 103) == (0, 156)
+    assert ask_via(c, "erin", list(range(7000, 7150)), 104) == (150, 6)
+    assert c.core.sched.pinned == 130 + 150
+    assert ask_via(c, "frank", USERS_BLOCK, 105) == (130, 6)
+    # Alice's own idle copy of the admin block gives it back to the commons: the least
+    # recently sent block (the third) makes room, the users' block keeps its 130.
+    assert ask_via(c, "alice", TOOLS_BLOCK, 106) == (150, 6)
+    assert c.core.sched.pinned == 130 + 150
+    assert c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def test_an_outsider_copies_no_part_of_a_front_ends_block() -> None:
+    """Only the front-end copies a part of its own block: a client not behind it, sending a
+    block that begins the same, copies nothing of it (no prefix oracle on the tools)."""
+    c = front_core()
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    assert ask_via(c, "bob", USERS_BLOCK, 101, front_end="10.0.0.6") == (0, 136)  # another front-end
+    assert ask_via(c, "mallory", USERS_BLOCK, 102, front_end="") == (0, 136)
+    assert ask_via(c, "oscar", TOOLS_BLOCK[:100] + list(range(6000, 6030)), 103, front_end="") == (0, 136)

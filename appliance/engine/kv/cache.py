@@ -235,8 +235,9 @@ class SessionCache:
         self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))
 
     def shares_pinned(self, e: Entry, n_common: int) -> bool:
-        """The entry's first e.shared cells, all of them kept (n_common), are a prefix still pinned."""
-        return 0 < e.shared <= n_common and any(p.n_tokens == e.shared and e.tokens[:e.shared] == p.tokens
+        """The entry's first e.shared cells, all of them kept (n_common), are (a prefix of) a
+        block still pinned: a front-end's block may share a part of another (kv/commons)."""
+        return 0 < e.shared <= n_common and any(p.n_tokens >= e.shared and e.tokens[:e.shared] == p.tokens[:e.shared]
                                                 for p in self.public)
 
     def remove_public(self, seq_id: int) -> None:

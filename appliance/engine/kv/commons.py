@@ -9,7 +9,9 @@ A trusted front-end's block is its own, not a person's: tool definitions after t
 own system prompt or a preset (nothing a person wrote), sent for people the front-end names,
 are public once computed. Open WebUI sends its 36 built-in tools (6,626 tokens) with every
 chat turn of every person; read once, a new chat copies them instead of reading them for
-minutes (issue 37)."""
+minutes (issue 37). Its admins get 36 tools and its users 30, the first 24 the same: a
+front-end's block copies the longest prefix of its other blocks that is public, and is
+public itself as soon as a turn has computed it (`computed`), not when a second one sends it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Protocol
 from appliance.engine.kv.budget import InFlight, KVBudget
 from appliance.engine.kv.cache import SessionCache
 from appliance.engine.turn import Turn
+from appliance.model.prompt import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,11 @@ class Candidate:
     clients: set[str] = field(default_factory=set)  # who sent it (at most need_clients kept)
     seq_id: int = -1  # its public sequence once promoted
     last_used: float = 0.0
+    front: str = ""  # the trusted front-end that sent it as its own (any prefix of it is the front-end's too)
+    # A promoted block whose first `borrowed` cells are another promoted block's (its donor had
+    # copied them): pinned once, by the lender, until the lender is demoted.
+    lender: Candidate | None = field(default=None, repr=False)
+    borrowed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +92,29 @@ class Commons:
         promoted = cand.seq_id < 0 and self._promote(cand)
         if cand.seq_id >= 0:
             turn.public_len = max(turn.public_len, n)
+        elif front:
+            turn.public_len = max(turn.public_len, self._front_prefix(cand))
         return promoted
+
+    def computed(self, turn: Turn) -> bool:
+        """The turn has just computed its system block (core, prefill): a front-end's block is
+        public from now on, so the next new chat copies it instead of waiting for another to
+        send it (a person's first chat of the day would otherwise read it twice)."""
+        n = turn.system_len
+        if not (turn.front_end and turn.block_public) or not 0 < n <= turn.n_cached:
+            return False
+        cand = self.candidates.get(self.key(turn.prompt[:n]))
+        if cand is None or cand.seq_id >= 0 or not cand.front or cand.tokens != turn.prompt[:n]:
+            return False
+        return self._promote(cand)
+
+    def _front_prefix(self, cand: Candidate) -> int:
+        """The longest prefix of the front-end's not yet public block that one of its public
+        blocks holds (0 when under min_tokens): its own text either way, so sharing a part of
+        it tells the front-end nothing it did not send."""
+        best = max((common_prefix(c.tokens, cand.tokens) for c in self.candidates.values()
+                    if c.seq_id >= 0 and c.front == cand.front), default=0)
+        return best if best >= self.policy.min_tokens else 0
 
     def public_len(self, turn: Turn) -> int:
         """The public_len `share` would give this turn now, noting nothing: its block's length
@@ -95,9 +125,12 @@ class Commons:
             return turn.public_len
         block = turn.prompt[:n]
         cand = self.candidates.get(self.key(block))
+        front = bool(turn.front_end and turn.block_public)
+        if front and (cand is None or cand.seq_id < 0):
+            mine = Candidate(block, front=FRONT + turn.front_end)
+            return max(turn.public_len, self._front_prefix(mine))
         if cand is None or cand.seq_id < 0 or cand.tokens != block:
             return turn.public_len
-        front = bool(turn.front_end and turn.block_public)
         senders = sum(not c.startswith(FRONT) for c in cand.clients | {turn.client})
         return max(turn.public_len, n) if front or senders >= p.need_clients else turn.public_len
 
@@ -105,22 +138,28 @@ class Commons:
         """Copy the block from a sequence that holds it into a public one of its own and pin
         it; False while none has computed it yet (the next turn that sends it tries again)."""
         n, block = len(cand.tokens), cand.tokens
-        donor = next((t.seq_id for t in self.turns.running if t.seq_id >= 0 and t.n_cached >= n
-                      and t.prompt[:n] == block), -1)
-        if donor < 0:
+        running = next((t for t in self.turns.running if t.seq_id >= 0 and t.n_cached >= n
+                        and t.prompt[:n] == block), None)
+        donor = -1 if running is None else running.seq_id
+        if donor < 0:  # an idle copy's shared cells are not traced to their block: pinned twice
             donor = next((e.seq_id for e in self.cache.entries.values()
                           if e.seq_id >= 0 and not e.busy and e.tokens[:n] == block), -1)
-        if donor < 0 or not self.budget.fits(n):
+        # The donor's first cells may be another public block's (a front-end's user tools
+        # copied from its admin ones): the copy shares them, so they are pinned once.
+        lender = None if running is None else next(
+            (c for c in self.candidates.values() if c.seq_id >= 0 and c.seq_id == running.shared_from), None)
+        borrowed = 0 if lender is None else running.shared if running is not None else 0
+        if donor < 0 or not self.budget.fits(n - borrowed):
             return False
-        if not self.free_ids and (old := self.least_used()) is not None:
+        if not self.free_ids and (old := self.least_used()) is not None and old is not lender:
             self._demote(old)
         sid = self.alloc()
         if sid is None:
             return False
         self.model.seq_cp(donor, sid, 0, n)
         self.cache.add_public(sid, block)
-        self.budget.pin(n)  # as for a preset: cells no reservation may count on
-        cand.seq_id = sid
+        self.budget.pin(n - borrowed)  # as for a preset: cells no reservation may count on
+        cand.seq_id, cand.lender, cand.borrowed = sid, lender, borrowed
         log.info("a system block of %d tokens is public now (sent by %d client identities)", n, len(cand.clients))
         return True
 
@@ -129,10 +168,14 @@ class Commons:
         that copied it keep their cells); it may be promoted again."""
         self.cache.remove_public(cand.seq_id)
         self.model.seq_rm(cand.seq_id)
-        self.budget.unpin(len(cand.tokens))
-        n = len(cand.tokens)
+        self.budget.unpin(len(cand.tokens) - cand.borrowed)
+        cand.lender, cand.borrowed = None, 0
+        for c in self.candidates.values():  # the cells they borrowed are theirs alone now
+            if c.lender is cand:
+                self.budget.pin(c.borrowed)
+                c.lender, c.borrowed = None, 0
         for e in self.cache.entries.values():  # their cells of it are their own now, not the pinned copy's
-            if e.shared == n and e.tokens[:n] == cand.tokens:
+            if e.shared and e.tokens[:e.shared] == cand.tokens[:e.shared]:
                 e.shared = 0
         self.release(cand)
 
@@ -159,6 +202,8 @@ class Commons:
         if len(cand.clients) < p.need_clients + 1:
             cand.clients.add(client)
         cand.last_used = now
+        if client.startswith(FRONT):
+            cand.front = client
         if need == 1:
             return cand
         # A front-end's copy never counts toward the identities a client needs: with two of its
@@ -183,7 +228,7 @@ class Commons:
     def least_used(self) -> Candidate | None:
         """The promoted block sent least recently that no running turn copied: a turn's cells
         of it are counted as pinned (Turn.shared), so it stays pinned while they run."""
-        held = [t.prompt for t in self.turns.running if t.shared]
+        held = [t.prompt[:t.shared] for t in self.turns.running if t.shared]
         promoted = [c for c in self.candidates.values()
-                    if c.seq_id >= 0 and not any(p[:len(c.tokens)] == c.tokens for p in held)]
+                    if c.seq_id >= 0 and not any(c.tokens[:len(h)] == h for h in held)]
         return min(promoted, key=lambda c: c.last_used, default=None)

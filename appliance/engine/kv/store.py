@@ -122,7 +122,7 @@ class KVStore:
         # Admission may have counted on sharing a pinned prefix (Scheduler.shares): the full
         # reservation back first, then _share_pinned gives back what the turn really copies.
         self.budget.hold(turn, turn.reserved + turn.shared)
-        turn.shared = 0
+        turn.shared, turn.shared_from = 0, -1
         if self.commons is not None:
             self.stats.promoted += self.commons.share(turn)
         m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
@@ -152,6 +152,7 @@ class KVStore:
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
             if donor.public:
                 self._share_pinned(turn, m.n_common)
+                turn.shared_from = donor.seq_id
             self.stats.shared_hits += 1
             return
         if leader is not None and lead_n >= self.policy.min_shared:
@@ -173,8 +174,8 @@ class KVStore:
         """The cells of a pinned public prefix `attach` would let this waiting turn copy, as
         things stand (0 where unsure: a restore, a leader computing more). Pure: admission
         asks it only of a turn that does not fit otherwise (Scheduler.shares)."""
-        cache = self.cache
-        if not any(len(turn.prompt) > p.n_tokens and turn.prompt[:p.n_tokens] == p.tokens for p in cache.public):
+        cache, k = self.cache, self.policy.min_shared  # a front-end's block may copy a part of one (kv/commons)
+        if not any(turn.prompt[:k] == p.tokens[:k] for p in cache.public):
             return 0
         public_len = turn.public_len if self.commons is None else self.commons.public_len(turn)
         m = cache.match(turn.session, turn.client, turn.prompt, public_len)
