@@ -24,6 +24,11 @@ from appliance.engine.turn import Lane, State, Turn
 from appliance.errors import Unavailable
 
 BACKGROUND_SHARE = 10  # beside people's work, background work adds at most 1/10 of its rows to a step
+# Alone, background work reads 16 rows a step: a person who arrives waits for the step in
+# progress. On the 2-core VM llama-bench reads 45.5 tok/s at 16 rows and 48.4 at 64 (2
+# threads): 6 % slower for background work, and a step of 0.35 s, not 1.3 s (0.7 s, not 2.6 s,
+# at one thread, as with Open WebUI beside it, where a 64-row title step held a chat 2.5 s).
+BACKGROUND_ALONE_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,12 +307,8 @@ class Scheduler:
         prompts filled what people's decode left (490 of 512 rows), people's streams and first
         tokens slowed 4x in an office with Open WebUI's titles and tags (12.9 -> 3.4 tok/s)."""
         people = step.n_tokens
-        if not people:
-            # Alone, a prefill_chunk a step: a person who arrives waits for the step in
-            # progress. The 252-token background prompt Open WebUI sent just before its chat,
-            # read in one step, held the chat 6.2 s for its slot (2-core VM, one llama.cpp
-            # thread); prompt tokens/s hardly depends on the step's size from 64 tokens.
-            return self.limits.prefill_chunk or self.limits.batch_tokens
+        if not people:  # alone: short steps (BACKGROUND_ALONE_ROWS)
+            return min(self.limits.prefill_chunk or self.limits.batch_tokens, BACKGROUND_ALONE_ROWS)
         return min(max(1, people // BACKGROUND_SHARE), self.limits.batch_tokens - people)
 
     def _prefill_budget(self, n_decode: int, prefilling: list[Turn]) -> int:

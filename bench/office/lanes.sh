@@ -10,10 +10,12 @@
 #
 #   bench/office/lanes.sh [OUT]       (about 9 minutes: 3 x 150 s, plus drains)
 #   DURATION_S=60 bench/office/lanes.sh /tmp/lanes     a shorter look
+#   USERS=12 bench/office/lanes.sh /tmp/lanes          an office the machine carries (2-core VM)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/bench-results/lanes}
 duration_s=${DURATION_S:-150}
+users=${USERS:-20}
 mkdir -p "$out"
 # shellcheck source=bench/common/servers.sh
 . "$root/bench/common/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
@@ -24,7 +26,7 @@ wait_ok 18181
 for tasks in none lanes people; do
   extra=()
   [ "$tasks" != none ] && extra=(--front-end-tasks "$tasks")
-  args=(--url http://127.0.0.1:18181 --label "$tasks" --workload office --concurrency 20
+  args=(--url http://127.0.0.1:18181 --label "$tasks" --workload office --concurrency "$users"
         --duration-s "$duration_s" --think-s 6 --doc-share 1/9 --doc-tokens 700 --max-tokens 96
         --temperature 0 --seed 0 --no-session-id "${extra[@]}" --markdown --json "$out/$tasks.json")
   echo "== appliance bench ${args[*]}" | tee "$out/$tasks.md"

@@ -1,9 +1,12 @@
 """Drive Open WebUI (unchanged, at its defaults) in chromium in front of the appliance (issue 37).
 
-Two people sign in (the first is Open WebUI's admin, the second one the admin adds), each opens
-a new chat and asks a question; the first chat ever reads the front-end's tools block, every
-later new chat must copy it. Prints one JSON line: per chat, the seconds from pressing send to
-the first answer text, the answer's first characters, and the people the appliance's /admin
+Three people sign in (the first is Open WebUI's admin, the other two users the admin adds),
+each opens a new chat and asks a question. Open WebUI sends its admins 36 built-in tools and its
+users 30 (the first 24 the same), so each set is read once: the admin's by the first chat ever,
+the users' by the first user's chat (which copies the part both sets begin with). Every later
+new chat, of either kind, must copy its set and show text within --new-chat-s. Prints one JSON
+line: per chat, the seconds from pressing send to the first answer text and to the appliance
+being idle again, the answer's first characters, and the people the appliance's /admin
 counted. Run by compat/open-webui/run.sh, which starts both servers.
 """
 
@@ -18,23 +21,26 @@ from typing import Any
 import httpx
 from playwright.sync_api import Browser, Page, sync_playwright
 
-PEOPLE = [("Ann Office", "ann@office.example"), ("Ben Office", "ben@office.example")]
+PEOPLE = [("Ann Office", "ann@office.example"), ("Ben Office", "ben@office.example"),
+          ("Cat Office", "cat@office.example")]
 PASSWORD = "open-webui-check-1"
 QUESTIONS = ["In one sentence: what is a good name for a meeting room?",
              "In one sentence: how do I book the projector?",
-             "In one sentence: what should a visitor badge show?"]
+             "In one sentence: what should a visitor badge show?",
+             "In one sentence: when should the office plants be watered?"]
 
 
 def accounts(url: str) -> None:
-    """The first sign-up is Open WebUI's admin; the admin adds the second person."""
+    """The first sign-up is Open WebUI's admin; the admin adds the others as users."""
     with httpx.Client(base_url=url, timeout=60) as c:
-        (name, email), (name2, email2) = PEOPLE
+        (name, email), *users = PEOPLE
         r = c.post("/api/v1/auths/signup", json={"name": name, "email": email, "password": PASSWORD})
         r.raise_for_status()
         token = r.json()["token"]
-        r = c.post("/api/v1/auths/add", headers={"Authorization": f"Bearer {token}"},
-                   json={"name": name2, "email": email2, "password": PASSWORD, "role": "user"})
-        r.raise_for_status()
+        for name2, email2 in users:
+            r = c.post("/api/v1/auths/add", headers={"Authorization": f"Bearer {token}"},
+                       json={"name": name2, "email": email2, "password": PASSWORD, "role": "user"})
+            r.raise_for_status()
 
 
 def sign_in(browser: Browser, url: str, email: str) -> Page:
@@ -97,16 +103,17 @@ def main() -> int:
     chats = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        ann, ben = (sign_in(browser, a.url, email) for _, email in PEOPLE)
-        chats.append({"who": "ann", "first_chat_ever": True, **chat(ann, a.url, a.appliance, QUESTIONS[0], a.timeout_s)})
-        chats.append({"who": "ben", **chat(ben, a.url, a.appliance, QUESTIONS[1], a.timeout_s)})
-        chats.append({"who": "ann", **chat(ann, a.url, a.appliance, QUESTIONS[2], a.timeout_s)})
+        ann, ben, cat = (sign_in(browser, a.url, email) for _, email in PEOPLE)
+        plan = [("ann", ann, "the admins' tools read"), ("ben", ben, "the users' tools read"),
+                ("cat", cat, "copied"), ("ann", ann, "copied")]
+        for (who, page, block), question in zip(plan, QUESTIONS):
+            chats.append({"who": who, "tools": block, **chat(page, a.url, a.appliance, question, a.timeout_s)})
         browser.close()
     people = httpx.get(f"{a.appliance}/admin/status", timeout=30).json().get("people", [])
     who = sorted(p["who"] for p in people)
-    later = [c["first_text_s"] for c in chats[1:]]
+    later = [c["first_text_s"] for c in chats if c["tools"] == "copied"]
     ok = (all(c["first_text_s"] is not None for c in chats) and all(s <= a.new_chat_s for s in later)
-          and {"ann@office.example", "ben@office.example"} <= set(who))
+          and {email for _, email in PEOPLE} <= set(who))
     print(json.dumps({"label": a.label, "ok": ok, "chats": chats, "people": who}))
     return 0 if ok else 1
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Open WebUI 0.12.4 from PyPI, offline, unchanged and at its defaults (its built-in tools on),
 # in front of the appliance at its defaults (issue 37): once through its Ollama connection,
-# once through its OpenAI one, two people each, driven in chromium (compat/open-webui/chat.py).
-# Checks: every chat answers; after the first chat ever, a new chat's first text within 5 s;
-# the two people Open WebUI forwards (ENABLE_FORWARD_USER_INFO_HEADERS) are two people in /admin.
+# once through its OpenAI one, three people each, driven in chromium (compat/open-webui/chat.py).
+# Checks: every chat answers; once each tools set (admins', users') was read, a new chat's first text within 5 s;
+# the three people Open WebUI forwards (ENABLE_FORWARD_USER_INFO_HEADERS) are three people in /admin.
 #
 #   compat/open-webui/run.sh [OUT]        OUT default /tmp/open-webui-check
 #
