@@ -135,14 +135,15 @@ async def measure(
                        _gaps_during(level.long_results, level.results))
 
 
-def user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int) -> httpx.AsyncClient:
-    """Simulated user i's own HTTP client."""
+def user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int,
+                n: int = 2) -> httpx.AsyncClient:
+    """Simulated user i's own HTTP client (n connections at most)."""
     # One client per simulated user: its own connection and, on loopback, its own source
     # address, so the server sees an office of users rather than one very busy one.
     address = user_address(0 if workload.one_address else i) if local else None
     transport = httpx.AsyncHTTPTransport(
         verify=tls, local_address=address,
-        limits=httpx.Limits(max_connections=2, max_keepalive_connections=2))
+        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
     return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
 

@@ -25,10 +25,10 @@ TOOLS = [{"type": "function", "function": {
     for i, topic in enumerate(["invoice", "contract", "visitor", "parcel", "room", "laptop"])]
 
 
-def ask(live: Live, question: str, person: str | None) -> dict[str, Any]:
+def ask(live: Live, question: str, person: str | None, tools: list[dict[str, Any]] = TOOLS) -> dict[str, Any]:
     headers = {"X-OpenWebUI-User-Id": person, "X-OpenWebUI-User-Name": person} if person else {}
     r = live.client.post("/v1/chat/completions", headers=headers, json={
-        "messages": [{"role": "user", "content": question}], "tools": TOOLS, "max_tokens": 8, "temperature": 0},
+        "messages": [{"role": "user", "content": question}], "tools": tools, "max_tokens": 8, "temperature": 0},
         timeout=900)  # a busy machine reads the block slowly; no test waits on a quiet one
     assert r.status_code == 200, r.text
     return dict(r.json()["usage"])
@@ -45,3 +45,21 @@ def test_a_front_ends_tools_fit_beside_the_context_and_are_read_once_for_all_its
     # Not behind the front-end: the same tools are this client's own, computed again.
     direct = ask(live, "Is room 4 free at noon?", None)
     assert direct["prompt_tokens_details"]["cached_tokens"] < 100
+
+
+def test_a_front_ends_second_tools_set_copies_what_it_shares_with_the_first_and_is_read_once(
+        servers: Callable[..., Live]) -> None:
+    """Open WebUI 0.12.4 sends its admins 36 built-in tools and its users 30: the first 24 the
+    same, then the admins' extra ones (skills, automations) in between. Each set is read
+    once, the users' copying the part both begin with, and every later new chat copies its
+    whole set."""
+    users_tools = TOOLS[:4] + TOOLS[5:]  # the admin's fifth tool is not the users'
+    live = servers("--ctx-per-slot", "256", "--kv-tokens", "4096", "--slots", "2", "--trusted-proxies", "127.0.0.1")
+    admin = ask(live, "Which invoices are due this week?", "ann")
+    assert admin["prompt_tokens_details"]["cached_tokens"] < 100
+    user = ask(live, "Is room 4 free at noon?", "ben", users_tools)  # the first user's first chat
+    cached = user["prompt_tokens_details"]["cached_tokens"]
+    assert user["prompt_tokens"] - 100 > cached > user["prompt_tokens"] // 2  # four tools of five copied
+    for person, tools in (("cat", users_tools), ("dan", TOOLS)):
+        later = ask(live, "Where is the spare laptop?", person, tools)
+        assert later["prompt_tokens_details"]["cached_tokens"] >= later["prompt_tokens"] - 30
