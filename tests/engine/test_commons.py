@@ -298,3 +298,14 @@ def test_an_outsider_copies_no_part_of_a_front_ends_block() -> None:
     assert ask_via(c, "bob", USERS_BLOCK, 101, front_end="10.0.0.6") == (0, 136)  # another front-end
     assert ask_via(c, "mallory", USERS_BLOCK, 102, front_end="") == (0, 136)
     assert ask_via(c, "oscar", TOOLS_BLOCK[:100] + list(range(6000, 6030)), 103, front_end="") == (0, 136)
+
+
+def test_a_block_read_once_does_not_push_out_a_public_one_until_it_is_sent_again() -> None:
+    c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=1, ctx_limit=64, kv_tokens=1024,
+             tools_tokens=200)
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    other = list(range(7000, 7150))  # a person's own tool set, through the front-end
+    assert ask_via(c, "bob", other, 101) == (0, 156)
+    assert ask_via(c, "carol", TOOLS_BLOCK, 102) == (150, 6)  # still public
+    assert ask_via(c, "dave", other, 103) == (150, 6)  # sent again: it takes the sequence
+    assert ask_via(c, "erin", TOOLS_BLOCK, 104)[0] == 150  # Alice's idle copy brings it back

@@ -106,7 +106,9 @@ class Commons:
         cand = self.candidates.get(self.key(turn.prompt[:n]))
         if cand is None or cand.seq_id >= 0 or not cand.front or cand.tokens != turn.prompt[:n]:
             return False
-        return self._promote(cand)
+        # Into a free public sequence only: a block read once (a person's own tool set through
+        # the front-end) does not push out one that is sent all the time; sent again, it may.
+        return bool(self.free_ids) and self._promote(cand)
 
     def _front_prefix(self, cand: Candidate) -> int:
         """The longest prefix of the front-end's not yet public block that one of its public
