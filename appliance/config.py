@@ -146,10 +146,12 @@ class Config:
     prefix_sharing: str = field(default="client", metadata=_opt(
         "KV reuse: within each client plus public system prompts (client; 'system' is the old name), "
         "or any common prefix across clients (all: leaks between clients)", _one_of("client", "system", "all")))
-    common_system_prompts: int = field(default=4, metadata=_opt(
-        "system prompts made public once two different clients send the same one, whole (an office tool's); "
-        "a client learns at most that someone else sent exactly its system prompt (docs/SECURITY.md); 0 = off",
-        _non_negative))
+    # 8: Open WebUI alone keeps five public (its admins' and users' tools, its title, tags and
+    # follow-ups templates); with 4 they pushed each other out, and a tools block is 6,626 tokens.
+    common_system_prompts: int = field(default=8, metadata=_opt(
+        "system prompts (and front-end task templates) made public once three different clients send the same "
+        "one, whole (an office tool's); a client learns at most that two others sent exactly its system prompt "
+        "(docs/SECURITY.md); 0 = off", _non_negative))
     system_prompts: dict[str, str] = field(default_factory=dict, metadata=_opt(
         "preset system prompts [system_prompts] name = text: computed at start-up, shared by all clients",
         lambda v: _presets(v)))

@@ -24,11 +24,11 @@ from starlette.datastructures import Headers
 from appliance.engine.turn import Lane
 from appliance.errors import BadRequest
 from appliance.http.guard import Caller
+from appliance.model.prompt import TASK_HISTORY, TASK_START
 
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 BACKGROUND_WORDS = frozenset({"background", "low", "bulk", "batch"})
 PEOPLE_WORDS = frozenset({"people", "normal", "high", "interactive", "default"})
-TASK_START, TASK_HISTORY = "### Task:", "<chat_history>"
 
 
 def lane_of(caller: Caller, headers: Headers, data: dict[str, Any]) -> Lane:

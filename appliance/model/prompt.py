@@ -142,8 +142,9 @@ class Prompt:
     tokens: list[int]
     dropped_messages: int  # oldest turns left out so the conversation fits the context
     public_len: int = 0  # leading tokens any client may share: the template + a public system prompt
-    # Leading tokens up to the end of its one system message, whole (0: none, or several):
-    # what becomes public once enough different clients send exactly it (engine/kv/commons).
+    # Leading tokens up to the end of its one system message, whole (0: none, or several),
+    # or a front-end task's template (task_head): what becomes public once enough different
+    # clients send exactly it (engine/kv/commons).
     system_len: int = 0
     # Tokens of tool definitions allowed beyond the per-conversation limit (build_prompt's
     # `tools_allowance`): the engine lets this turn hold that many more.
@@ -182,6 +183,25 @@ def public_prefixes(presets: Iterable[str], template: ChatTemplate, tokenize: To
     return [public_prefix(s, template, tokenize) for s in systems]
 
 
+# A chat front-end's background task: one user message that starts so and holds the chat in
+# a <chat_history> element (Open WebUI's titles, tags, follow-ups; http/lanes.py).
+TASK_START, TASK_HISTORY = "### Task:", "<chat_history>"
+
+
+def task_head(messages: list[dict[str, Any]], template: ChatTemplate, tokenize: Tokenize) -> list[int]:
+    """A front-end task prompt's tokens up to its chat history: its template, the same in
+    every title (or tags) request, ~250 of the ~300 tokens Open WebUI sends for each. Like a
+    system block, it becomes public once three different clients sent it whole
+    (engine/kv/commons.py): a person who types such a text learns at most that two others
+    typed exactly it. [] for any other prompt."""
+    text = messages[0].get("content") if len(messages) == 1 and messages[0]["role"] == "user" else None
+    if not isinstance(text, str) or not text.lstrip().startswith(TASK_START) or (i := text.find(TASK_HISTORY)) < 0:
+        return []
+    head = text[:i + len(TASK_HISTORY)]
+    a, b = (template.encode([{"role": "user", "content": head + p}], tokenize) for p in _PROBES)
+    return a[:common_prefix(a, b)]
+
+
 def _shared(messages: list[dict[str, Any]], tokens: list[int], dropped: int, template: ChatTemplate,
             tokenize: Tokenize, presets: frozenset[str], tools: list[dict[str, Any]] | None = None,
             allowance: int = 0) -> Prompt:
@@ -202,6 +222,8 @@ def _shared(messages: list[dict[str, Any]], tokens: list[int], dropped: int, tem
         whole = public if system and public == len(plain) else 0
     if system and system[0]["content"] not in presets:
         return Prompt(tokens, dropped, 0, whole, allowance)  # a private system prompt: shared only once common
+    if not system and not tools and (head := task_head(messages, template, tokenize)):
+        return Prompt(tokens, dropped, public, len(head) if common_prefix(tokens, head) == len(head) else 0, allowance)
     return Prompt(tokens, dropped, public, whole, allowance, block_public=bool(tools and whole))
 
 

@@ -527,3 +527,22 @@ def test_huge_history_is_cut_by_characters_before_tokenizing(chatml: ChatTemplat
     assert p.dropped_messages == 1000
     # Only the system prompt, a few candidate histories and the last message were tokenized.
     assert seen[0] < 20 * limit * 12, seen[0]
+
+
+def test_a_front_end_tasks_template_is_its_system_len_whatever_the_chat_history(chatml: ChatTemplate) -> None:
+    """Open WebUI's title request: its ~250-token template, then the chat. The template may
+    become public once common (engine/kv/commons.py), like a system block; the history never."""
+    template = "### Task:\nGenerate a concise title.\n### Chat History:\n<chat_history>"
+    a = build_prompt([msg("user", template + "\nUSER: alpha\nASSISTANT: one\n</chat_history>")], chatml, byte_tokens, 10_000)
+    b = build_prompt([msg("user", template + "\nUSER: beta\n</chat_history>")], chatml, byte_tokens, 10_000)
+    head = byte_tokens("<|im_start|>user\n" + template)
+    assert a.system_len == b.system_len == len(head) and a.tokens[:a.system_len] == b.tokens[:b.system_len] == head
+    assert a.public_len == b.public_len == len(byte_tokens("<|im_start|>user\n"))  # the template's own start only
+    # Not a task: a question that mentions one, a chat of several turns.
+    for messages in ([msg("user", "What is ### Task: <chat_history>?")],
+                     [msg("user", "x"), msg("assistant", "y"), msg("user", template)]):
+        assert build_prompt(messages, chatml, byte_tokens, 10_000).system_len == 0
+    # With a system prompt, the system block is what may become public, not the task.
+    system = msg("system", "s")
+    got = build_prompt([system, msg("user", template + "\nUSER: a\n</chat_history>")], chatml, byte_tokens, 10_000)
+    assert got.system_len == len(public_prefix([system], chatml, byte_tokens))
