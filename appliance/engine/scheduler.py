@@ -47,6 +47,10 @@ class Limits:
     ageing_s: float = 2.0  # a new conversation waiting this long ranks with continuing ones
     people_slots: int = -1  # free slots background work leaves to people (-1: a quarter, at least 1)
     tools_tokens: int = 0  # tool definitions a turn may hold beyond ctx_limit (Turn.allowance)
+    # An idle engine holds background requests this long before starting them alone: Open
+    # WebUI sends one ~0.25 s before the chat turn it goes with, which then waited for its
+    # first step (0.78 s for a slot with one llama.cpp thread; the 5 s new-chat check missed).
+    background_hold_s: float = 0.5
 
     @property
     def background_cap(self) -> int:
@@ -128,6 +132,9 @@ class Scheduler:
         """When idle with a young queue, the time the admission window closes."""
         if self.running or not self.waiting:
             return None
+        if all(t.background for t in self.waiting):  # a person may be right behind (background_hold_s)
+            closes = min(t.arrival for t in self.waiting) + self.limits.background_hold_s
+            return closes if self.clock() < closes else None
         want = min(self.limits.min_batch or self.limits.slots, self.limits.slots)
         closes = min(t.arrival for t in self.waiting) + self.limits.max_wait_s
         if len(self.waiting) < want and self.clock() < closes:

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from helpers.live import Live
 
+from appliance.bench.tasks import TITLE
+
 pytestmark = [pytest.mark.integration]
 
 # Six tools of a front-end, ~770 tokens rendered: three times what --ctx-per-slot 256 allows.
@@ -63,3 +65,19 @@ def test_a_front_ends_second_tools_set_copies_what_it_shares_with_the_first_and_
     for person, tools in (("cat", users_tools), ("dan", TOOLS)):
         later = ask(live, "Where is the spare laptop?", person, tools)
         assert later["prompt_tokens_details"]["cached_tokens"] >= later["prompt_tokens"] - 30
+
+
+def test_a_front_ends_title_template_is_read_once_three_people_have_sent_it(servers: Callable[..., Live]) -> None:
+    """Open WebUI's title request is its ~250-token template, then the chat: after three
+    people's titles, every later one copies the template and reads only the chat."""
+    live = servers("--slots", "2", "--trusted-proxies", "127.0.0.1")
+    cached = []
+    for i, person in enumerate(["ann", "ben", "cat", "dan"]):
+        history = f"USER: Which room is free at {i + 9} o'clock?\nASSISTANT: Room {i + 2} is free then."
+        r = live.client.post("/v1/chat/completions", headers={"X-OpenWebUI-User-Id": person}, json={
+            "messages": [{"role": "user", "content": TITLE.replace("{history}", history)}],
+            "max_tokens": 4, "temperature": 0}, timeout=900)
+        assert r.status_code == 200, r.text
+        cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached[0] < 40 and cached[1] < 40  # the template's start only: one or two identities
+    assert cached[2] > 200 and cached[3] > 200  # the third identity's own request copies it, and every later one

@@ -13,7 +13,7 @@ from appliance.sampling import SamplingParams
 
 def make(clock: FakeClock, **kw: object) -> Scheduler:
     base = dict(slots=4, batch_tokens=64, kv_tokens=4096, ctx_limit=1024, max_wait_s=0.05,
-                max_queue=8, queue_timeout_s=10.0)
+                max_queue=8, queue_timeout_s=10.0, background_hold_s=0.0)
     base.update(kw)
     return Scheduler(Limits(**base), clock)  # type: ignore[arg-type]
 
@@ -723,3 +723,26 @@ def test_a_persons_own_background_work_does_not_put_their_next_turn_behind_a_bac
     s.release(title)  # it ends after she asked
     s.waiting.extend([*backlog, ann2])
     assert s.order(clock())[0] is ann2
+
+
+def test_an_idle_engine_holds_background_work_briefly_so_the_chat_right_behind_it_goes_first() -> None:
+    """Open WebUI sends a background request ~0.25 s before the chat turn it goes with: started
+    at once, it took the step the chat then waited for."""
+    clock = FakeClock()
+    s = make(clock, slots=8, background_hold_s=0.5)
+    (title,) = background(clock, "owui/person:a")
+    s.waiting.append(title)
+    assert s.admit() == [] and s.window_open_until() == title.arrival + 0.5
+    clock.advance(0.25)
+    (chat,) = of(clock, "owui/person:a")
+    s.waiting.append(chat)
+    clock.advance(0.05)  # the people's admission window (max_wait_s)
+    assert s.admit() == [chat, title]  # the chat first; with a person running, no hold
+    # Alone, it starts once held that long.
+    (later,) = background(clock, "owui/person:b")
+    for t in (chat, title):
+        s.release(t)
+    s.waiting.append(later)
+    assert s.admit() == []
+    clock.advance(0.5)
+    assert s.window_open_until() is None and s.admit() == [later]
