@@ -6,6 +6,7 @@
 # the three people Open WebUI forwards (ENABLE_FORWARD_USER_INFO_HEADERS) are three people in /admin.
 #
 #   compat/open-webui/run.sh [OUT]        OUT default /tmp/open-webui-check
+#   CONNECTIONS=ollama compat/open-webui/run.sh OUT     one connection only
 #
 # Cost: Open WebUI's install is ~7.4 GB (torch among its dependencies), made once in
 # $OWUI_VENV (default ~/.cache/appliance/open-webui); then ~4 minutes a connection on 2 cores,
@@ -23,7 +24,7 @@ fi
 . "$root/bench/common/servers.sh"  # pids, stop_all on exit, wait_ok PORT [PATH]
 
 rc=0
-for conn in ollama openai; do
+for conn in ${CONNECTIONS:-ollama openai}; do
   rm -rf "${out:?}/$conn" && mkdir -p "$out/$conn"
   start_app 18282 "$out/$conn/appliance.log" --log-level info --trusted-proxies 127.0.0.1
   wait_ok 18282
