@@ -133,7 +133,7 @@ class Scheduler:
         if self.running or not self.waiting:
             return None
         if all(t.background for t in self.waiting):  # a person may be right behind (background_hold_s)
-            closes = min(t.arrival for t in self.waiting) + self.limits.background_hold_s
+            closes = min(t.arrival for t in self.waiting) + min(self.limits.background_hold_s, self.limits.queue_timeout_s / 4)
             return closes if self.clock() < closes else None
         want = min(self.limits.min_batch or self.limits.slots, self.limits.slots)
         closes = min(t.arrival for t in self.waiting) + self.limits.max_wait_s

@@ -272,6 +272,7 @@ def test_a_front_ends_second_block_copies_what_it_has_in_common_with_the_first_p
     c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=1024,
              tools_tokens=200)
     assert ask_via(c, "alice", TOOLS_BLOCK, 100) == (0, 156)  # the admin's first chat reads 150
+    assert ask_via(c, "zoe", TOOLS_BLOCK, 98) == (150, 6)  # a second admin: sent for two, the front-end's
     # The first user's chat copies the 100 tokens both blocks begin with and reads its 30.
     assert ask_via(c, "bob", USERS_BLOCK, 101) == (100, 36)
     # Its block is public too; its first 100 cells are the admin block's: pinned once.
@@ -309,3 +310,48 @@ def test_a_block_read_once_does_not_push_out_a_public_one_until_it_is_sent_again
     assert ask_via(c, "carol", TOOLS_BLOCK, 102) == (150, 6)  # still public
     assert ask_via(c, "dave", other, 103) == (150, 6)  # sent again: it takes the sequence
     assert ask_via(c, "erin", TOOLS_BLOCK, 104)[0] == 150  # Alice's idle copy brings it back
+
+
+def test_a_block_sent_for_one_person_lends_no_part_of_itself() -> None:
+    """A person may add tools of their own through the front-end: a part of their block
+    would tell another, token by token, how much of a guess at those tools is right."""
+    c = front_core()
+    ask_via(c, "alice", TOOLS_BLOCK, 100)  # public once read: the whole of it is copied ...
+    guess = TOOLS_BLOCK[:100] + list(range(6000, 6030))
+    assert ask_via(c, "mallory", guess, 101) == (0, 136)  # ... but no part of it
+    assert ask_via(c, "bob", TOOLS_BLOCK, 102) == (150, 6)  # sent for two people now
+    assert ask_via(c, "oscar", TOOLS_BLOCK[:100] + list(range(8000, 8030)), 103) == (100, 36)
+
+
+def test_a_running_turn_keeps_pinned_only_the_block_it_copied_from() -> None:
+    """Not every public block that begins as its copy does: a turn that copied the 100 tokens
+    two blocks share from one of them left neither demotable, and no new block could be
+    promoted while it ran (the default system prompt begins every block)."""
+    c = make(FakeModel(reply="x" * 200), slots=3, n_seq=10, common_prompts=2, ctx_limit=64, kv_tokens=2048,
+             tools_tokens=200)
+    for person, q in (("alice", 100), ("zoe", 101)):
+        ask_via_long(c, person, TOOLS_BLOCK, q)
+    ask_via_long(c, "bob", USERS_BLOCK, 102)  # public too, its first 100 cells the admin block's
+    assert c.core.kv.stats.promoted == 2
+    carol, rec = c.submit(TOOLS_BLOCK[:100] + list(range(9000, 9030)) + [103] * 6, max_tokens=150,
+                          client=f"{FRONT}/person:carol", system_len=130, allowance=190, front_end=FRONT,
+                          block_public=True)
+    c.step()
+    assert carol.shared == 100 and carol.shared_from in public_ids(c)
+    # Three clients send a block of their own while carol answers: it takes the sequence of
+    # the public block carol did not copy from.
+    for client, q in (("o1", 104), ("o2", 105), ("o3", 106)):
+        turn, _ = c.submit(SYSTEM + [q] * 6, max_tokens=2, client=client, system_len=len(SYSTEM))
+        while turn.state is not State.FINISHED:
+            c.step()
+    assert carol.state is not State.FINISHED and c.core.kv.stats.promoted == 3
+    assert carol.shared_from in public_ids(c)
+    c.run()
+    assert isinstance(rec.end, Done) and c.core.sched.reserved == 0 and c.leaked_ids() == set()
+
+
+def ask_via_long(c: Core, person: str, block: list[int], question: int) -> None:
+    turn, rec = c.submit(block + [question] * 6, max_tokens=4, client=f"{FRONT}/person:{person}",
+                         system_len=len(block), allowance=len(block) - 10, front_end=FRONT, block_public=True)
+    c.run()
+    assert isinstance(rec.end, Done)

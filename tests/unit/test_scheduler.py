@@ -746,3 +746,14 @@ def test_an_idle_engine_holds_background_work_briefly_so_the_chat_right_behind_i
     assert s.admit() == []
     clock.advance(0.5)
     assert s.window_open_until() is None and s.admit() == [later]
+
+
+def test_the_background_hold_is_a_small_part_of_the_queue_timeout() -> None:
+    """Held longer than it may wait, a background request on an idle engine would always time out."""
+    clock = FakeClock()
+    s = make(clock, slots=8, background_hold_s=0.5, queue_timeout_s=0.3)
+    (title,) = background(clock, "owui/person:a")
+    s.waiting.append(title)
+    assert s.window_open_until() == title.arrival + 0.3 / 4
+    clock.advance(0.3 / 4)
+    assert s.admit() == [title]

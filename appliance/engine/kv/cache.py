@@ -47,6 +47,7 @@ class Entry:
     named: bool = True  # the client chose the id (not one the server made up for it)
     public: bool = False  # a pinned public prefix, not a conversation
     shared: int = 0  # leading cells it shares with a pinned public prefix (Turn.shared)
+    shared_from: int = -1  # that prefix's public sequence (Turn.shared_from)
 
     @property
     def n_tokens(self) -> int:
@@ -211,7 +212,7 @@ class SessionCache:
         self.free_ids.append(seq_id)
 
     def put(self, session: str, seq_id: int, tokens: list[int], public_len: int, copied: int,
-            owner: str = "", named: bool = True, shared: int = 0) -> int | None:
+            owner: str = "", named: bool = True, shared: int = 0, shared_from: int = -1) -> int | None:
         """A finished turn leaves its KV behind as the session's entry. Returns the sequence
         id of an idle entry it replaced (two turns of one session ran at once), whose
         cells the caller must clear; its id is free again."""
@@ -222,7 +223,8 @@ class SessionCache:
             self.release_id(old.seq_id)
         self.entries[session] = Entry(session, seq_id, tokens, public_len, self.clock(), owner=owner,
                                       own_tokens=len(tokens) - copied,
-                                      turns=old.turns + 1 if old is not None else 1, named=named, shared=shared)
+                                      turns=old.turns + 1 if old is not None else 1, named=named, shared=shared,
+                                      shared_from=shared_from)
         return replaced
 
     def add_saved(self, entry: Entry) -> None:
@@ -235,10 +237,9 @@ class SessionCache:
         self.public.append(Entry("", seq_id, tokens, len(tokens), self.clock(), public=True))
 
     def shares_pinned(self, e: Entry, n_common: int) -> bool:
-        """The entry's first e.shared cells, all of them kept (n_common), are (a prefix of) a
-        block still pinned: a front-end's block may share a part of another (kv/commons)."""
-        return 0 < e.shared <= n_common and any(p.n_tokens >= e.shared and e.tokens[:e.shared] == p.tokens[:e.shared]
-                                                for p in self.public)
+        """The entry's first e.shared cells, all of them kept (n_common), are (a prefix of) the
+        block it copied them from, still pinned (a front-end's block may copy a part of another)."""
+        return 0 < e.shared <= n_common and any(p.seq_id == e.shared_from for p in self.public)
 
     def remove_public(self, seq_id: int) -> None:
         self.public = [e for e in self.public if e.seq_id != seq_id]

@@ -46,6 +46,7 @@ class Candidate:
     seq_id: int = -1  # its public sequence once promoted
     last_used: float = 0.0
     front: str = ""  # the trusted front-end that sent it as its own (any prefix of it is the front-end's too)
+    people: set[str] = field(default_factory=set)  # for whom the front-end sent it (at most two kept)
     # A promoted block whose first `borrowed` cells are another promoted block's (its donor had
     # copied them): pinned once, by the lender, until the lender is demoted.
     lender: Candidate | None = field(default=None, repr=False)
@@ -90,6 +91,8 @@ class Commons:
         if cand is None:
             return False
         promoted = cand.seq_id < 0 and self._promote(cand)
+        if front and len(cand.people) < 2:
+            cand.people.add(turn.client)
         if cand.seq_id >= 0:
             turn.public_len = max(turn.public_len, n)
         elif front:
@@ -112,10 +115,12 @@ class Commons:
 
     def _front_prefix(self, cand: Candidate) -> int:
         """The longest prefix of the front-end's not yet public block that one of its public
-        blocks holds (0 when under min_tokens): its own text either way, so sharing a part of
-        it tells the front-end nothing it did not send."""
+        blocks holds (0 when under min_tokens). Only a block it sent for two people or more
+        lends a part: a person may add tools of their own (Open WebUI's workspace tools), and
+        a part of a block sent for one other person would tell, token by token, how much of
+        a guess at their tools is right; a block two others get is the front-end's."""
         best = max((common_prefix(c.tokens, cand.tokens) for c in self.candidates.values()
-                    if c.seq_id >= 0 and c.front == cand.front), default=0)
+                    if c.seq_id >= 0 and c.front == cand.front and len(c.people) >= 2), default=0)
         return best if best >= self.policy.min_tokens else 0
 
     def public_len(self, turn: Turn) -> int:
@@ -150,7 +155,7 @@ class Commons:
         # copied from its admin ones): the copy shares them, so they are pinned once.
         lender = None if running is None else next(
             (c for c in self.candidates.values() if c.seq_id >= 0 and c.seq_id == running.shared_from), None)
-        borrowed = 0 if lender is None else running.shared if running is not None else 0
+        borrowed = 0 if lender is None or running is None else min(running.shared, n)
         if donor < 0 or not self.budget.fits(n - borrowed):
             return False
         if not self.free_ids and (old := self.least_used()) is not None and old is not lender:
@@ -177,8 +182,9 @@ class Commons:
                 self.budget.pin(c.borrowed)
                 c.lender, c.borrowed = None, 0
         for e in self.cache.entries.values():  # their cells of it are their own now, not the pinned copy's
-            if e.shared and e.tokens[:e.shared] == cand.tokens[:e.shared]:
-                e.shared = 0
+            if e.shared and e.shared_from == cand.seq_id:
+                e.own_tokens += e.shared
+                e.shared, e.shared_from = 0, -1
         self.release(cand)
 
     @staticmethod
@@ -230,7 +236,6 @@ class Commons:
     def least_used(self) -> Candidate | None:
         """The promoted block sent least recently that no running turn copied: a turn's cells
         of it are counted as pinned (Turn.shared), so it stays pinned while they run."""
-        held = [t.prompt[:t.shared] for t in self.turns.running if t.shared]
-        promoted = [c for c in self.candidates.values()
-                    if c.seq_id >= 0 and not any(c.tokens[:len(h)] == h for h in held)]
+        held = {t.shared_from for t in self.turns.running if t.shared}
+        promoted = [c for c in self.candidates.values() if c.seq_id >= 0 and c.seq_id not in held]
         return min(promoted, key=lambda c: c.last_used, default=None)

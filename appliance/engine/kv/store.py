@@ -151,8 +151,7 @@ class KVStore:
             self.model.seq_cp(donor.seq_id, turn.seq_id, 0, m.n_common)
             turn.n_cached = turn.n_reused = turn.copied = m.n_common
             if donor.public:
-                self._share_pinned(turn, m.n_common)
-                turn.shared_from = donor.seq_id
+                self._share_pinned(turn, m.n_common, donor.seq_id)
             self.stats.shared_hits += 1
             return
         if leader is not None and lead_n >= self.policy.min_shared:
@@ -167,7 +166,7 @@ class KVStore:
         # A conversation that copied a pinned block (a front-end's tools) goes on sharing it,
         # while the block is still pinned.
         if self.cache.shares_pinned(e, n_common):
-            self._share_pinned(turn, e.shared)
+            self._share_pinned(turn, e.shared, e.shared_from)
         self.stats.hits += 1
 
     def expected_share(self, turn: Turn) -> int:
@@ -188,12 +187,12 @@ class KVStore:
         leader, lead_n = self._leader(turn)
         return 0 if leader is not None and lead_n > m.n_common else m.n_common
 
-    def _share_pinned(self, turn: Turn, n: int) -> None:
+    def _share_pinned(self, turn: Turn, n: int, source: int) -> None:
         """The turn's first n cells are a pinned public prefix's: counted once, as pinned, so
         its reservation gives them back (a front-end's 6,626-token tools block reserved per
         chat let two chats run at once in 16,384 cells; shared, a dozen)."""
         self.budget.hold(turn, turn.reserved - n)
-        turn.shared = n
+        turn.shared, turn.shared_from = n, source
 
     def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
         """A running turn it may share with that is computing (or has) more of its prompt
@@ -378,7 +377,8 @@ class KVStore:
             old = cache.entries.get(t.session)
             if old is not None:
                 _unlink(old.disk)  # a file saved by the last run is superseded by this turn
-            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named, t.shared)
+            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named, t.shared,
+                                 t.shared_from)
             if replaced is not None:
                 self.model.seq_rm(replaced)
             self.make_room()
