@@ -96,7 +96,7 @@ class Commons:
         if cand.seq_id >= 0:
             turn.public_len = max(turn.public_len, n)
         elif front:
-            turn.public_len = max(turn.public_len, self._front_prefix(cand))
+            turn.public_len = max(turn.public_len, self._front_prefix(cand.front, cand.tokens))
         return promoted
 
     def computed(self, turn: Turn) -> bool:
@@ -113,14 +113,14 @@ class Commons:
         # the front-end) does not push out one that is sent all the time; sent again, it may.
         return bool(self.free_ids) and self._promote(cand)
 
-    def _front_prefix(self, cand: Candidate) -> int:
+    def _front_prefix(self, front: str, block: list[int]) -> int:
         """The longest prefix of the front-end's not yet public block that one of its public
         blocks holds (0 when under min_tokens). Only a block it sent for two people or more
         lends a part: a person may add tools of their own (Open WebUI's workspace tools), and
         a part of a block sent for one other person would tell, token by token, how much of
         a guess at their tools is right; a block two others get is the front-end's."""
-        best = max((common_prefix(c.tokens, cand.tokens) for c in self.candidates.values()
-                    if c.seq_id >= 0 and c.front == cand.front and len(c.people) >= 2), default=0)
+        best = max((common_prefix(c.tokens, block) for c in self.candidates.values()
+                    if c.seq_id >= 0 and c.front == front and len(c.people) >= 2), default=0)
         return best if best >= self.policy.min_tokens else 0
 
     def public_len(self, turn: Turn) -> int:
@@ -134,8 +134,7 @@ class Commons:
         cand = self.candidates.get(self.key(block))
         front = bool(turn.front_end and turn.block_public)
         if front and (cand is None or cand.seq_id < 0):
-            mine = Candidate(block, front=FRONT + turn.front_end)
-            return max(turn.public_len, self._front_prefix(mine))
+            return max(turn.public_len, self._front_prefix(FRONT + turn.front_end, block))
         if cand is None or cand.seq_id < 0 or cand.tokens != block:
             return turn.public_len
         senders = sum(not c.startswith(FRONT) for c in cand.clients | {turn.client})
