@@ -185,6 +185,12 @@ class Config:
         "running + queued requests per client identity (address, or API key); 0 = no cap", _non_negative))
     rate_limit_per_s: float = field(default=0.0, metadata=_opt(
         "requests per second per client identity, 429 beyond it; 0 = no limit", _non_negative))
+    auth: str = field(default="open", metadata=_opt(
+        "who may use the box: open (anyone on the network; api_keys_file, when set, asks programs for a key) or "
+        "people (everyone signs in; the operator adds people in /admin; chats are kept on the box in "
+        "state_dir/people.sqlite3)", _one_of("open", "people")))
+    chat_retention_days: int = field(default=0, metadata=_opt(
+        "people mode: chats nobody touched for this many days are deleted; 0 = keep them", _non_negative))
     api_keys_file: str = field(default="", metadata=_opt(
         "file of API keys, one per line: KEY [LABEL [QUOTA]] ('admin' = operator; QUOTA = its daily "
         "generated tokens, 0 = none); empty = no keys"))

@@ -21,8 +21,11 @@ REFUSALS = (429, 503)  # busy, over quota, rate limited, no slot in time, loadin
 
 
 def identity(caller: Caller) -> str:
-    """Whose usage a request is: the person a trusted front-end names, else the key's label
-    (a person), else the key's digest name, else the client's address."""
+    """Whose usage a request is: the person signed in (by cookie or their own key), the person
+    a trusted front-end names, else the key's label (a person), else the key's digest name,
+    else the client's address."""
+    if caller.account is not None:
+        return caller.account.name
     if caller.person is not None:
         return caller.person.label
     if caller.key is not None:
@@ -40,7 +43,10 @@ class Accounting:
         self._clock = clock
 
     def quota(self, caller: Caller) -> int:
-        """The caller's daily generated-token quota (0 = none): its key's, else the default."""
+        """The caller's daily generated-token quota (0 = none): the signed-in person's, its key's,
+        else the default."""
+        if caller.account is not None and caller.account.quota is not None:
+            return caller.account.quota
         if caller.key is not None and caller.key.quota is not None:
             return caller.key.quota
         return self.default_quota

@@ -29,6 +29,9 @@ from appliance.http.api.ollama import info as ollama_info
 from appliance.http.api.ollama.wire import ollama_error
 from appliance.http.api.openai import chat, completions, responses
 from appliance.http.api.openai.response_store import ResponseStore
+from appliance.http.api.people import admin as people_admin
+from appliance.http.api.people import auth, keys
+from appliance.http.api.people import chats as people_chats
 from appliance.http.guard import Guard, caller_of
 from appliance.http.outcome import refused
 from appliance.http.state import App
@@ -75,6 +78,31 @@ async def _answer(app: App, handler: Handler, errors: ErrorBody, request: Reques
         return errors(e)
 
 
+def people_routes(route: Callable[..., Route]) -> list[Route]:
+    """People mode: signing in, a person's chats and keys, the operator's list of people (in
+    open mode each answers 404 people_mode_off, but /auth/me, which says the mode)."""
+    post = ["POST"]
+    return [
+        route("/auth/me", auth.me),
+        route("/auth/signin", auth.signin, post),
+        route("/auth/signout", auth.signout, post),
+        route("/auth/signout-everywhere", auth.signout, post),
+        route("/auth/password", auth.password, post),
+        route("/auth/invite/{token}", auth.invite, ["GET", "POST"]),
+        route("/v1/chats", people_chats.collection, ["GET", "POST"]),
+        route("/v1/chats/{cid}", people_chats.one, ["GET", "PUT", "PATCH", "DELETE"]),
+        route("/v1/chats/{cid}/share", people_chats.share, ["POST", "DELETE"]),
+        route("/v1/shared/{token}", people_chats.shared),
+        route("/v1/me/keys", keys.collection, ["GET", "POST"]),
+        route("/v1/me/keys/{kid}", keys.one, ["DELETE"]),
+        route("/admin/people", people_admin.collection, ["GET", "POST"]),
+        route("/admin/people/{pid}", people_admin.one, ["PATCH", "DELETE"]),
+        route("/admin/people/{pid}/invite", people_admin.invite, post),
+        route("/invite/{token}", operator.index),  # the page, which asks for the invite's password
+        route("/s/{token}", operator.index),  # the page, showing a shared chat
+    ]
+
+
 def routes(app: App) -> list[BaseRoute]:
     def route(path: str, handler: Handler, methods: list[str] | None = None, errors: ErrorBody = openai_error) -> Route:
         return Route(path, partial(_answer, app, handler, errors), methods=methods)
@@ -116,6 +144,7 @@ def routes(app: App) -> list[BaseRoute]:
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
+        *people_routes(route),
         route("/admin", admin.page),  # the operator's view, its JSON and the usage table (guard.py: this machine or an admin key)
         route("/admin/status", admin.status),
         route("/admin/usage.csv", admin.usage_csv),

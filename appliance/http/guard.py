@@ -25,8 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from appliance.errors import ApplianceError, Forbidden, MisdirectedRequest, QueueFull, Unauthorized, UnsupportedMediaType
 from appliance.http.identity import Network, client_identity, is_trusted
 from appliance.http.keys import Key, KeyRing, bearer
+from appliance.http.people import CHANGES, People, csrf_ok
 from appliance.http.throttle import RateLimiter
 from appliance.http.wire import ANTHROPIC_PATHS, anthropic_body
+from appliance.people.accounts import Account, Session
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
@@ -42,6 +44,8 @@ API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completio
 # the "simple" types a cross-site form can send without a preflight.
 UPLOAD_PATHS = ("/v1/documents/",)
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
+# Routes that make a new session (their Origin and JSON checks still apply): no CSRF token yet.
+FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite/")
 OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -79,11 +83,16 @@ class Caller:
     address: str  # the client's address (as forwarded by a trusted proxy)
     key: Key | None  # the API key it presented, when keys are on
     person: Person | None = None  # named by a trusted front-end (forwarded_person)
+    account: Account | None = None  # signed in to this box (people mode): by cookie or their own key
+    session: Session | None = None  # when by cookie: changes must carry its CSRF token
 
     @property
     def client(self) -> str:
-        """The identity for KV reuse, fairness and limits: the key, else the address; a
-        person a trusted front-end names is one client of their own within it."""
+        """The identity for KV reuse, fairness and limits: the person signed in (on any device),
+        else the key, else the address; a person a trusted front-end names is one client of
+        their own within it."""
+        if self.account is not None:
+            return "person:" + self.account.id
         base = self.key.identity if self.key else self.address
         return f"{base}/person:{self.person.id}" if self.person else base
 
@@ -97,14 +106,16 @@ class Caller:
 
     @property
     def namespace(self) -> str:
-        """Sessions live per key (and per forwarded person), so another key or person cannot
-        reach them ("" without keys or persons)."""
+        """Sessions live per key (and per forwarded or signed-in person), so another key or
+        person cannot reach them ("" without keys or persons)."""
+        if self.account is not None:
+            return "person:" + self.account.id
         base = self.key.identity if self.key else ""
         return f"{base}/person:{self.person.id}" if self.person else base
 
     @property
     def admin(self) -> bool:
-        return self.key is not None and self.key.admin
+        return (self.key is not None and self.key.admin) or (self.account is not None and self.account.admin)
 
     @property
     def local(self) -> bool:
@@ -129,12 +140,15 @@ class GuardPolicy:
     allowed_origins: frozenset[str] = frozenset()  # exact "scheme://host[:port]"
     host_names: frozenset[str] = frozenset()  # this machine's names
     rate_limit_per_s: float = 0.0
+    people: People | None = None  # people mode: the API needs a signed-in person (or a key)
 
     @classmethod
     def build(cls, keys: KeyRing, trusted_proxies: tuple[Network, ...] = (), allowed_hosts: Iterable[str] = (),
-              allowed_origins: Iterable[str] = (), rate_limit_per_s: float = 0.0) -> GuardPolicy:
+              allowed_origins: Iterable[str] = (), rate_limit_per_s: float = 0.0,
+              people: People | None = None) -> GuardPolicy:
         return cls(keys, trusted_proxies, frozenset(h.lower().rstrip(".") for h in allowed_hosts),
-                   frozenset(o.lower().rstrip("/") for o in allowed_origins), machine_names(), rate_limit_per_s)
+                   frozenset(o.lower().rstrip("/") for o in allowed_origins), machine_names(), rate_limit_per_s,
+                   people)
 
 
 def split_host(value: str) -> tuple[str, int | None]:
@@ -200,8 +214,12 @@ class Guard:
         headers = Headers(scope=scope)
         origin = headers.get("origin")
         cors = origin is not None and origin.lower().rstrip("/") in self.policy.allowed_origins
+        token = self._token(headers)
+        key = self.policy.keys.find(token) if token and self.policy.keys.enabled else None
+        account, session = await self.policy.people.resolve(headers, None if key else token) \
+            if self.policy.people is not None else (None, None)
         try:
-            caller = self._check(scope, headers, origin, cors)
+            caller = self._check(scope, headers, origin, cors, Caller("", key, None, account, session))
         except ApplianceError as err:
             await self._refuse(err, scope, receive, send, origin if cors else None)
             return
@@ -211,7 +229,7 @@ class Guard:
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, _with_headers(send, origin if cors else None))
 
-    def _check(self, scope: Scope, headers: Headers, origin: str | None, cors: bool) -> Caller:
+    def _check(self, scope: Scope, headers: Headers, origin: str | None, cors: bool, who: Caller) -> Caller:
         p = self.policy
         peer = scope["client"][0] if scope.get("client") else ""
         proxied = is_trusted(peer, p.trusted_proxies)
@@ -235,12 +253,18 @@ class Guard:
                 want = "the file's own type (e.g. application/pdf), not a form's" if upload else "application/json"
                 raise self._no("bad_content_type", UnsupportedMediaType(
                     f"a request from a web page must send Content-Type: {want}", code="unsupported_media_type"))
-        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), self._key(headers),
-                        forwarded_person(headers) if proxied else None)
+        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), who.key,
+                        forwarded_person(headers) if proxied and who.account is None else None, who.account, who.session)
         preflight = method == "OPTIONS" and cors
-        if p.keys.enabled and path.startswith(API_PATHS) and caller.key is None and not preflight:
+        if (p.keys.enabled or p.people) and path.startswith(API_PATHS) and caller.key is None \
+                and caller.account is None and not preflight:
             raise self._no("no_key", Unauthorized(
-                "an API key is needed: send `Authorization: Bearer KEY`", code="invalid_api_key"))
+                "sign in first, or send `Authorization: Bearer KEY` (a key from your settings page)" if p.people
+                else "an API key is needed: send `Authorization: Bearer KEY`", code="invalid_api_key"))
+        if caller.session is not None and method in CHANGES and not path.startswith(FRESH_SESSION_PATHS) \
+                and not csrf_ok(caller.session, headers):
+            raise self._no("csrf", Forbidden(
+                "this change needs the page's X-CSRF-Token (reload the page)", code="csrf_token"))
         if path.startswith(ADMIN_PATHS) and not (caller.local or caller.admin):
             raise self._no("admin_only", Forbidden(
                 "only from this machine, or with an admin API key", code="admin_only"))
@@ -253,12 +277,10 @@ class Guard:
                 raise self._no("rate_limited", err)
         return caller
 
-    def _key(self, headers: Headers) -> Key | None:
-        if not self.policy.keys.enabled:
-            return None
+    @staticmethod
+    def _token(headers: Headers) -> str:
         # Or X-Api-Key, as llama-server takes it (what Anthropic's SDKs send).
-        token = bearer(headers.get("authorization")) or headers.get("x-api-key", "").strip()
-        return self.policy.keys.find(token) if token else None
+        return bearer(headers.get("authorization")) or headers.get("x-api-key", "").strip()
 
     def _no(self, reason: str, err: ApplianceError) -> ApplianceError:
         self.on_refuse(reason)

@@ -15,6 +15,7 @@ from appliance.http.accounting import Accounting
 from appliance.http.guard import GuardPolicy
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
+from appliance.http.people import People
 from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
@@ -28,7 +29,8 @@ class App:
     def __init__(self, engine: Engine, model_id: str, bounds: RequestBounds, web_dir: Path | None = None,
                  metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
                  guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2,
-                 documents: DocumentReader | None = None, usage: Accounting | None = None) -> None:
+                 documents: DocumentReader | None = None, usage: Accounting | None = None,
+                 people: People | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
@@ -39,6 +41,7 @@ class App:
         self.gate = ParseGate(parse_concurrency, parse_per_client)
         self.documents = documents or DocumentReader()
         self.usage = usage or Accounting()  # counts per person, the quotas, the admin page's minutes
+        self.people = people  # people mode: accounts and chats on the box (None: open mode)
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:

@@ -30,6 +30,7 @@ from appliance.http.guard import GuardPolicy
 from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing, KeysFileError
 from appliance.http.metrics import Metrics
+from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 from appliance.ops.notify import Notifier, Watchdog
@@ -207,11 +208,13 @@ def serve(cfg: Config, model_path: Path) -> int:
     faulthandler.enable()
     notifier = Notifier.from_env()
     web = Path(cfg.web_dir) if cfg.web_dir else None
+    people = People.open(cfg.state_dir, cfg.chat_retention_days) if cfg.auth == "people" else None
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
-                              cfg.rate_limit_per_s)
+                              cfg.rate_limit_per_s, people)
     app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
-                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg)))
+                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg),
+                         people=people))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           # _drain has waited grace_s already: what is left gets a few seconds.
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",

@@ -25,6 +25,7 @@ from appliance.http.app import create_app
 from appliance.http.guard import GuardPolicy
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
+from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 from helpers.fakes import FakeModel, FakeTokenizer
@@ -59,7 +60,7 @@ def user(i: int) -> dict[str, str]:
 
 def build(factory: Callable[[], Any], *, slots: int = 2, max_queue: int = 8,
           queue_timeout_s: float = 30.0, metrics: bool = True, defaults: dict[str, Any] | None = None,
-          keys: KeyRing | None = None) -> ASGIApp:
+          keys: KeyRing | None = None, people: People | None = None) -> ASGIApp:
     limits = Limits(slots=slots, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0,
                     max_queue=max_queue, queue_timeout_s=queue_timeout_s)
     m = Metrics() if metrics else None
@@ -67,8 +68,9 @@ def build(factory: Callable[[], Any], *, slots: int = 2, max_queue: int = 8,
     if m is not None:
         m.attach(engine)  # the engine's counters too, as serve.py does
     server_limits = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX, **(defaults or {}))
-    guard = {"guard": GuardPolicy.build(keys)} if keys is not None else {}
-    return as_users(create_app(App(engine, MODEL_ID, server_limits, web_dir=None, metrics=m, **guard)))
+    guard = {"guard": GuardPolicy.build(keys or KeyRing(), people=people)} if keys is not None or people else {}
+    return as_users(create_app(App(engine, MODEL_ID, server_limits, web_dir=None, metrics=m, people=people,
+                                   **guard)))
 
 
 def wait_health(get: Callable[[str], httpx.Response], ok: Callable[[dict[str, Any]], bool],

@@ -1,0 +1,89 @@
+"""A signed-in person's chats on the box: GET/POST /v1/chats (list, search with ?q=, create),
+GET/PUT/PATCH/DELETE /v1/chats/{id}, POST/DELETE /v1/chats/{id}/share, and GET
+/v1/shared/{token} (a chat shared with the signed-in people of the box, read-only).
+Anything not the caller's is a 404, the same as what never was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.errors import BadRequest, NotFound
+from appliance.http.api.people.common import body, chats_of, run, signed_in
+from appliance.http.state import App
+from appliance.people.chats import MAX_MESSAGES, Message
+
+NO_CHAT = "no such chat"
+
+
+def _messages(data: dict[str, Any]) -> list[Message]:
+    raw = data.get("messages", [])
+    if not isinstance(raw, list):
+        raise BadRequest("'messages' must be a list", param="messages")
+    if len(raw) > MAX_MESSAGES:
+        raise BadRequest(f"a chat keeps at most {MAX_MESSAGES} messages", param="messages")
+    try:
+        return [Message.parse(m) for m in raw]
+    except ValueError as e:
+        raise BadRequest(str(e), param="messages") from None
+
+
+def _no_store(body: Any, status: int = 200) -> Response:
+    return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+async def collection(app: App, request: Request) -> Response:
+    _, account = signed_in(app, request)
+    chats = chats_of(app)
+    if request.method == "GET":
+        return _no_store({"chats": await run(chats.listed, account.id, request.query_params.get("q", ""))})
+    data = await body(app, request)
+    return _no_store(await run(chats.put, account.id, None, data.get("title", ""), _messages(data)), 201)
+
+
+async def one(app: App, request: Request) -> Response:
+    _, account = signed_in(app, request)
+    chats, cid = chats_of(app), request.path_params["cid"]
+    if request.method == "GET":
+        chat = await run(chats.get, account.id, cid)
+        if chat is None:
+            raise NotFound(NO_CHAT, code="chat_not_found")
+        return _no_store(chat)
+    if request.method == "DELETE":
+        if not await run(chats.delete, account.id, cid):
+            raise NotFound(NO_CHAT, code="chat_not_found")
+        return Response(status_code=204)
+    data = await body(app, request)
+    if request.method == "PATCH":  # rename
+        if not await run(chats.rename, account.id, cid, data.get("title", "")):
+            raise NotFound(NO_CHAT, code="chat_not_found")
+        return Response(status_code=204)
+    try:
+        return _no_store(await run(chats.put, account.id, cid, data.get("title", ""), _messages(data)))
+    except KeyError:
+        raise NotFound(NO_CHAT, code="chat_not_found") from None
+
+
+async def share(app: App, request: Request) -> Response:
+    _, account = signed_in(app, request)
+    chats, cid = chats_of(app), request.path_params["cid"]
+    if request.method == "DELETE":
+        if not await run(chats.unshare, account.id, cid):
+            raise NotFound(NO_CHAT, code="chat_not_found")
+        return Response(status_code=204)
+    token = await run(chats.share, account.id, cid)
+    if token is None:
+        raise NotFound(NO_CHAT, code="chat_not_found")
+    return _no_store({"token": token, "url": f"{str(request.base_url).rstrip('/')}/s/{token}"})
+
+
+async def shared(app: App, request: Request) -> Response:
+    signed_in(app, request)
+    chat = await run(chats_of(app).shared, request.path_params["token"])
+    if chat is None:
+        raise NotFound("no such shared chat (the link may have been revoked)", code="chat_not_found")
+    chat.pop("id", None)  # a reader gets the text, not the owner's handle on it
+    return _no_store({**chat, "read_only": True})

@@ -1,0 +1,86 @@
+"""The people mode's front door on the HTTP side: which signed-in person a request is (a
+session cookie, or one of their own API keys), the cookie itself, and the CSRF rule.
+
+The cookie is `HttpOnly` (no script reads it), `SameSite=Lax` (sent when a link from a chat
+program or an e-mail opens the page, which `Strict` would not; not sent with a cross-site
+POST or fetch), `Secure` when the page was reached over HTTPS. A change asked for with the
+cookie (not with a key) must also echo the session's CSRF token in `X-CSRF-Token`: a custom
+header a cross-site page cannot send without a CORS preflight, which only allowed_origins pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
+
+from appliance.people.accounts import Account, Accounts, Session
+from appliance.people.chats import Chats
+from appliance.people.db import Database, StoreError
+from appliance.people.passwords import Hasher
+from appliance.people.signin import SignInLimiter
+
+log = logging.getLogger(__name__)
+COOKIE = "appliance_session"
+CSRF_HEADER = "x-csrf-token"
+CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(slots=True)
+class People:
+    """Accounts, chats and the sign-in limiter of one box. `db` None: the store could not be
+    opened (one journal line); nobody can sign in until it can, the rest of the box serves."""
+
+    db: Database | None
+    retention_days: int = 0
+    trouble: str = ""
+    limiter: SignInLimiter = field(default_factory=SignInLimiter)
+    hasher: Hasher = field(default_factory=Hasher)
+    accounts: Accounts | None = None
+    chats: Chats | None = None
+
+    def __post_init__(self) -> None:
+        if self.db is not None:
+            self.accounts = self.accounts or Accounts(self.db, hasher=self.hasher)
+            self.chats = self.chats or Chats(self.db)
+
+    @classmethod
+    def open(cls, state_dir: str, retention_days: int = 0) -> People:
+        try:
+            return cls(Database(Path(state_dir) if state_dir else None), retention_days)
+        except StoreError as e:
+            log.error("%s; nobody can sign in until it is fixed", e)
+            return cls(None, retention_days, trouble=str(e))
+
+    @property
+    def store_trouble(self) -> str:
+        return self.trouble or (self.db.trouble if self.db else "")
+
+    async def resolve(self, headers: Headers, token: str | None) -> tuple[Account | None, Session | None]:
+        """The person asking: by one of their API keys (`token`), else by the session cookie."""
+        if self.accounts is None:
+            return None, None
+        if token:
+            return await asyncio.to_thread(self.accounts.find_key, token), None
+        cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE)
+        if not cookie:
+            return None, None
+        session = await asyncio.to_thread(self.accounts.session, cookie)
+        return (session.account, session) if session else (None, None)
+
+
+def csrf_ok(session: Session, headers: Headers) -> bool:
+    return hmac.compare_digest(headers.get(CSRF_HEADER, "").encode(), session.csrf.encode())
+
+
+def cookie_header(token: str, max_age: int, secure: bool) -> str:
+    return (f"{COOKIE}={token}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax" + ("; Secure" if secure else ""))
+
+
+def clear_cookie(secure: bool) -> str:
+    return cookie_header("", 0, secure)

@@ -1,0 +1,128 @@
+"""The people store's database: one SQLite file in state_dir (WAL, 0600, migrated on open),
+used from worker threads one statement batch at a time.
+
+Every failure below (a corrupt file, a disk gone read-only or full) is a StoreError carrying
+one line for the journal; the callers decide what still works (accounts.py keeps the sessions
+it has seen; the page is told chats are not being saved).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from appliance.people.schema import MIGRATIONS
+from appliance.statedir import private_file
+
+log = logging.getLogger(__name__)
+FILE_NAME = "people.sqlite3"
+T = TypeVar("T")
+Params = Sequence[Any]
+
+
+class StoreError(Exception):
+    """The store cannot do this now; str() is one line for the journal and the admin page."""
+
+
+class Tx:
+    """One transaction's statements (the store's only way to the connection)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def run(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; the rows it changed."""
+        return self._conn.execute(sql, tuple(params)).rowcount
+
+    def one(self, sql: str, params: Params = ()) -> tuple[Any, ...] | None:
+        row = self._conn.execute(sql, tuple(params)).fetchone()
+        return tuple(row) if row is not None else None
+
+    def all(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self._conn.execute(sql, tuple(params)).fetchall()]
+
+
+class Database:
+    """The SQLite file. `path` ":memory:" keeps it in memory (tests)."""
+
+    def __init__(self, state_dir: Path | None) -> None:
+        self._lock = threading.Lock()
+        self.trouble = ""  # the last failure, "" since the last write that worked (or never failed)
+        try:
+            target = str(private_file(state_dir, FILE_NAME)) if state_dir is not None else ":memory:"
+            self._conn = sqlite3.connect(target, timeout=5, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"people store {state_dir}/{FILE_NAME}: {e}") from None
+        self.path = target
+        try:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            if state_dir is not None:
+                self._conn.execute("PRAGMA journal_mode = WAL")  # readers never wait on the writer
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.Error as e:
+            self._conn.close()
+            raise StoreError(f"people store {target}: {e}") from None
+
+    @property
+    def version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        for number, statements in enumerate(MIGRATIONS, 1):
+            if self.version >= number:
+                continue
+            with self._tx() as tx:
+                for sql in statements:
+                    tx.run(sql)
+                tx.run(f"PRAGMA user_version = {number}")
+            log.info("people store %s: migrated to version %d", self.path, number)
+
+    def read(self, fn: Callable[[Tx], T]) -> T:
+        """fn's result, reading one consistent view."""
+        with self._lock:
+            try:
+                return fn(Tx(self._conn))
+            except sqlite3.Error as e:
+                raise self._failed(e) from None
+
+    def write(self, fn: Callable[[Tx], T]) -> T:
+        """fn's result, its statements in one transaction (all or none)."""
+        with self._lock:
+            try:
+                with self._tx() as tx:
+                    result = fn(tx)
+            except sqlite3.Error as e:
+                raise self._failed(e) from None
+            if self.trouble:
+                log.warning("people store %s works again: chats are saved", self.path)
+                self.trouble = ""
+            return result
+
+    def _failed(self, e: sqlite3.Error) -> StoreError:
+        """The error to raise; the first of a run of failures is one journal line."""
+        err = StoreError(f"people store {self.path}: {e}")
+        if not self.trouble:
+            log.error("%s; signed-in people keep working, chats are not being saved", err)
+        self.trouble = str(err)
+        return err
+
+    @contextmanager
+    def _tx(self) -> Iterator[Tx]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield Tx(self._conn)
+            self._conn.execute("COMMIT")  # a full or read-only disk fails here
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,235 @@
+"""People mode over HTTP (in-process, the fake model): invites, sign-in and its limits, the
+CSRF rule, a person's chats, keys and share links, what another person and the operator can
+reach, and a store that fails. The browser tests drive the same routes from the page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.inprocess import CHAT, USER, error_of, serving
+from starlette.testclient import TestClient
+
+from appliance.http.people import COOKIE, People
+from appliance.people.db import Database
+from appliance.people.passwords import Hasher
+
+PASSWORD = "a long enough password"
+
+
+def user(i: int) -> dict[str, str]:
+    """From office PC i: not this machine (which may reach /admin without signing in)."""
+    return {"x-test-client": f"10.0.0.{i}"}
+
+
+@pytest.fixture(scope="module")
+def people(tmp_path_factory: pytest.TempPathFactory) -> People:
+    # A cheap scrypt cost: these test the routes (tests/people/test_passwords.py the hash).
+    return People(Database(tmp_path_factory.mktemp("state")), hasher=Hasher(n=2**10))
+
+
+@pytest.fixture(scope="module")
+def serve(people: People) -> Callable[[], AbstractContextManager[TestClient]]:
+    return lambda: serving(people=people)
+
+
+class Person:
+    """One signed-in browser: its cookie and CSRF token, from one address."""
+
+    def __init__(self, client: TestClient, body: dict[str, Any], cookie: str, i: int) -> None:
+        self.c, self.id, self.name, self.csrf, self.cookie, self.i = client, body["person"]["id"], \
+            body["person"]["name"], body["csrf"], cookie, i
+
+    def h(self, csrf: bool = True) -> dict[str, str]:
+        return {"cookie": f"{COOKIE}={self.cookie}", **user(self.i), **({"x-csrf-token": self.csrf} if csrf else {})}
+
+    def get(self, path: str) -> Any:
+        return self.c.get(path, headers=self.h())
+
+    def send(self, method: str, path: str, body: Any = None, csrf: bool = True) -> Any:
+        return self.c.request(method, path, json=body, headers=self.h(csrf))
+
+
+def session_of(client: TestClient, r: Any, i: int) -> Person:
+    assert r.status_code == 200, r.text
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
+    token = cookie.split(";")[0].split("=", 1)[1]
+    client.cookies.clear()  # each Person sends its own cookie
+    return Person(client, r.json(), token, i)
+
+
+def invite(client: TestClient, name: str, role: str = "user", quota: int | None = None) -> str:
+    r = client.post("/admin/people", json={"name": name, "role": role, "quota": quota})  # from this machine
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["invite_url"].startswith("http://localhost/invite/") and "<svg" in body["invite_qr_svg"]
+    return str(body["invite_url"].rsplit("/", 1)[1])
+
+
+def join(client: TestClient, name: str, i: int, **kw: Any) -> Person:
+    token = invite(client, name, **kw)
+    assert client.get(f"/auth/invite/{token}").json() == {"name": name}
+    return session_of(client, client.post(f"/auth/invite/{token}", json={"password": PASSWORD}, headers=user(i)), i)
+
+
+@pytest.fixture(scope="module")
+def ann(client: TestClient) -> Person:
+    return join(client, "Ann", 1, role="admin")
+
+
+@pytest.fixture(scope="module")
+def ben(client: TestClient) -> Person:
+    return join(client, "Ben", 2, quota=100000)
+
+
+def test_the_api_needs_a_person(client: TestClient) -> None:
+    assert client.get("/auth/me", headers=user(5)).status_code == 401
+    assert client.get("/auth/me", headers=user(5)).json()["mode"] == "people"
+    error_of(client.post(CHAT, json={"messages": USER}, headers=user(5)), 401)
+    error_of(client.get("/v1/chats", headers=user(5)), 401)
+    error_of(client.get("/v1/models", headers=user(5)), 401)
+    assert client.get("/health", headers=user(5)).status_code == 200
+    error_of(client.get("/admin/people", headers=user(5)), 403)  # not this machine, not an admin
+
+
+def test_an_invite_signs_in_and_is_used_once(client: TestClient, ann: Person) -> None:
+    me = ann.get("/auth/me").json()
+    assert me["person"]["name"] == "Ann" and me["person"]["role"] == "admin" and me["csrf"] == ann.csrf
+    token = invite(client, "Cat")
+    assert client.post(f"/auth/invite/{token}", json={"password": "short"}).status_code == 400
+    client.post(f"/auth/invite/{token}", json={"password": PASSWORD})
+    client.cookies.clear()
+    error_of(client.post(f"/auth/invite/{token}", json={"password": PASSWORD}), 400)
+    error_of(client.get(f"/auth/invite/{token}"), 404)
+    error_of(client.post("/admin/people", json={"name": "cat"}), 400)  # taken, without case
+    error_of(client.post("/admin/people", json={"name": "Dan", "role": "boss"}), 400)
+    error_of(client.post("/admin/people", json={"name": "Dan", "quota": -1}), 400)
+
+
+def test_changes_by_cookie_need_the_csrf_token(ann: Person) -> None:
+    err = error_of(ann.send("POST", CHAT, {"messages": USER}, csrf=False), 403)
+    assert err["code"] == "csrf_token"
+    assert ann.send("POST", CHAT, {"messages": USER}).status_code == 200
+    assert ann.c.get("/v1/chats", headers=ann.h(csrf=False)).status_code == 200  # reading needs none
+
+
+def test_a_persons_chats_are_theirs_and_shared_by_link(client: TestClient, ann: Person, ben: Person) -> None:
+    r = ann.send("POST", "/v1/chats", {"title": "Paper order", "messages": [
+        {"role": "user", "content": "How much paper?"}, {"role": "assistant", "content": "Five boxes."}]})
+    assert r.status_code == 201, r.text
+    cid = r.json()["id"]
+    assert [c["id"] for c in ann.get("/v1/chats").json()["chats"]] == [cid]
+    assert [c["title"] for c in ann.get("/v1/chats?q=five").json()["chats"]] == ["Paper order"]
+    # Ben can neither list, open, change nor share it: each is a 404, as for a chat that never was.
+    assert ben.get("/v1/chats").json()["chats"] == []
+    for method, path in [("GET", f"/v1/chats/{cid}"), ("PUT", f"/v1/chats/{cid}"), ("PATCH", f"/v1/chats/{cid}"),
+                         ("DELETE", f"/v1/chats/{cid}"), ("POST", f"/v1/chats/{cid}/share")]:
+        assert error_of(ben.send(method, path, {"title": "x", "messages": []}), 404)["code"] == "chat_not_found"
+    assert ann.send("PATCH", f"/v1/chats/{cid}", {"title": "Paper, March"}).status_code == 204
+    link = ann.send("POST", f"/v1/chats/{cid}/share").json()
+    token = link["token"]
+    assert link["url"] == f"http://localhost/s/{token}"
+    shared = ben.get(f"/v1/shared/{token}").json()
+    assert shared["title"] == "Paper, March" and shared["owner"] == "Ann" and shared["read_only"]
+    assert [m["content"] for m in shared["messages"]] == ["How much paper?", "Five boxes."] and "id" not in shared
+    error_of(client.get(f"/v1/shared/{token}", headers=user(7)), 401)  # signed out
+    assert ann.send("DELETE", f"/v1/chats/{cid}/share").status_code == 204
+    error_of(ben.get(f"/v1/shared/{token}"), 404)
+    error_of(ann.send("POST", "/v1/chats", {"messages": [{"role": "robot", "content": "x"}]}), 400)
+    error_of(ann.send("POST", "/v1/chats", {"messages": "x"}), 400)
+
+
+def test_a_chat_continues_on_another_device_on_the_same_cache(client: TestClient, ann: Person) -> None:
+    phone = session_of(client, client.post("/auth/signin", json={"name": "ann", "password": PASSWORD},
+                                           headers=user(9)), 9)
+    assert phone.cookie != ann.cookie
+    first = [{"role": "user", "content": "Tell me about the office party plans please"}]
+    r = ann.c.post(CHAT, json={"messages": first}, headers={**ann.h(), "x-session-id": "chat-000000000001"})
+    assert r.status_code == 200
+    second = first + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                      {"role": "user", "content": "and the date?"}]
+    r = phone.c.post(CHAT, json={"messages": second}, headers={**phone.h(), "x-session-id": "chat-000000000001"})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > len(first[0]["content"])
+
+
+def test_wrong_passwords_are_limited_per_name_and_address_not_per_name(client: TestClient, ben: Person) -> None:
+    codes = [client.post("/auth/signin", json={"name": "Ben", "password": f"wrong guess {i}"},
+                         headers=user(20)).status_code for i in range(20)]
+    assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}
+    r = client.post("/auth/signin", json={"name": "Ben", "password": PASSWORD}, headers=user(20))
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0  # the guesser's address stays limited
+    assert client.post("/auth/signin", json={"name": "Ben", "password": PASSWORD}, headers=user(21)).status_code == 200
+    client.cookies.clear()
+    # An unknown name gets the same words as a wrong password.
+    a = error_of(client.post("/auth/signin", json={"name": "Nobody", "password": PASSWORD}, headers=user(22)), 401)
+    b = error_of(client.post("/auth/signin", json={"name": "Ben", "password": "not it at all"}, headers=user(22)), 401)
+    assert a["message"] == b["message"] == "wrong name or password"
+    error_of(client.post("/auth/signin", json={"name": 3, "password": PASSWORD}, headers=user(22)), 400)
+
+
+def test_a_persons_key_counts_as_them_and_ends_with_them(client: TestClient, ann: Person) -> None:
+    dan = join(client, "Dan", 30)
+    r = dan.send("POST", "/v1/me/keys", {"label": "spreadsheet"})
+    assert r.status_code == 201, r.text
+    key, kid = r.json()["key"], r.json()["id"]
+    assert key not in str(dan.get("/v1/me/keys").json())
+    bearer = {"authorization": f"Bearer {key}", **user(31)}
+    assert client.post(CHAT, json={"messages": USER}, headers=bearer).status_code == 200  # no CSRF: not a cookie
+    error_of(client.post("/v1/me/keys", json={"label": "more"}, headers=bearer), 401)  # a key makes no keys
+    people = {p["name"]: p for p in client.get("/admin/people").json()["people"]}
+    assert people["Dan"]["keys"] == 1 and people["Dan"]["sessions"] == 1 and key not in str(people)
+    assert any(row["who"] == "Dan" for row in client.get("/admin/status").json()["people"])
+    assert client.patch(f"/admin/people/{dan.id}", json={"disabled": True}).json()["disabled"] is True
+    error_of(client.post(CHAT, json={"messages": USER}, headers=bearer), 401)
+    error_of(dan.get("/v1/chats"), 401)
+    error_of(dan.send("DELETE", f"/v1/me/keys/{kid}"), 401)
+    assert client.delete(f"/admin/people/{dan.id}").status_code == 204
+    error_of(client.delete(f"/admin/people/{dan.id}"), 404)
+
+
+def test_an_admin_person_reaches_admin_from_anywhere(client: TestClient, ann: Person, ben: Person) -> None:
+    assert ann.get("/admin/people").status_code == 200
+    error_of(ben.get("/admin/people"), 403)
+
+
+def test_sign_out_and_sign_out_everywhere(client: TestClient) -> None:
+    eve = join(client, "Eve", 40)
+    laptop = session_of(client, client.post("/auth/signin", json={"name": "Eve", "password": PASSWORD},
+                                            headers=user(41)), 41)
+    assert eve.send("POST", "/auth/signout").status_code == 204
+    error_of(eve.get("/v1/chats"), 401)
+    assert laptop.get("/v1/chats").status_code == 200
+    other = session_of(client, client.post("/auth/signin", json={"name": "Eve", "password": PASSWORD},
+                                           headers=user(42)), 42)
+    assert laptop.send("POST", "/auth/signout-everywhere").status_code == 204
+    error_of(laptop.get("/v1/chats"), 401)
+    error_of(other.get("/v1/chats"), 401)
+
+
+def test_a_failing_store_keeps_people_signed_in_and_says_so(tmp_path: Path) -> None:
+    people = People(Database(tmp_path / "state"), hasher=Hasher(n=2**10))
+    with serving(people=people) as client:
+        fay = join(client, "Fay", 50)
+        assert fay.get("/auth/me").json()["store"]["saving"] is True
+        assert people.db is not None
+        people.db.close()  # every statement fails from here on, as on a corrupt or vanished file
+        assert fay.send("POST", CHAT, {"messages": USER}).status_code == 200  # the chat goes on
+        err = error_of(fay.send("POST", "/v1/chats", {"title": "t", "messages": []}), 503)
+        assert err["code"] == "store_unavailable" and "not saved" in err["message"]
+        me = fay.get("/auth/me").json()
+        assert me["person"]["name"] == "Fay" and me["store"]["saving"] is False
+
+
+def test_open_mode_has_no_people(tmp_path: Path) -> None:
+    with serving() as client:
+        assert client.get("/auth/me").json() == {"mode": "open"}
+        assert error_of(client.get("/v1/chats"), 404)["code"] == "people_mode_off"
+        assert error_of(client.post("/auth/signin", json={"name": "a", "password": "b"}), 404)["code"] == \
+            "people_mode_off"
+
+
