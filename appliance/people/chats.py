@@ -1,5 +1,6 @@
-"""A person's chats kept on the box: every query names the person, so a chat of someone else
-is simply not found (a 404 at the route, the same as one that never was).
+"""A person's chats kept on the box: every query names the person, and a chat's id is its
+person's own (the page names its chats), so a chat of someone else is simply not there (a
+404 at the route, the same as one that never was) and no id of theirs can collide with it.
 
 The page owns a conversation's shape: it puts the whole list of messages after each turn
 (edits and regenerations included), bounded by `MAX_CHAT_CHARS`. A share is a random token
@@ -9,6 +10,7 @@ held as its digest; a shared chat is read by that token only, read-only.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ MAX_MESSAGES = 2048  # per chat, as max_messages
 MAX_CHAT_CHARS = 2_000_000  # a chat's text and metadata (a long chat with attached documents' text)
 MAX_TITLE = 200
 SEARCH_MAX = 200  # characters of a search
+CHAT_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")  # as session ids: the page uses one for both
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +64,15 @@ class Chats:
     def listed(self, pid: str, query: str = "", limit: int = 500) -> list[dict[str, Any]]:
         """The person's chats, newest first; with a query, those whose title or text contains it."""
         query = query.strip()[:SEARCH_MAX]
-        sql = "SELECT id, title, created, updated, share FROM chats c WHERE person = ?"
+        sql = "SELECT id, title, meta, created, updated, share FROM chats c WHERE person = ?"
         params: list[Any] = [pid]
         if query:
-            sql += (" AND (title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE m.chat = c.id "
-                    "AND m.content LIKE ? ESCAPE '\\'))")
+            sql += (" AND (title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE m.person = c.person "
+                    "AND m.chat = c.id AND m.content LIKE ? ESCAPE '\\'))")
             params += [_like(query), _like(query)]
         rows = self.db.read(lambda tx: tx.all(sql + " ORDER BY updated DESC LIMIT ?", (*params, limit)))
-        return [{"id": cid, "title": title, "created": created, "updated": updated, "shared": share is not None}
-                for cid, title, created, updated, share in rows]
+        return [{"id": cid, "title": title, "meta": json.loads(meta), "created": created, "updated": updated,
+                 "shared": share is not None} for cid, title, meta, created, updated, share in rows]
 
     def get(self, pid: str, cid: str) -> dict[str, Any] | None:
         return self.db.read(lambda tx: self._get(tx, "c.person = ? AND c.id = ?", (pid, cid)))
@@ -80,54 +83,50 @@ class Chats:
 
     @staticmethod
     def _get(tx: Tx, where: str, params: tuple[str, ...]) -> dict[str, Any] | None:
-        row = tx.one(f"SELECT c.id, c.title, c.created, c.updated, c.share, p.name FROM chats c "
+        row = tx.one(f"SELECT c.id, c.title, c.meta, c.created, c.updated, c.share, p.name, c.person FROM chats c "
                      f"JOIN people p ON p.id = c.person WHERE {where} AND p.disabled = 0", params)
         if row is None:
             return None
-        messages = tx.all("SELECT role, content, meta FROM messages WHERE chat = ? ORDER BY seq", (row[0],))
-        return {"id": row[0], "title": row[1], "created": row[2], "updated": row[3], "shared": row[4] is not None,
-                "owner": row[5],
+        messages = tx.all("SELECT role, content, meta FROM messages WHERE person = ? AND chat = ? ORDER BY seq",
+                          (row[7], row[0]))
+        return {"id": row[0], "title": row[1], "meta": json.loads(row[2]), "created": row[3], "updated": row[4],
+                "shared": row[5] is not None, "owner": row[6],
                 "messages": [{"role": r, "content": c, "meta": json.loads(m)} for r, c, m in messages]}
 
-    def put(self, pid: str, cid: str | None, title: object, messages: list[Message]) -> dict[str, Any]:
-        """Create (cid None) or replace a chat's title and messages; its listing."""
+    def put(self, pid: str, cid: str, title: object, messages: list[Message],
+            meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create or replace the person's chat `cid`: its title, messages and meta; its listing."""
         title = clean_title(title)
-        rows = [(m.role, m.content, json.dumps(m.meta, ensure_ascii=False, separators=(",", ":"))) for m in messages]
-        chars = sum(len(c) + len(m) for _, c, m in rows) + len(title)
+        meta_text = _json(meta or {})
+        rows = [(m.role, m.content, _json(m.meta)) for m in messages]
+        chars = sum(len(c) + len(m) for _, c, m in rows) + len(title) + len(meta_text)
         if len(rows) > MAX_MESSAGES:
             raise AccountError(f"a chat keeps at most {MAX_MESSAGES} messages")
         if chars > MAX_CHAT_CHARS:
             raise AccountError(f"a chat keeps at most {MAX_CHAT_CHARS:,} characters ({chars:,} sent): start a new one")
         now = self._clock()
-        new = cid is None
-        chat_id = secrets.token_urlsafe(16) if cid is None else cid
 
-        def put(tx: Tx) -> dict[str, Any] | None:
-            if new:
-                if tx.one("SELECT count(*) FROM chats WHERE person = ?", (pid,))[0] >= MAX_CHATS:  # type: ignore[index]
-                    raise AccountError(f"at most {MAX_CHATS:,} chats a person: delete some first")
-                tx.run("INSERT INTO chats (id, person, title, created, updated, chars) VALUES (?, ?, ?, ?, ?, ?)",
-                       (chat_id, pid, title, now, now, chars))
-            elif not tx.run("UPDATE chats SET title = ?, updated = ?, chars = ? WHERE id = ? AND person = ?",
-                            (title, now, chars, chat_id, pid)):
-                return None
-            tx.run("DELETE FROM messages WHERE chat = ?", (chat_id,))
-            for seq, (role, content, meta) in enumerate(rows):
-                tx.run("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (chat_id, seq, role, content, meta, now))
-            return {"id": chat_id, "title": title, "updated": now, "messages": len(rows)}
+        def put(tx: Tx) -> dict[str, Any]:
+            if not tx.one("SELECT 1 FROM chats WHERE person = ? AND id = ?", (pid, cid)) and \
+                    tx.one("SELECT count(*) FROM chats WHERE person = ?", (pid,))[0] >= MAX_CHATS:  # type: ignore[index]
+                raise AccountError(f"at most {MAX_CHATS:,} chats a person: delete some first")
+            tx.run("INSERT INTO chats (person, id, title, meta, created, updated, chars) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                   "ON CONFLICT (person, id) DO UPDATE SET title = excluded.title, meta = excluded.meta, "
+                   "updated = excluded.updated, chars = excluded.chars", (pid, cid, title, meta_text, now, now, chars))
+            tx.run("DELETE FROM messages WHERE person = ? AND chat = ?", (pid, cid))
+            for seq, (role, content, m) in enumerate(rows):
+                tx.run("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (pid, cid, seq, role, content, m))
+            return {"id": cid, "title": title, "updated": now, "messages": len(rows)}
 
-        done = self.db.write(put)
-        if done is None:
-            raise KeyError(cid)
-        return done
+        return self.db.write(put)
 
     def rename(self, pid: str, cid: str, title: object) -> bool:
         title = clean_title(title)
-        return self.db.write(lambda tx: tx.run("UPDATE chats SET title = ? WHERE id = ? AND person = ?",
-                                               (title, cid, pid))) > 0
+        return self.db.write(lambda tx: tx.run("UPDATE chats SET title = ? WHERE person = ? AND id = ?",
+                                               (title, pid, cid))) > 0
 
     def delete(self, pid: str, cid: str) -> bool:
-        return self.db.write(lambda tx: tx.run("DELETE FROM chats WHERE id = ? AND person = ?", (cid, pid))) > 0
+        return self.db.write(lambda tx: tx.run("DELETE FROM chats WHERE person = ? AND id = ?", (pid, cid))) > 0
 
     def delete_all(self, pid: str) -> int:
         return self.db.write(lambda tx: tx.run("DELETE FROM chats WHERE person = ?", (pid,)))
@@ -135,13 +134,13 @@ class Chats:
     def share(self, pid: str, cid: str) -> str | None:
         """A new share link's token for the chat (an earlier link stops working), or None."""
         token = secrets.token_urlsafe(32)
-        done = self.db.write(lambda tx: tx.run("UPDATE chats SET share = ? WHERE id = ? AND person = ?",
-                                               (digest(token), cid, pid)))
+        done = self.db.write(lambda tx: tx.run("UPDATE chats SET share = ? WHERE person = ? AND id = ?",
+                                               (digest(token), pid, cid)))
         return token if done else None
 
     def unshare(self, pid: str, cid: str) -> bool:
-        return self.db.write(lambda tx: tx.run("UPDATE chats SET share = NULL WHERE id = ? AND person = ?",
-                                               (cid, pid))) > 0
+        return self.db.write(lambda tx: tx.run("UPDATE chats SET share = NULL WHERE person = ? AND id = ?",
+                                               (pid, cid))) > 0
 
     def prune(self, retention_days: float) -> int:
         """Forget chats not touched for retention_days (0 = keep them all)."""
@@ -153,3 +152,7 @@ class Chats:
     def counts(self) -> dict[str, int]:
         row = self.db.read(lambda tx: tx.one("SELECT count(*), coalesce(sum(chars), 0) FROM chats"))
         return {"chats": row[0], "chars": row[1]} if row else {"chats": 0, "chars": 0}
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

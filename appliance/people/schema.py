@@ -25,14 +25,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             person TEXT NOT NULL REFERENCES people (id) ON DELETE CASCADE,
             label TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX person_keys_person ON person_keys (person)",
+        # A chat's id is its person's own (the page names it): ids of two people never meet.
         """CREATE TABLE chats (
-            id TEXT PRIMARY KEY, person TEXT NOT NULL REFERENCES people (id) ON DELETE CASCADE,
-            title TEXT NOT NULL, created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL,
-            chars INTEGER NOT NULL DEFAULT 0, share TEXT UNIQUE)""",
-        "CREATE INDEX chats_person ON chats (person, updated)",
+            person TEXT NOT NULL REFERENCES people (id) ON DELETE CASCADE, id TEXT NOT NULL,
+            title TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}', created DOUBLE PRECISION NOT NULL,
+            updated DOUBLE PRECISION NOT NULL, chars INTEGER NOT NULL DEFAULT 0, share TEXT UNIQUE,
+            PRIMARY KEY (person, id))""",
+        "CREATE INDEX chats_updated ON chats (person, updated)",
         """CREATE TABLE messages (
-            chat TEXT NOT NULL REFERENCES chats (id) ON DELETE CASCADE, seq INTEGER NOT NULL,
+            person TEXT NOT NULL, chat TEXT NOT NULL, seq INTEGER NOT NULL,
             role TEXT NOT NULL, content TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
-            created DOUBLE PRECISION NOT NULL, PRIMARY KEY (chat, seq))""",
+            PRIMARY KEY (person, chat, seq),
+            FOREIGN KEY (person, chat) REFERENCES chats (person, id) ON DELETE CASCADE)""",
     ),
 )

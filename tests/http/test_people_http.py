@@ -126,9 +126,13 @@ def test_a_persons_chats_are_theirs_and_shared_by_link(client: TestClient, ann: 
     assert [c["title"] for c in ann.get("/v1/chats?q=five").json()["chats"]] == ["Paper order"]
     # Ben can neither list, open, change nor share it: each is a 404, as for a chat that never was.
     assert ben.get("/v1/chats").json()["chats"] == []
-    for method, path in [("GET", f"/v1/chats/{cid}"), ("PUT", f"/v1/chats/{cid}"), ("PATCH", f"/v1/chats/{cid}"),
+    for method, path in [("GET", f"/v1/chats/{cid}"), ("PATCH", f"/v1/chats/{cid}"),
                          ("DELETE", f"/v1/chats/{cid}"), ("POST", f"/v1/chats/{cid}/share")]:
         assert error_of(ben.send(method, path, {"title": "x", "messages": []}), 404)["code"] == "chat_not_found"
+    # A PUT of the same id makes a chat of Ben's own: chat ids are each person's.
+    assert ben.send("PUT", f"/v1/chats/{cid}", {"title": "Ben's", "messages": []}).status_code == 200
+    assert ann.get(f"/v1/chats/{cid}").json()["title"] == "Paper order"
+    error_of(ben.send("PUT", "/v1/chats/short", {"messages": []}), 404)
     assert ann.send("PATCH", f"/v1/chats/{cid}", {"title": "Paper, March"}).status_code == 204
     link = ann.send("POST", f"/v1/chats/{cid}/share").json()
     token = link["token"]

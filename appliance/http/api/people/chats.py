@@ -1,11 +1,12 @@
 """A signed-in person's chats on the box: GET/POST /v1/chats (list, search with ?q=, create),
-GET/PUT/PATCH/DELETE /v1/chats/{id}, POST/DELETE /v1/chats/{id}/share, and GET
+GET/PUT/PATCH/DELETE /v1/chats/{id} (PUT creates or replaces: the page names its chats), POST/DELETE /v1/chats/{id}/share, and GET
 /v1/shared/{token} (a chat shared with the signed-in people of the box, read-only).
 Anything not the caller's is a 404, the same as what never was.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import BadRequest, NotFound
 from appliance.http.api.people.common import body, chats_of, run, signed_in
 from appliance.http.state import App
-from appliance.people.chats import MAX_MESSAGES, Message
+from appliance.people.chats import CHAT_ID, MAX_MESSAGES, Message
 
 NO_CHAT = "no such chat"
 
@@ -31,6 +32,20 @@ def _messages(data: dict[str, Any]) -> list[Message]:
         raise BadRequest(str(e), param="messages") from None
 
 
+def _meta(data: dict[str, Any]) -> dict[str, Any]:
+    meta = data.get("meta", {})
+    if not isinstance(meta, dict):
+        raise BadRequest("'meta' must be an object", param="meta")
+    return meta
+
+
+def _cid(request: Request) -> str:
+    cid = str(request.path_params["cid"])
+    if not CHAT_ID.fullmatch(cid):
+        raise NotFound(NO_CHAT, code="chat_not_found")
+    return cid
+
+
 def _no_store(body: Any, status: int = 200) -> Response:
     return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
@@ -41,12 +56,13 @@ async def collection(app: App, request: Request) -> Response:
     if request.method == "GET":
         return _no_store({"chats": await run(chats.listed, account.id, request.query_params.get("q", ""))})
     data = await body(app, request)
-    return _no_store(await run(chats.put, account.id, None, data.get("title", ""), _messages(data)), 201)
+    return _no_store(await run(chats.put, account.id, secrets.token_urlsafe(16), data.get("title", ""),
+                               _messages(data), _meta(data)), 201)
 
 
 async def one(app: App, request: Request) -> Response:
     _, account = signed_in(app, request)
-    chats, cid = chats_of(app), request.path_params["cid"]
+    chats, cid = chats_of(app), _cid(request)
     if request.method == "GET":
         chat = await run(chats.get, account.id, cid)
         if chat is None:
@@ -61,15 +77,12 @@ async def one(app: App, request: Request) -> Response:
         if not await run(chats.rename, account.id, cid, data.get("title", "")):
             raise NotFound(NO_CHAT, code="chat_not_found")
         return Response(status_code=204)
-    try:
-        return _no_store(await run(chats.put, account.id, cid, data.get("title", ""), _messages(data)))
-    except KeyError:
-        raise NotFound(NO_CHAT, code="chat_not_found") from None
+    return _no_store(await run(chats.put, account.id, cid, data.get("title", ""), _messages(data), _meta(data)))
 
 
 async def share(app: App, request: Request) -> Response:
     _, account = signed_in(app, request)
-    chats, cid = chats_of(app), request.path_params["cid"]
+    chats, cid = chats_of(app), _cid(request)
     if request.method == "DELETE":
         if not await run(chats.unshare, account.id, cid):
             raise NotFound(NO_CHAT, code="chat_not_found")
