@@ -355,3 +355,26 @@ def ask_via_long(c: Core, person: str, block: list[int], question: int) -> None:
                          system_len=len(block), allowance=len(block) - 10, front_end=FRONT, block_public=True)
     c.run()
     assert isinstance(rec.end, Done)
+
+
+def test_a_block_read_beside_a_pinned_one_is_promoted_without_counting_its_cells_twice() -> None:
+    """The reading turn's own cells of the block become the pinned copy's: promoting it needs
+    no room for a second copy. Open WebUI's users' 5,432-token tools block, read while its
+    admins' 6,603 were pinned, did not fit twice in 16,384 cells, so every later chat read it again."""
+    c = make(FakeModel(reply="ok"), slots=2, n_seq=8, common_prompts=2, ctx_limit=64, kv_tokens=360,
+             tools_tokens=200)
+    ask_via(c, "alice", TOOLS_BLOCK, 100)
+    assert c.core.sched.pinned == 150
+    users = list(range(5000, 5150))  # another of the front-end's blocks, nothing in common
+    first, rec = c.submit(users + [101] * 6, max_tokens=30, client=f"{FRONT}/person:bob", system_len=150,
+                          allowance=140, front_end=FRONT, block_public=True)
+    need = len(users) + 6 + 30  # what the turn may come to hold
+    assert 150 + need + 150 > 360  # no room for the block's cells a second time
+    while first.n_cached < len(users):
+        c.step()
+    assert c.core.kv.stats.promoted == 2 and c.core.sched.pinned == 300
+    assert first.shared == 150 and c.core.sched.reserved == need - 150  # moved to pinned, not added
+    c.run()
+    assert isinstance(rec.end, Done)
+    assert ask_via(c, "carol", users, 102) == (150, 6)  # the next chat copies it
+    assert c.core.sched.reserved == 0 and c.leaked_ids() == set()

@@ -155,7 +155,12 @@ class Commons:
         lender = None if running is None else next(
             (c for c in self.candidates.values() if c.seq_id >= 0 and c.seq_id == running.shared_from), None)
         borrowed = 0 if lender is None or running is None else min(running.shared, n)
-        if donor < 0 or not self.budget.fits(n - borrowed):
+        # A running donor's own cells of the block become the pinned copy's (llama.cpp shares
+        # cells between sequences): its reservation gives them back, so promoting costs no
+        # cells. Counted twice, a 5,432-token block read beside a pinned 6,603-token one did
+        # not fit in 16,384 cells, and every later chat read it again (Open WebUI, issue 37).
+        own = n - borrowed if running is not None and running.shared <= n else 0
+        if donor < 0 or not self.budget.fits(n - borrowed - own):
             return False
         if not self.free_ids and (old := self.least_used()) is not None and old is not lender:
             self._demote(old)
@@ -165,6 +170,9 @@ class Commons:
         self.model.seq_cp(donor, sid, 0, n)
         self.cache.add_public(sid, block)
         self.budget.pin(n - borrowed)  # as for a preset: cells no reservation may count on
+        if own and running is not None:
+            self.budget.hold(running, running.reserved - own)
+            running.shared, running.shared_from = n, sid
         cand.seq_id, cand.lender, cand.borrowed = sid, lender, borrowed
         log.info("a system block of %d tokens is public now (sent by %d client identities)", n, len(cand.clients))
         return True
