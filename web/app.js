@@ -7,6 +7,8 @@ import { checkHealth } from './js/health.js';
 import { openEdit } from './js/messages.js';
 import { copyFrom, els, finePointer, narrow, page } from './js/page.js';
 import { applyTheme, settings } from './js/settings.js';
+import { fragment, people, sharedChat, signIn, whoAmI } from './js/people.js';
+import { ServerStore } from './js/serverstore.js';
 import { newChat, openStore, settle } from './js/store.js';
 
 els.messages.addEventListener('click', (e) => {
@@ -45,19 +47,36 @@ document.addEventListener('keydown', (e) => {
   }
 });
 
+// Where chats are kept: on the box in people mode (after signing in), else in this browser.
+async function openChats() {
+  await whoAmI();
+  if (people.mode !== 'people') {
+    page.store = await openStore();
+    els.storageNote.hidden = page.store.persistent;
+    return;
+  }
+  if (!people.person) await signIn();
+  const trouble = (text) => {
+    els.storageNote.textContent = text || '';
+    els.storageNote.hidden = !text;
+  };
+  page.store = new ServerStore(trouble);
+  trouble(people.saving ? null : 'Chats are not being saved on the server right now.');
+}
+
 async function start() {
   applyTheme(settings.theme);
   syncSide();
   if (narrow.matches) els.sidebar.inert = true;
-  page.store = await openStore();
-  els.storageNote.hidden = page.store.persistent;
-  page.chats = (await page.store.all()).map(settle);
+  await openChats();
+  page.chats = (await page.store.all().catch((e) => { els.storageNote.textContent = `Could not load your chats: ${e.message}`; els.storageNote.hidden = false; return []; })).map(settle);
   sortChats();
   let last = null;
   try { last = localStorage.getItem('chat.current'); } catch { /* newest */ }
   // The chat open before the reload; a new one when that was never sent or was deleted.
   if (page.store.migrated) last = page.store.migrated;
-  show(page.chats.find((c) => c.id === last) || (last ? null : page.chats[0]) || newChat());
+  const shared = people.mode === 'people' && fragment('share') ? await sharedChat(fragment('share')) : null;
+  show(shared || page.chats.find((c) => c.id === last) || (last ? null : page.chats[0]) || newChat());
   checkHealth();
   if (finePointer) els.input.focus();
   document.documentElement.dataset.ready = '1';

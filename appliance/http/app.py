@@ -98,8 +98,6 @@ def people_routes(route: Callable[..., Route]) -> list[Route]:
         route("/admin/people", people_admin.collection, ["GET", "POST"]),
         route("/admin/people/{pid}", people_admin.one, ["PATCH", "DELETE"]),
         route("/admin/people/{pid}/invite", people_admin.invite, post),
-        route("/invite/{token}", operator.index),  # the page, which asks for the invite's password
-        route("/s/{token}", operator.index),  # the page, showing a shared chat
     ]
 
 

@@ -46,6 +46,9 @@ UPLOAD_PATHS = ("/v1/documents/",)
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
 # Routes that make a new session (their Origin and JSON checks still apply): no CSRF token yet.
 FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite/")
+# A share link asked for signed out is a 404 like a revoked one (the route's), not a 401 that
+# says there is something behind the sign-in.
+SHARED_PATHS = ("/v1/shared/",)
 OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -257,7 +260,7 @@ class Guard:
                         forwarded_person(headers) if proxied and who.account is None else None, who.account, who.session)
         preflight = method == "OPTIONS" and cors
         if (p.keys.enabled or p.people) and path.startswith(API_PATHS) and caller.key is None \
-                and caller.account is None and not preflight:
+                and caller.account is None and not preflight and not (p.people and path.startswith(SHARED_PATHS)):
             raise self._no("no_key", Unauthorized(
                 "sign in first, or send `Authorization: Bearer KEY` (a key from your settings page)" if p.people
                 else "an API key is needed: send `Authorization: Bearer KEY`", code="invalid_api_key"))

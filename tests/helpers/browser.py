@@ -90,7 +90,8 @@ class Watched:
 
 
 def open_page(b: Browser, url: str, *, viewport: dict[str, int] | None = None, secure_apis: bool = True,
-              color_scheme: str = "light", init: str = "", storage: Path | None = None) -> Watched:
+              color_scheme: str = "light", init: str = "", storage: Path | None = None,
+              wait_ready: bool = True) -> Watched:
     ctx = b.new_context(viewport=viewport or DESKTOP, color_scheme=color_scheme,  # type: ignore[arg-type]
                         accept_downloads=True, storage_state=str(storage) if storage else None,
                         has_touch=viewport == PHONE, is_mobile=viewport == PHONE)
@@ -107,5 +108,6 @@ def open_page(b: Browser, url: str, *, viewport: dict[str, int] | None = None, s
 
     page.on("request", on_request)
     page.goto(url)
-    page.wait_for_selector("html[data-ready='1']")
+    if wait_ready:  # people mode: the page is ready after signing in
+        page.wait_for_selector("html[data-ready='1']")
     return w

@@ -66,8 +66,8 @@ def invite(client: TestClient, name: str, role: str = "user", quota: int | None 
     r = client.post("/admin/people", json={"name": name, "role": role, "quota": quota})  # from this machine
     assert r.status_code == 201, r.text
     body = r.json()
-    assert body["invite_url"].startswith("http://localhost/invite/") and "<svg" in body["invite_qr_svg"]
-    return str(body["invite_url"].rsplit("/", 1)[1])
+    assert body["invite_url"].startswith("http://localhost/#invite=") and "<svg" in body["invite_qr_svg"]
+    return str(body["invite_url"].rsplit("=", 1)[1])
 
 
 def join(client: TestClient, name: str, i: int, **kw: Any) -> Person:
@@ -136,11 +136,11 @@ def test_a_persons_chats_are_theirs_and_shared_by_link(client: TestClient, ann: 
     assert ann.send("PATCH", f"/v1/chats/{cid}", {"title": "Paper, March"}).status_code == 204
     link = ann.send("POST", f"/v1/chats/{cid}/share").json()
     token = link["token"]
-    assert link["url"] == f"http://localhost/s/{token}"
+    assert link["url"] == f"http://localhost/#share={token}"
     shared = ben.get(f"/v1/shared/{token}").json()
     assert shared["title"] == "Paper, March" and shared["owner"] == "Ann" and shared["read_only"]
     assert [m["content"] for m in shared["messages"]] == ["How much paper?", "Five boxes."] and "id" not in shared
-    error_of(client.get(f"/v1/shared/{token}", headers=user(7)), 401)  # signed out
+    error_of(client.get(f"/v1/shared/{token}", headers=user(7)), 404)  # signed out: as if it were not there
     assert ann.send("DELETE", f"/v1/chats/{cid}/share").status_code == 204
     error_of(ben.get(f"/v1/shared/{token}"), 404)
     error_of(ann.send("POST", "/v1/chats", {"messages": [{"role": "robot", "content": "x"}]}), 400)

@@ -9,11 +9,16 @@ export const apiKey = {
 };
 let memoryKey = '';
 const currentKey = () => apiKey.get() || memoryKey;
+// People mode: the session's CSRF token, sent with every request (the cookie signs in; a change
+// without this header is refused, and a cross-site page cannot send it).
+let csrf = '';
+export const setCsrf = (t) => { csrf = t || ''; };
 
 export function apiFetch(path, opts = {}) {
   const headers = { ...(opts.headers || {}) };
   const key = currentKey();
   if (key) headers.Authorization = `Bearer ${key}`;
+  if (csrf) headers['X-CSRF-Token'] = csrf;
   return fetch(path, { cache: 'no-store', ...opts, headers });
 }
 
@@ -51,6 +56,7 @@ export function plainWords(err) {
     return 'This message is too long for the model. Shorten it, or start a new chat.';
   }
   if (status === 413) return 'This message is too long for the server. Shorten it, or split it up.';
+  if (status === 401 && csrf) return 'Your sign-in has ended. Reload the page to sign in again.';
   if (status === 401) return 'This server needs an API key. Enter one under Settings.';
   if (status === 404) return 'The server did not find this conversation. Start a new chat to go on.';
   if (status === 429 && code === 'quota_exceeded' && message) return message;  // the quota and when it resets

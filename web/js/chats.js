@@ -4,6 +4,7 @@ import { apiFetch } from './api.js';
 import { fileName, parseImport, toJSON, toMarkdown } from './chatfile.js';
 import { closeEdit, renderMessages, updateControls } from './messages.js';
 import { askUser, download, el, els, narrow, page, say, toast } from './page.js';
+import { people, shareChat, unshareChat } from './people.js';
 import { newChat } from './store.js';
 
 export function renderList() {
@@ -73,10 +74,20 @@ export function show(chat) {
   try { localStorage.setItem('chat.current', chat.id); } catch { /* reopen the newest */ }
   els.chatTitle.textContent = chat.title;
   document.title = `${chat.title} · Chat`;
+  els.composer.hidden = !!chat.readOnly;
+  els.readOnly.hidden = !chat.readOnly;
+  for (const b of els.chatMenu.querySelectorAll('[data-people]')) {
+    b.hidden = people.mode !== 'people' || !!chat.readOnly || (b.dataset.act === 'unshare' && !chat.shared);
+  }
   renderMessages();
   renderList();
   setDrawer(false);
   updateControls();
+  if (chat.stub && page.store.load) { // kept on the box: its messages come when it is opened
+    page.store.load(chat).then(() => {
+      if (page.current === chat) { renderMessages(); updateControls(); }
+    }).catch((e) => toast(`Could not open this chat: ${e && e.message}`));
+  }
 }
 export function startNewChat() {
   show(newChat());
@@ -103,9 +114,18 @@ els.chatMenu.addEventListener('click', async (e) => {
     download(fileName(chat, 'md'), 'text/markdown', toMarkdown(chat));
   } else if (act === 'export-json') {
     download(fileName(chat, 'json'), 'application/json', toJSON(chat));
+  } else if (act === 'share') {
+    if (!page.chats.includes(chat)) { toast('Send a message first: an empty chat has nothing to share.'); return; }
+    await save(chat);
+    await shareChat(chat);
+    show(chat);
+  } else if (act === 'unshare') {
+    await unshareChat(chat);
+    show(chat);
   } else if (act === 'delete') {
     const yes = await askUser({
-      title: 'Delete this chat?', text: `“${chat.title}” is removed from this browser and its cache from the server.`,
+      title: 'Delete this chat?', text: people.mode === 'people' ? `“${chat.title}” is removed from the server, on all your devices.`
+        : `“${chat.title}” is removed from this browser and its cache from the server.`,
       type: null, ok: 'Delete', danger: true,
     });
     if (yes) deleteChat(chat);

@@ -129,6 +129,7 @@ export function updateControls() {
   els.send.hidden = !!mine;
   els.stop.hidden = !mine;
   els.send.disabled = !page.healthy || !!page.run || page.sending || page.attached.some((f) => f.reading)
+    || (page.current && (page.current.stub || page.current.readOnly))
     || (!els.input.value.trim() && !page.attached.length);
   els.send.title = page.run && !mine ? 'Another chat is answering' : '';
   refreshActions();

@@ -1,6 +1,7 @@
 // Settings kept in this browser, the theme, and the API key asked for after a 401.
 import { apiKey } from './api.js';
 import { askUser, el, els } from './page.js';
+import { people, showAccount, signIn } from './people.js';
 
 const SETTINGS_KEY = 'chat.settings.v1';
 let presets = new Map(); // name -> text, from GET /v1/system_prompts
@@ -33,6 +34,7 @@ function showSettings() {
   const key = apiKey.get();
   els.keyState.textContent = key ? `set (…${key.slice(-4)})` : 'none';
   els.forgetKey.hidden = !key;
+  showAccount();
 }
 function syncPresetFields() {
   const p = els.preset.value;
@@ -73,6 +75,10 @@ els.themeSelect.addEventListener('change', () => applyTheme(els.themeSelect.valu
 let keyPrompt = null;
 // Asks for a key after a 401; resolves true when one was entered. One question at a time.
 export function askKey() {
+  if (people.mode === 'people') { // signed out meanwhile (elsewhere, or disabled): sign in again
+    keyPrompt = keyPrompt || signIn('Your sign-in has ended. Sign in again to go on.').then(() => { keyPrompt = null; return true; });
+    return keyPrompt;
+  }
   if (!keyPrompt) {
     const had = apiKey.get();
     keyPrompt = askUser({

@@ -39,7 +39,8 @@ def _role(data: dict[str, Any]) -> Role:
 
 
 def _invite(request: Request, token: str) -> dict[str, str]:
-    url = f"{str(request.base_url).rstrip('/')}/invite/{token}"
+    # In the fragment: a browser never sends it to a server, so no proxy or log sees the token.
+    url = f"{str(request.base_url).rstrip('/')}/#invite={token}"
     return {"invite_url": url, "invite_qr_svg": segno.make(url, error="m").svg_inline(scale=4, border=2)}
 
 

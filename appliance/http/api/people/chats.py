@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.errors import BadRequest, NotFound
 from appliance.http.api.people.common import body, chats_of, run, signed_in
+from appliance.http.guard import caller_of
 from appliance.http.state import App
 from appliance.people.chats import CHAT_ID, MAX_MESSAGES, Message
 
@@ -90,12 +91,14 @@ async def share(app: App, request: Request) -> Response:
     token = await run(chats.share, account.id, cid)
     if token is None:
         raise NotFound(NO_CHAT, code="chat_not_found")
-    return _no_store({"token": token, "url": f"{str(request.base_url).rstrip('/')}/s/{token}"})
+    return _no_store({"token": token, "url": f"{str(request.base_url).rstrip('/')}/#share={token}"})
 
 
 async def shared(app: App, request: Request) -> Response:
-    signed_in(app, request)
-    chat = await run(chats_of(app).shared, request.path_params["token"])
+    chats = chats_of(app)
+    if caller_of(request.scope["state"]).account is None:  # signed out: the same 404 as a revoked link
+        raise NotFound("no such shared chat (the link may have been revoked)", code="chat_not_found")
+    chat = await run(chats.shared, request.path_params["token"])
     if chat is None:
         raise NotFound("no such shared chat (the link may have been revoked)", code="chat_not_found")
     chat.pop("id", None)  # a reader gets the text, not the owner's handle on it

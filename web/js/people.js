@@ -1,0 +1,176 @@
+// People mode: who is at the keyboard. Asks the server (GET auth/me); signs in, takes an
+// invite (#invite=TOKEN: a fragment is never sent to a server or written to a log), opens a
+// shared chat (#share=TOKEN); the account part of Settings: sign out here or everywhere,
+// the password, and the person's own API keys for their tools.
+import { apiFetch, readError, setCsrf } from './api.js';
+import { askUser, el, els, toast } from './page.js';
+
+export const people = { mode: 'open', person: null, saving: true };
+
+export async function whoAmI() {
+  let body = {};
+  try { body = await (await fetch('auth/me', { cache: 'no-store' })).json(); } catch { /* open */ }
+  people.mode = body.mode || 'open';
+  people.person = body.person || null;
+  people.saving = !body.store || body.store.saving !== false;
+  setCsrf(body.csrf || '');
+  return people;
+}
+
+export const fragment = (name) => new URLSearchParams(location.hash.slice(1)).get(name);
+function dropFragment(name) {
+  const p = new URLSearchParams(location.hash.slice(1));
+  p.delete(name);
+  history.replaceState(null, '', location.pathname + location.search + (p.toString() ? `#${p}` : ''));
+}
+
+async function inviteFor(token) {
+  const res = await fetch(`auth/invite/${encodeURIComponent(token)}`, { cache: 'no-store' });
+  return res.ok ? (await res.json()).name : null;
+}
+
+function plainHttpWarning() {
+  const local = ['localhost', '127.0.0.1', '[::1]'].includes(location.hostname);
+  els.signinPlain.hidden = location.protocol !== 'http:' || local;
+}
+
+// Resolves once someone is signed in; the chat stays hidden until then.
+export async function signIn(why = '') {
+  const token = fragment('invite');
+  const invited = token ? await inviteFor(token) : null;
+  els.app.hidden = true;
+  els.signin.hidden = false;
+  plainHttpWarning();
+  els.signinTitle.textContent = invited ? `Welcome, ${invited}` : 'Sign in';
+  els.signinText.textContent = invited ? 'Choose a password (at least 8 characters) to finish your account.'
+    : (token ? 'This invite link is not valid any more: ask for a new one, or sign in.' : why);
+  els.signinText.hidden = !els.signinText.textContent;
+  els.signinNameRow.hidden = !!invited;
+  els.signinName.value = invited || els.signinName.value;
+  els.signinPassword.autocomplete = invited ? 'new-password' : 'current-password';
+  els.signinPassword.minLength = invited ? 8 : 0;
+  els.signinGo.textContent = invited ? 'Set password and sign in' : 'Sign in';
+  (invited ? els.signinPassword : els.signinName).focus();
+  return new Promise((resolve) => {
+    els.signinForm.onsubmit = async (e) => {
+      e.preventDefault();
+      els.signinError.hidden = true;
+      els.signinGo.disabled = true;
+      try {
+        const body = await submitSignIn(invited ? token : null);
+        if (!body) return;
+        if (invited) dropFragment('invite');
+        people.person = body.person;
+        setCsrf(body.csrf);
+        els.signinPassword.value = '';
+        els.signin.hidden = true;
+        els.app.hidden = false;
+        resolve(people);
+      } finally {
+        els.signinGo.disabled = false;
+      }
+    };
+  });
+}
+
+async function submitSignIn(invite) {
+  const password = els.signinPassword.value;
+  const res = await fetch(invite ? `auth/invite/${encodeURIComponent(invite)}` : 'auth/signin', {
+    method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(invite ? { password } : { name: els.signinName.value.trim(), password }),
+  });
+  if (res.ok) return res.json();
+  const err = await readError(res);
+  els.signinError.textContent = res.status === 401 ? 'Wrong name or password.'
+    : res.status === 429 ? `Too many tries. Wait ${err.retryAfter || 60} seconds and try again.` : err.message;
+  els.signinError.hidden = false;
+  els.signinPassword.select();
+  return null;
+}
+
+// -- Settings: the account ---------------------------------------------------------------------
+export function showAccount() {
+  els.account.hidden = people.mode !== 'people' || !people.person;
+  els.keyRow.hidden = people.mode === 'people';
+  if (els.account.hidden) return;
+  els.accountName.textContent = people.person.name;
+  listKeys();
+}
+
+async function post(path, body, method = 'POST') {
+  const res = await apiFetch(path, {
+    method, headers: { 'Content-Type': 'application/json' }, body: body ? JSON.stringify(body) : undefined,
+  });
+  if (!res.ok) throw new Error((await readError(res)).message);
+  return res.status === 204 ? null : res.json();
+}
+
+async function signOut(everywhere) {
+  try { await post(everywhere ? 'auth/signout-everywhere' : 'auth/signout'); } catch (e) { toast(e.message); return; }
+  location.reload();
+}
+els.signOut.addEventListener('click', () => signOut(false));
+els.signOutEverywhere.addEventListener('click', () => signOut(true));
+
+els.changePassword.addEventListener('click', async () => {
+  els.settings.close();
+  const current = await askUser({ title: 'Change password', text: 'Your current password:', type: 'password', ok: 'Next' });
+  if (!current) return;
+  const next = await askUser({ title: 'Change password', text: 'The new password (at least 8 characters). Your other devices will be signed out.', type: 'password', ok: 'Change' });
+  if (!next) return;
+  try {
+    const body = await post('auth/password', { current, new: next });
+    setCsrf(body.csrf);
+    toast('Password changed. Your other devices are signed out.');
+  } catch (e) { toast(`Could not change the password: ${e.message}`); }
+});
+
+async function listKeys() {
+  let keys = [];
+  try { keys = (await (await apiFetch('v1/me/keys')).json()).keys; } catch { /* shown empty */ }
+  els.keyList.replaceChildren(...keys.map((k) => {
+    const li = el('li', null, `${k.label} `);
+    const b = el('button', 'mini', 'Revoke');
+    b.type = 'button';
+    b.addEventListener('click', async () => {
+      try { await post(`v1/me/keys/${encodeURIComponent(k.id)}`, null, 'DELETE'); } catch (e) { toast(e.message); }
+      listKeys();
+    });
+    li.append(b);
+    return li;
+  }));
+  els.keysEmpty.hidden = keys.length > 0;
+}
+els.newKey.addEventListener('click', async () => {
+  els.settings.close();
+  const label = await askUser({ title: 'New API key', text: 'What is it for (a name for you)?', value: 'my tool', ok: 'Make key' });
+  if (!label) return;
+  try {
+    const body = await post('v1/me/keys', { label });
+    await askUser({ title: 'Your new API key', text: 'Copy it now: it is not shown again. Tools send it as "Authorization: Bearer KEY"; what they use counts as yours.', value: body.key, ok: 'Done' });
+  } catch (e) { toast(`Could not make a key: ${e.message}`); }
+});
+
+// -- Sharing -----------------------------------------------------------------------------------
+export async function shareChat(chat) {
+  try {
+    const body = await post(`v1/chats/${encodeURIComponent(chat.id)}/share`);
+    chat.shared = true;
+    await askUser({ title: 'Share link', text: 'People signed in to this box can read this chat with the link (not change it). Stop sharing in the ⋯ menu.', value: body.url, ok: 'Done' });
+  } catch (e) { toast(`Could not share: ${e.message}`); }
+}
+export async function unshareChat(chat) {
+  try { await post(`v1/chats/${encodeURIComponent(chat.id)}/share`, null, 'DELETE'); chat.shared = false; toast('The link no longer works.'); } catch (e) { toast(e.message); }
+}
+
+// A chat someone shared: read-only, not in the list.
+export async function sharedChat(token) {
+  const res = await apiFetch(`v1/shared/${encodeURIComponent(token)}`);
+  if (!res.ok) { toast('This shared chat is not there any more (the link may have been revoked).'); return null; }
+  const c = await res.json();
+  return {
+    id: `shared-${token.slice(0, 8)}`, sid: '', title: `${c.title} (shared by ${c.owner})`, readOnly: true,
+    created: c.created * 1000, updated: c.updated * 1000,
+    messages: c.messages.map((m) => ({ ...(m.meta || {}), role: m.role, content: m.content })),
+  };
+}
