@@ -189,6 +189,10 @@ class Config:
         "who may use the box: open (anyone on the network; api_keys_file, when set, asks programs for a key) or "
         "people (everyone signs in; the operator adds people in /admin; chats are kept on the box in "
         "state_dir/people.sqlite3)", _one_of("open", "people")))
+    database_url: str = field(default="", metadata=_opt(
+        "PostgreSQL for several boxes behind one nginx, e.g. postgresql://appliance@db.office/appliance (a "
+        "password from ~/.pgpass or PGPASSWORD): people, keys, chats and the usage table (so quotas count "
+        "every box) are shared; empty = SQLite in state_dir"))
     chat_retention_days: int = field(default=0, metadata=_opt(
         "people mode: chats nobody touched for this many days are deleted; 0 = keep them", _non_negative))
     api_keys_file: str = field(default="", metadata=_opt(

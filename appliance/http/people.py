@@ -21,7 +21,7 @@ from starlette.requests import cookie_parser
 
 from appliance.people.accounts import Account, Accounts, Session
 from appliance.people.chats import Chats
-from appliance.people.db import Database, StoreError
+from appliance.people.db import Database, Store, StoreError
 from appliance.people.passwords import Hasher
 from appliance.people.signin import SignInLimiter
 
@@ -36,7 +36,7 @@ class People:
     """Accounts, chats and the sign-in limiter of one box. `db` None: the store could not be
     opened (one journal line); nobody can sign in until it can, the rest of the box serves."""
 
-    db: Database | None
+    db: Store | None
     retention_days: int = 0
     trouble: str = ""
     limiter: SignInLimiter = field(default_factory=SignInLimiter)
@@ -50,8 +50,12 @@ class People:
             self.chats = self.chats or Chats(self.db)
 
     @classmethod
-    def open(cls, state_dir: str, retention_days: int = 0) -> People:
+    def open(cls, state_dir: str, retention_days: int = 0, database_url: str = "") -> People:
+        """SQLite in state_dir, or PostgreSQL at database_url (several boxes, one store)."""
         try:
+            if database_url:
+                from appliance.people.postgres import PgDatabase  # psycopg only where it is asked for
+                return cls(PgDatabase(database_url), retention_days)
             return cls(Database(Path(state_dir) if state_dir else None), retention_days)
         except StoreError as e:
             log.error("%s; nobody can sign in until it is fixed", e)

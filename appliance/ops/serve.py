@@ -35,6 +35,7 @@ from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 from appliance.ops.notify import Notifier, Watchdog
 from appliance.usage.ledger import Ledger
+from appliance.usage.shared import SharedUsageStore
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,13 @@ def document_reader(cfg: Config) -> DocumentReader:
                             wall_s=cfg.document_timeout_s, cpu_s=max(1, int(cfg.document_timeout_s / 2)))
     return DocumentReader(limits, workers=cfg.document_workers)
 
-def accounting(cfg: Config) -> Accounting:
-    """Usage per person kept in state_dir, and the default quota (a key's own quota comes
-    with the keys file, so SIGHUP's reload carries it)."""
-    return Accounting(Ledger(cfg.state_dir, cfg.usage_retention_days), cfg.quota_tokens_per_day)
+def accounting(cfg: Config, people: People | None = None) -> Accounting:
+    """Usage per person kept in state_dir, or in the store several boxes share (database_url),
+    and the default quota (a key's own quota comes with the keys file, so SIGHUP's reload
+    carries it)."""
+    db = people.db if people is not None and cfg.database_url else None
+    shared = (lambda: SharedUsageStore(db)) if db is not None else None
+    return Accounting(Ledger(cfg.state_dir, cfg.usage_retention_days, shared=shared), cfg.quota_tokens_per_day)
 
 
 def build_engine(cfg: Config, model_path: Path, on_fatal: Any = lambda: None) -> Engine:
@@ -208,12 +212,16 @@ def serve(cfg: Config, model_path: Path) -> int:
     faulthandler.enable()
     notifier = Notifier.from_env()
     web = Path(cfg.web_dir) if cfg.web_dir else None
-    people = People.open(cfg.state_dir, cfg.chat_retention_days) if cfg.auth == "people" else None
+    # The store of people and chats (SQLite in state_dir, or PostgreSQL at database_url, which
+    # also takes the usage table so quotas count every box); people mode only with auth = people.
+    store = People.open(cfg.state_dir, cfg.chat_retention_days, cfg.database_url) \
+        if cfg.auth == "people" or cfg.database_url else None
+    people = store if cfg.auth == "people" else None
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
-                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg),
+                         parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg, store),
                          people=people))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           # _drain has waited grace_s already: what is left gets a few seconds.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from appliance.people.db import Database, StoreError, Tx
+from appliance.people.db import Store, StoreError, Tx
 from appliance.people.passwords import Hasher, check_new
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def _account(row: tuple[Any, ...]) -> Account:
 
 
 class Accounts:
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time, hasher: Hasher | None = None,
+    def __init__(self, db: Store, *, clock: Callable[[], float] = time.time, hasher: Hasher | None = None,
                  session_days: float = 30, invite_days: float = 7, cache_s: float = 2.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.db = db

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.people.accounts import AccountError, digest
-from appliance.people.db import Database, Tx
+from appliance.people.db import Store, Tx
 
 ROLES = frozenset({"user", "assistant", "system"})
 MAX_CHATS = 5000  # per person
@@ -57,7 +57,7 @@ def _like(query: str) -> str:
 
 
 class Chats:
-    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Store, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self._clock = clock
 
@@ -67,8 +67,9 @@ class Chats:
         sql = "SELECT id, title, meta, created, updated, share FROM chats c WHERE person = ?"
         params: list[Any] = [pid]
         if query:
-            sql += (" AND (title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE m.person = c.person "
-                    "AND m.chat = c.id AND m.content LIKE ? ESCAPE '\\'))")
+            # lower() on both sides: LIKE ignores case in SQLite, not in PostgreSQL.
+            sql += (" AND (lower(title) LIKE lower(?) ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE "
+                    "m.person = c.person AND m.chat = c.id AND lower(m.content) LIKE lower(?) ESCAPE '\\'))")
             params += [_like(query), _like(query)]
         rows = self.db.read(lambda tx: tx.all(sql + " ORDER BY updated DESC LIMIT ?", (*params, limit)))
         return [{"id": cid, "title": title, "meta": json.loads(meta), "created": created, "updated": updated,

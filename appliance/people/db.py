@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from appliance.people.schema import MIGRATIONS
 from appliance.statedir import private_file
@@ -29,7 +29,26 @@ class StoreError(Exception):
     """The store cannot do this now; str() is one line for the journal and the admin page."""
 
 
-class Tx:
+class Tx(Protocol):
+    """One transaction's statements, on either engine (SQLite here, PostgreSQL in postgres.py)."""
+
+    def run(self, sql: str, params: Params = ()) -> int: ...
+    def one(self, sql: str, params: Params = ()) -> tuple[Any, ...] | None: ...
+    def all(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]: ...
+
+
+class Store(Protocol):
+    """What accounts.py, chats.py and the usage table use of a database."""
+
+    path: str
+    trouble: str
+
+    def read(self, fn: Callable[[Tx], T]) -> T: ...
+    def write(self, fn: Callable[[Tx], T]) -> T: ...
+    def close(self) -> None: ...
+
+
+class SqliteTx:
     """One transaction's statements (the store's only way to the connection)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -87,7 +106,7 @@ class Database:
         """fn's result, reading one consistent view."""
         with self._lock:
             try:
-                return fn(Tx(self._conn))
+                return fn(SqliteTx(self._conn))
             except sqlite3.Error as e:
                 raise self._failed(e) from None
 
@@ -113,10 +132,10 @@ class Database:
         return err
 
     @contextmanager
-    def _tx(self) -> Iterator[Tx]:
+    def _tx(self) -> Iterator[SqliteTx]:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            yield Tx(self._conn)
+            yield SqliteTx(self._conn)
             self._conn.execute("COMMIT")  # a full or read-only disk fails here
         except BaseException:
             if self._conn.in_transaction:

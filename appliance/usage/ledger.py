@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from appliance.people.db import StoreError
+from appliance.usage.shared import SharedUsageStore
 from appliance.usage.store import Row, Tally, UsageStore
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ class Ledger:
 
     def __init__(self, state_dir: str | Path = "", retention_days: int = 90, *,
                  clock: Callable[[], float] = time.time, flush_s: float = 1.0,
-                 monotonic: Callable[[], float] = time.monotonic, retry_s: float = RETRY_S) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, retry_s: float = RETRY_S,
+                 shared: Callable[[], SharedUsageStore] | None = None) -> None:
         self.retention_days = max(1, retention_days)
         self._clock = clock
         self._monotonic = monotonic
@@ -57,10 +60,15 @@ class Ledger:
         self._pending: dict[tuple[str, str], Tally] = {}
         self._today = local_day(clock())
         self._dir = Path(state_dir) if state_dir else None
+        # Several boxes' one table (PostgreSQL): today's counts are read back after each write,
+        # so a quota counts what a person used on every box, a second behind at most.
+        self._shared = shared
+        if shared is not None and self._dir is None:
+            self._dir = Path("(shared)")
         self._loaded = False  # the file's earlier days are in _days
         self._failed_at: float | None = None  # monotonic time of the last failure, while failing
         self.trouble = ""  # what is wrong with the file now, "" while it is fine
-        self._store: UsageStore | None = self._connect() if self._dir is not None else None
+        self._store: UsageStore | SharedUsageStore | None = self._connect() if self._dir is not None else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -74,18 +82,18 @@ class Ledger:
         """The file is open and taking the counts right now."""
         return self._store is not None
 
-    def _connect(self) -> UsageStore | None:
+    def _connect(self) -> UsageStore | SharedUsageStore | None:
         """Open the file (the first time, with its earlier days); None, logged once a failure, if it cannot be used."""
         assert self._dir is not None
         try:
-            store = UsageStore(self._dir)
+            store = self._shared() if self._shared is not None else UsageStore(self._dir)
             try:
                 store.prune(self._cutoff(self._today))
                 rows = None if self._loaded else store.rows()
             except BaseException:
                 store.close()
                 raise
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, OSError, StoreError) as e:
             self._failed(f"state directory not usable: usage database in {self._dir} cannot be used ({e})")
             return None
         if rows is not None:
@@ -145,7 +153,9 @@ class Ledger:
             if pending:
                 store.add((day, who, t) for (day, who), t in pending.items())
             store.prune(cutoff)
-        except (sqlite3.Error, OSError) as e:
+            if self._shared is not None:
+                self._read_back(store)
+        except (sqlite3.Error, OSError, StoreError) as e:
             with self._lock:  # the transaction was rolled back: these counts are still to write
                 for key, t in pending.items():
                     self._pending.setdefault(key, Tally()).add(t)
@@ -156,6 +166,20 @@ class Ledger:
         if self._failed_at is not None:
             log.warning("usage database %s writable again: the counts held in memory are written", store.path)
             self._failed_at, self.trouble = None, ""
+
+    def _read_back(self, store: UsageStore | SharedUsageStore) -> None:
+        """Today's counts as every box wrote them, plus this box's not yet written."""
+        today = local_day(self._clock())
+        rows = store.rows(since=today)
+        with self._lock:
+            fresh: dict[str, Tally] = {}
+            for day, who, t in rows:
+                if day == today:
+                    fresh.setdefault(who, Tally()).add(t)
+            for (day, who), t in self._pending.items():
+                if day == today:
+                    fresh.setdefault(who, Tally()).add(t)
+            self._days[today] = fresh
 
     # -- counting ----------------------------------------------------------------------------
     def record(self, who: str, tally: Tally) -> None:

@@ -24,10 +24,10 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
     requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
     cached_tokens INTEGER NOT NULL DEFAULT 0, generated_tokens INTEGER NOT NULL DEFAULT 0,
     refusals INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (day, who))"""
-_ADD = ("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, who) DO UPDATE SET "
-        "requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
-        "cached_tokens = cached_tokens + excluded.cached_tokens, "
-        "generated_tokens = generated_tokens + excluded.generated_tokens, refusals = refusals + excluded.refusals")
+ADD_SQL = ("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, who) DO UPDATE SET "
+        "requests = usage.requests + excluded.requests, prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens, "
+        "cached_tokens = usage.cached_tokens + excluded.cached_tokens, "
+        "generated_tokens = usage.generated_tokens + excluded.generated_tokens, refusals = usage.refusals + excluded.refusals")
 
 
 @dataclass(slots=True)
@@ -72,7 +72,7 @@ class UsageStore:
     def add(self, rows: Iterable[Row]) -> None:
         """Add counts to their days' rows, in one transaction."""
         with self._transaction():
-            self._db.executemany(_ADD, [(day, who, *astuple(t)) for day, who, t in rows])
+            self._db.executemany(ADD_SQL, [(day, who, *astuple(t)) for day, who, t in rows])
 
     def rows(self, since: str = "") -> list[Row]:
         """Every row from day `since` on (YYYY-MM-DD; "" = all), oldest first."""

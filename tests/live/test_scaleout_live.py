@@ -7,80 +7,25 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import ROOT, Live, free_port, start, wait_listening
+from helpers.live import Live, start
+from helpers.nginx import NGINX, Nginx, start_nginx
 
 from appliance.bench import user_address
 
-# Debian puts nginx in /usr/sbin, which is not on a normal user's PATH.
-NGINX = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")]
 
-CONF = ROOT / "systemd" / "nginx-appliance.conf"
 N_CONVERSATIONS = 10
 # finished-request log line: "request 7 session 1a2b3c4d client 127.0.0.2: stop, prompt 40 (reused 31), ..."
 LOG_LINE = re.compile(r"request \d+ session ([0-9a-f]{8}) client (\S+): (\w+).*?prompt (\d+) \(reused (\d+)\)")
-
-
-def nginx_conf(shipped: str, tmp: Path, port: int, backends: list[int]) -> str:
-    """The shipped file, with this test's boxes and port in place of the example addresses,
-    wrapped in the main context a conf.d file gets from Debian's nginx.conf."""
-    servers = re.findall(r"^([ \t]*)server [\d.]+:\d+( [^;]*);\n", shipped, re.M)
-    assert len(servers) >= 2, "the shipped upstream lists example boxes"
-    indent, params = servers[0]
-    ours = "".join(f"{indent}server 127.0.0.1:{p}{params};\n" for p in backends)
-    text = re.sub(r"^[ \t]*server [\d.]+:\d+ [^;]*;\n", "", shipped, flags=re.M)
-    text = text.replace("keepalive 16;", ours.lstrip() + f"{indent}keepalive 16;", 1)
-    assert text.count("listen 80;") == 1
-    text = text.replace("listen 80;", f"listen 127.0.0.1:{port};")
-    temp = "".join(f"{k}_temp_path {tmp}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return (f"error_log {tmp}/error.log info;\nevents {{ worker_connections 256; }}\n"
-            f"http {{\naccess_log {tmp}/access.log;\n{temp}{text}\n}}\n")
-
-
-@dataclass
-class Nginx:
-    proc: subprocess.Popen[bytes]
-    port: int
-    prefix: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def error_log(self) -> str:
-        path = self.prefix / "error.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
-def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
-    port = free_port()
-    conf = tmp / "nginx.conf"
-    conf.write_text(nginx_conf(CONF.read_text(), tmp, port, backends))
-    out = open(tmp / "nginx.out", "wb")
-    cmd = [str(NGINX), "-p", str(tmp), "-e", str(tmp / "error.log"), "-c", str(conf),
-           "-g", f"daemon off; pid {tmp}/nginx.pid;"]
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    out.close()
-    ngx = Nginx(proc, port, tmp)
-
-    def running() -> None:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited: {(tmp / 'nginx.out').read_text()}\n{ngx.error_log()}")
-
-    wait_listening(port, running, 10, "nginx")
-    return ngx
 
 
 def log_digest(sid: str) -> str:

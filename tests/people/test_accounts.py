@@ -8,9 +8,16 @@ import pytest
 from helpers.fakes import FakeClock
 
 from appliance.people.accounts import KEY_PREFIX, AccountError, Accounts, Role
-from appliance.people.db import FILE_NAME, Database, StoreError
+from appliance.people.db import FILE_NAME, Database, Store, StoreError
 from appliance.people.passwords import Hasher
 from appliance.people.schema import MIGRATIONS
+
+
+def break_store(db: Store) -> None:
+    """Every statement fails from here on: SQLite's file closed, PostgreSQL's server unreachable."""
+    if not isinstance(db, Database):
+        db.url = "postgresql://appliance@127.0.0.1:1/gone"  # type: ignore[attr-defined]
+    db.close()
 
 
 def signed_up(accounts: Accounts, name: str = "Ann", password: str = "ann's long password"):
@@ -105,7 +112,7 @@ def test_changing_the_password_ends_the_other_sessions(accounts: Accounts) -> No
     assert accounts.sign_in("Ann", "a newer long password") is not None
 
 
-def test_a_weaker_stored_hash_is_upgraded_at_sign_in(db: Database, clock: FakeClock) -> None:
+def test_a_weaker_stored_hash_is_upgraded_at_sign_in(db: Store, clock: FakeClock) -> None:
     old = Accounts(db, clock=clock, monotonic=clock, hasher=Hasher(n=2**10))
     signed_up(old)
     new = Accounts(db, clock=clock, monotonic=clock, hasher=Hasher(n=2**11))
@@ -135,7 +142,7 @@ def test_signed_in_people_keep_working_while_the_store_fails(accounts: Accounts,
     account, _, token = signed_up(accounts)
     _, key = accounts.new_key(account.id, "tool")
     assert accounts.session(token) is not None and accounts.find_key(key) is not None
-    accounts.db.close()  # every statement fails from here on
+    break_store(accounts.db)
     clock.t += 60
     assert accounts.session(token) is not None and accounts.find_key(key) is not None
     assert "people store" in accounts.db.trouble
