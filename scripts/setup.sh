@@ -179,6 +179,14 @@ if [[ ,$extras, == *,test,* ]] && ! command -v nginx >/dev/null && [ ! -x /usr/s
     say "note: without nginx the scale-out test skips; install it with:  sudo apt-get install -y nginx"
   fi
 fi
+# ...and starts Debian's PostgreSQL for the people store's tests (tests/helpers/postgres.py).
+if [[ ,$extras, == *,test,* ]] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    missing+=(postgresql)
+  else
+    say "note: without postgresql the PostgreSQL tests skip; install it with:  sudo apt-get install -y postgresql"
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing system packages: ${missing[*]}"

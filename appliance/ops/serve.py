@@ -47,6 +47,15 @@ def document_reader(cfg: Config) -> DocumentReader:
                             wall_s=cfg.document_timeout_s, cpu_s=max(1, int(cfg.document_timeout_s / 2)))
     return DocumentReader(limits, workers=cfg.document_workers)
 
+def people_store(cfg: Config) -> tuple[People | None, People | None]:
+    """The store of people and chats (SQLite in state_dir, or PostgreSQL at database_url, which
+    also takes the usage table so quotas count every box), and people mode's use of it (only
+    with auth = people)."""
+    store = People.open(cfg.state_dir, cfg.chat_retention_days, cfg.database_url) \
+        if cfg.auth == "people" or cfg.database_url else None
+    return store, store if cfg.auth == "people" else None
+
+
 def accounting(cfg: Config, people: People | None = None) -> Accounting:
     """Usage per person kept in state_dir, or in the store several boxes share (database_url),
     and the default quota (a key's own quota comes with the keys file, so SIGHUP's reload
@@ -212,11 +221,7 @@ def serve(cfg: Config, model_path: Path) -> int:
     faulthandler.enable()
     notifier = Notifier.from_env()
     web = Path(cfg.web_dir) if cfg.web_dir else None
-    # The store of people and chats (SQLite in state_dir, or PostgreSQL at database_url, which
-    # also takes the usage table so quotas count every box); people mode only with auth = people.
-    store = People.open(cfg.state_dir, cfg.chat_retention_days, cfg.database_url) \
-        if cfg.auth == "people" or cfg.database_url else None
-    people = store if cfg.auth == "people" else None
+    store, people = people_store(cfg)
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,
