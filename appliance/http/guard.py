@@ -219,7 +219,9 @@ class Guard:
         cors = origin is not None and origin.lower().rstrip("/") in self.policy.allowed_origins
         token = self._token(headers)
         key = self.policy.keys.find(token) if token and self.policy.keys.enabled else None
-        account, session = await self.policy.people.resolve(headers, None if key else token) \
+        peer = scope["client"][0] if scope.get("client") else ""
+        account, session = await self.policy.people.resolve(
+            headers, None if key else token, is_trusted(peer, self.policy.trusted_proxies)) \
             if self.policy.people is not None else (None, None)
         try:
             caller = self._check(scope, headers, origin, cors, Caller("", key, None, account, session))

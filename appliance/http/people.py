@@ -28,6 +28,7 @@ from appliance.people.signin import SignInLimiter
 log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
 CSRF_HEADER = "x-csrf-token"
+FORWARDED_USER = "x-forwarded-user"  # oauth2-proxy's, Authelia's: believed from trusted_proxies only
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -65,15 +66,18 @@ class People:
     def store_trouble(self) -> str:
         return self.trouble or (self.db.trouble if self.db else "")
 
-    async def resolve(self, headers: Headers, token: str | None) -> tuple[Account | None, Session | None]:
-        """The person asking: by one of their API keys (`token`), else by the session cookie."""
+    async def resolve(self, headers: Headers, token: str | None,
+                      proxied: bool = False) -> tuple[Account | None, Session | None]:
+        """The person asking: by one of their API keys (`token`), else by the session cookie,
+        else (from a trusted proxy that signs people in) by its X-Forwarded-User."""
         if self.accounts is None:
             return None, None
         if token:
             return await asyncio.to_thread(self.accounts.find_key, token), None
         cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE)
         if not cookie:
-            return None, None
+            forwarded = headers.get(FORWARDED_USER, "").strip() if proxied else ""
+            return (await asyncio.to_thread(self.accounts.named, forwarded) if forwarded else None), None
         session = await asyncio.to_thread(self.accounts.session, cookie)
         return (session.account, session) if session else (None, None)
 

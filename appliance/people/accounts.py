@@ -308,6 +308,15 @@ class Accounts:
         found = self._cached(digest(token), look)
         return found if isinstance(found, Account) else None
 
+    def named(self, name: str) -> Account | None:
+        """An enabled person by name (a signing-in proxy's X-Forwarded-User), or None."""
+        def look(tx: Tx) -> Account | None:
+            row = tx.one(f"{_ACCOUNT} WHERE p.name_key = ? AND p.disabled = 0", (name_key(name),))
+            return _account(row) if row else None
+
+        found = self._cached("name:" + name_key(name), look)
+        return found if isinstance(found, Account) else None
+
     # -- the store, and what was seen of it ---------------------------------------------------
 
     def _cached(self, key: str, look: Callable[[Tx], Session | Account | None]) -> Session | Account | None:

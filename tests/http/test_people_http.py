@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.inprocess import CHAT, USER, error_of, serving
+from helpers.fakes import FakeModel
+from helpers.inprocess import CHAT, USER, build, error_of, serving
 from starlette.testclient import TestClient
 
 from appliance.http.people import COOKIE, People
@@ -237,3 +238,17 @@ def test_open_mode_has_no_people(tmp_path: Path) -> None:
             "people_mode_off"
 
 
+
+
+def test_a_signing_in_proxy_names_the_person_from_trusted_proxies_only(tmp_path: Path) -> None:
+    people = People(Database(tmp_path / "state"), hasher=Hasher(n=2**10))
+    assert people.accounts is not None
+    people.accounts.add("Gus")
+    app = build(lambda: FakeModel(reply="hello"), people=people, trusted=("10.9.9.9",))
+    with TestClient(app, base_url="http://localhost", client=("10.9.9.9", 5000)) as client:
+        named = {"x-forwarded-user": "gus", "x-forwarded-for": "10.0.0.77"}
+        assert client.get("/auth/me", headers=named).json()["person"]["name"] == "Gus"
+        assert client.get("/v1/chats", headers=named).status_code == 200
+        error_of(client.get("/v1/chats", headers={"x-forwarded-user": "nobody"}), 401)
+        # Not from a trusted proxy: the header is the client's own words.
+        error_of(client.get("/v1/chats", headers={**named, **user(3)}), 401)
