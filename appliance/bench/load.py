@@ -16,6 +16,7 @@ from typing import Literal
 import httpx
 
 from appliance.bench import sse
+from appliance.bench.people import signed_in
 from appliance.bench.progress import Progress
 from appliance.bench.results import LevelResult, RequestResult
 from appliance.bench.rss import rss_mib, server_pid
@@ -128,15 +129,18 @@ async def measure(
     async with contextlib.AsyncExitStack() as stack:
         # Made before the clock starts: users 0..concurrency-1 are the workers, the last
         # one pastes the long document.
-        level.clients = [await stack.enter_async_context(user_client(workload, timeout, tls, local, i))
-                         for i in range(concurrency + (1 if workload.long_prompt_tokens else 0))]
+        n_users = concurrency + (1 if workload.long_prompt_tokens else 0)
+        people = await signed_in(url, n_users, tls, local)  # people mode: each user signed in
+        level.clients = [await stack.enter_async_context(
+            user_client(workload, timeout, tls, local, i, headers=people[i] if people else None))
+            for i in range(n_users)]
         wall = await level.run(concurrency, label, expected, duration_s)
     return LevelResult(label, concurrency, wall, level.results, level.long_results,
                        _gaps_during(level.long_results, level.results))
 
 
 def user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: bool, i: int,
-                n: int = 2) -> httpx.AsyncClient:
+                n: int = 2, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     """Simulated user i's own HTTP client (n connections at most)."""
     # One client per simulated user: its own connection and, on loopback, its own source
     # address, so the server sees an office of users rather than one very busy one.
@@ -144,7 +148,7 @@ def user_client(workload: Workload, timeout: float, tls: ssl.SSLContext, local: 
     transport = httpx.AsyncHTTPTransport(
         verify=tls, local_address=address,
         limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
-    return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+    return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False, headers=headers)
 
 
 def _gaps_during(long_results: list[RequestResult], results: list[RequestResult]) -> list[float]:
