@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
 CSRF_HEADER = "x-csrf-token"
 FORWARDED_USER = "x-forwarded-user"  # oauth2-proxy's, Authelia's: believed from trusted_proxies only
+PRUNE_EVERY_S = 3600.0
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -44,6 +47,7 @@ class People:
     hasher: Hasher = field(default_factory=Hasher)
     accounts: Accounts | None = None
     chats: Chats | None = None
+    pruned_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         if self.db is not None:
@@ -61,6 +65,24 @@ class People:
         except StoreError as e:
             log.error("%s; nobody can sign in until it is fixed", e)
             return cls(None, retention_days, trouble=str(e))
+
+    def prune_due(self, now: float | None = None) -> None:
+        """Forget chats older than retention_days, at most once an hour (off the event loop)."""
+        now = time.monotonic() if now is None else now
+        if not self.retention_days or self.chats is None or now - self.pruned_at < PRUNE_EVERY_S:
+            return
+        self.pruned_at = now
+        chats, days = self.chats, self.retention_days
+
+        def prune() -> None:
+            try:
+                gone = chats.prune(days)
+            except StoreError:
+                return  # the store's own journal line says why
+            if gone:
+                log.info("deleted %d chats nobody touched for %d days (chat_retention_days)", gone, days)
+
+        threading.Thread(target=prune, name="chat-retention", daemon=True).start()
 
     @property
     def store_trouble(self) -> str:

@@ -252,3 +252,25 @@ def test_a_signing_in_proxy_names_the_person_from_trusted_proxies_only(tmp_path:
         error_of(client.get("/v1/chats", headers={"x-forwarded-user": "nobody"}), 401)
         # Not from a trusted proxy: the header is the client's own words.
         error_of(client.get("/v1/chats", headers={**named, **user(3)}), 401)
+
+
+def test_chats_nobody_touched_for_the_retention_are_deleted_at_most_hourly(tmp_path: Path) -> None:
+    from helpers.fakes import FakeClock
+    from helpers.polling import wait_until
+
+    from appliance.people.chats import Chats
+
+    clock = FakeClock(1_800_000_000.0)
+    db = Database(tmp_path / "state")
+    people = People(db, retention_days=30, hasher=Hasher(n=2**10), chats=Chats(db, clock=clock))
+    assert people.accounts is not None and people.chats is not None
+    pid = people.accounts.add("Hal")[0].id
+    people.chats.put(pid, "old-chat-0000000001", "old", [])
+    clock.advance(31 * 86400)
+    people.chats.put(pid, "new-chat-0000000001", "new", [])
+    people.prune_due(now=0.0)
+    wait_until(lambda: [c["id"] for c in people.chats.listed(pid)] == ["new-chat-0000000001"] or None, 5,
+               "the old chat to go")
+    clock.advance(31 * 86400)
+    people.prune_due(now=10.0)  # within the hour: not again
+    assert len(people.chats.listed(pid)) == 1

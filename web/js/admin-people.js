@@ -51,6 +51,9 @@ function row(p) {
   const id = encodeURIComponent(p.id);
   td.append(
     action('New invite link', async () => showInvite(p.name, await call(`admin/people/${id}/invite`, 'POST'))),
+    action('Delete chats', async () => {
+      if (window.confirm(`Delete all of ${p.name}'s chats? They cannot be brought back.`)) await call(`admin/people/${id}?only=chats`, 'DELETE');
+    }, true),
     action(p.disabled ? 'Enable' : 'Disable', () => call(`admin/people/${id}`, 'PATCH', { disabled: !p.disabled })),
     action('Remove', async () => {
       if (window.confirm(`Remove ${p.name} and all their chats and keys?`)) await call(`admin/people/${id}`, 'DELETE');

@@ -7,9 +7,25 @@ import { askUser, download, el, els, narrow, page, say, toast } from './page.js'
 import { people, shareChat, unshareChat } from './people.js';
 import { newChat } from './store.js';
 
+// On the box (people mode) a search looks through the chats' text too: the server's answer
+// (ids matching, newest first) replaces the title filter once it comes.
+let found = null; // {q, ids: Set} from GET v1/chats?q=
+let searchTimer = 0;
+function searchServer(q) {
+  clearTimeout(searchTimer);
+  if (!q || !page.store || !page.store.search) { found = null; return; }
+  searchTimer = setTimeout(async () => {
+    try {
+      const ids = await page.store.search(q);
+      if (els.search.value.trim().toLowerCase() === q) { found = { q, ids: new Set(ids) }; renderList(); }
+    } catch { /* the title filter stays */ }
+  }, 250);
+}
+
 export function renderList() {
   const q = els.search.value.trim().toLowerCase();
-  const shown = page.chats.filter((c) => !q || c.title.toLowerCase().includes(q));
+  const byServer = found && found.q === q ? found.ids : null;
+  const shown = page.chats.filter((c) => !q || c.title.toLowerCase().includes(q) || (byServer && byServer.has(c.id)));
   els.chatList.replaceChildren(...shown.map((c) => {
     const li = el('li');
     const b = el('button', 'chat-item', c.title);
@@ -22,9 +38,9 @@ export function renderList() {
     return li;
   }));
   els.listEmpty.hidden = shown.length > 0;
-  els.listEmpty.textContent = q ? 'No chat has that in its title.' : 'No chats yet.';
+  els.listEmpty.textContent = q ? (page.store && page.store.search ? 'No chat has that in it.' : 'No chat has that in its title.') : 'No chats yet.';
 }
-els.search.addEventListener('input', renderList);
+els.search.addEventListener('input', () => { renderList(); searchServer(els.search.value.trim().toLowerCase()); });
 
 let sideHidden = false;
 export function setDrawer(open) {

@@ -39,6 +39,12 @@ export class ServerStore {
     return (await res.json()).chats.map(fromServer);
   }
 
+  async search(q) {
+    const res = await apiFetch(`v1/chats?q=${encodeURIComponent(q)}`);
+    if (!res.ok) throw new Error((await readError(res)).message);
+    return (await res.json()).chats.map((c) => c.id);
+  }
+
   async load(chat) {
     if (!chat.stub) return chat;
     const res = await apiFetch(`v1/chats/${encodeURIComponent(chat.id)}`);

@@ -41,6 +41,7 @@ def accounts_of(app: App) -> Accounts:
 def chats_of(app: App) -> Chats:
     accounts_of(app)
     assert app.people is not None and app.people.chats is not None
+    app.people.prune_due()  # chat_retention_days: at most once an hour, on a worker thread
     return app.people.chats
 
 
