@@ -94,8 +94,10 @@ class People:
         else (from a trusted proxy that signs people in) by its X-Forwarded-User."""
         if self.accounts is None:
             return None, None
-        if token:
-            return await asyncio.to_thread(self.accounts.find_key, token), None
+        if token and (account := await asyncio.to_thread(self.accounts.find_key, token)) is not None:
+            return account, None
+        # A key that is not a person's (one the page kept from before people mode) does not
+        # hide the session cookie.
         cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE)
         if not cookie:
             forwarded = headers.get(FORWARDED_USER, "").strip() if proxied else ""

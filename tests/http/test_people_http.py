@@ -116,6 +116,9 @@ def test_changes_by_cookie_need_the_csrf_token(ann: Person) -> None:
     assert err["code"] == "csrf_token"
     assert ann.send("POST", CHAT, {"messages": USER}).status_code == 200
     assert ann.c.get("/v1/chats", headers=ann.h(csrf=False)).status_code == 200  # reading needs none
+    # A key the page kept from before people mode does not hide the session.
+    stale = {**ann.h(), "authorization": "Bearer a-key-from-the-open-days-0001"}
+    assert ann.c.get("/v1/chats", headers=stale).status_code == 200
 
 
 def test_a_persons_chats_are_theirs_and_shared_by_link(client: TestClient, ann: Person, ben: Person) -> None:
