@@ -97,6 +97,7 @@ class Accounts:
         self.session_s, self.invite_s, self._cache_s = session_days * 86400, invite_days * 86400, cache_s
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[Session | Account, float]] = {}  # digest -> (what, when looked up)
+        self._unsaved: dict[str, tuple[Session, float]] = {}  # digest -> (session, expires): store not writable
 
     # -- people (the operator's) --------------------------------------------------------------
 
@@ -240,11 +241,22 @@ class Accounts:
                       (SELECT digest FROM sessions WHERE person = ? ORDER BY created DESC LIMIT ?)""",
                    (account.id, account.id, MAX_SESSIONS))
 
-        self._write(new)
-        return Session(account, csrf, digest(token)), token
+        session = Session(account, csrf, digest(token))
+        try:
+            self._write(new)
+        except StoreError:
+            # A store that cannot be written (a read-only disk) still lets people sign in: the
+            # session lives in this process's memory until it ends or the box restarts.
+            with self._lock:
+                self._unsaved[session.digest] = (session, now + self.session_s)
+        return session, token
 
     def session(self, token: str) -> Session | None:
         """The live session a cookie's token names, or None."""
+        with self._lock:
+            unsaved = self._unsaved.get(digest(token))
+        if unsaved is not None and unsaved[1] > self._clock():
+            return unsaved[0]
         def look(tx: Tx) -> Session | None:
             row = tx.one(f"{_ACCOUNT} JOIN sessions s ON s.person = p.id "
                          "WHERE s.digest = ? AND s.expires > ? AND p.disabled = 0", (digest(token), self._clock()))
@@ -255,12 +267,12 @@ class Accounts:
         return found if isinstance(found, Session) else None
 
     def sign_out(self, session: Session) -> None:
-        self._write(lambda tx: tx.run("DELETE FROM sessions WHERE digest = ?", (session.digest,)))
         self._forget(lambda what: isinstance(what, Session) and what.digest == session.digest)
+        self._write(lambda tx: tx.run("DELETE FROM sessions WHERE digest = ?", (session.digest,)))
 
     def sign_out_everywhere(self, pid: str) -> None:
-        self._write(lambda tx: self._end_all(tx, pid, keys=False))
         self._forget(lambda what: isinstance(what, Session) and what.account.id == pid)
+        self._write(lambda tx: self._end_all(tx, pid, keys=False))
 
     @staticmethod
     def _end_all(tx: Tx, pid: str, keys: bool) -> None:
@@ -342,6 +354,8 @@ class Accounts:
         with self._lock:
             for key in [k for k, (what, _) in self._seen.items() if which(what)]:
                 del self._seen[key]
+            for key in [k for k, (what, _) in self._unsaved.items() if which(what)]:
+                del self._unsaved[key]
 
     def _read(self, fn: Callable[[Tx], Any]) -> Any:
         return self.db.read(fn)

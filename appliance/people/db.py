@@ -8,6 +8,7 @@ it has seen; the page is told chats are not being saved).
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import threading
@@ -73,20 +74,38 @@ class Database:
         self._lock = threading.Lock()
         self.trouble = ""  # the last failure, "" since the last write that worked (or never failed)
         try:
-            target = str(private_file(state_dir, FILE_NAME)) if state_dir is not None else ":memory:"
-            self._conn = sqlite3.connect(target, timeout=5, check_same_thread=False, isolation_level=None)
+            self._conn, target = self._open(state_dir)
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"people store {state_dir}/{FILE_NAME}: {e}") from None
         self.path = target
         try:
             self._conn.execute("PRAGMA foreign_keys = ON")
-            if state_dir is not None:
+            if state_dir is not None and not self.trouble:
                 self._conn.execute("PRAGMA journal_mode = WAL")  # readers never wait on the writer
                 self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.Error as e:
             self._conn.close()
             raise StoreError(f"people store {target}: {e}") from None
+
+    def _open(self, state_dir: Path | None) -> tuple[sqlite3.Connection, str]:
+        """The file, read and write; on a disk gone read-only (an SD card failing), read only:
+        people sign in and read their chats, nothing is saved, and the journal says so once."""
+        if state_dir is None:
+            return sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None), ":memory:"
+        try:
+            target = str(private_file(state_dir, FILE_NAME))
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not (state_dir / FILE_NAME).is_file():
+                raise
+            target = str(state_dir / FILE_NAME)
+            # immutable: a WAL file is opened read-only only where its -shm can be made, or so.
+            conn = sqlite3.connect(f"file:{target}?mode=ro&immutable=1", uri=True, timeout=5,
+                                   check_same_thread=False, isolation_level=None)
+            self.trouble = f"people store {target}: read-only ({e.strerror})"
+            log.error("%s; people sign in and read their chats, nothing is saved until it is writable", self.trouble)
+            return conn, target
+        return sqlite3.connect(target, timeout=5, check_same_thread=False, isolation_level=None), target
 
     @property
     def version(self) -> int:

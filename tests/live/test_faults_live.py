@@ -227,6 +227,57 @@ def test_usage_counted_during_a_disk_error_is_in_the_database_after_a_restart(
     print(f"\nfaults/usage through a disk error: 20 requests counted, {me['today']['requests']} after the restart")
 
 
+@needs_mounts
+def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_or_corrupt_store(
+        servers: Callable[..., Live], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    people = ("--auth", "people")
+    live = servers(*SMALL, *people, state=state, mounted=True)
+    r = live.client.post("/admin/people", json={"name": "Ann"})
+    token = r.json()["invite_url"].rsplit("=", 1)[1]
+    r = live.user_client(3).post(f"/auth/invite/{token}", json={"password": "ann's long password"})
+    ann = {"cookie": r.headers["set-cookie"].split(";")[0], "x-csrf-token": r.json()["csrf"]}
+    chat = {"title": "Plants", "messages": [{"role": "user", "content": "When are plants watered?"},
+                                             {"role": "assistant", "content": "On Mondays."}]}
+    assert live.user_client(3).put("/v1/chats/plants-chat-000000001", json=chat, headers=ann).status_code == 200
+    assert live.stop() == 0
+
+    # A restart loses no chat, and Ann stays signed in.
+    live = servers(*SMALL, *people, state=state, mounted=True)
+    got = live.user_client(3).get("/v1/chats/plants-chat-000000001", headers=ann)
+    assert got.status_code == 200 and got.json()["messages"][1]["content"] == "On Mondays."
+
+    # The disk is read-only (an SD card the kernel remounted): Ann signs in and reads her chats,
+    # answers go on, a save is a 503 that says so, /auth/me tells the page.
+    assert live.stop() == 0
+    live = servers(*SMALL, *people, state=state, read_only=True)
+    assert live.user_client(3).get("/v1/chats/plants-chat-000000001", headers=ann).status_code == 200
+    signin = live.user_client(4).post("/auth/signin", json={"name": "Ann", "password": "ann's long password"})
+    assert signin.status_code == 200
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    statuses = [live.user_client(3).post(CHAT, json=body, headers=ann, timeout=HANG_S).status_code for _ in range(3)]
+    put = live.user_client(3).put("/v1/chats/plants-chat-000000001", json=chat, headers=ann)
+    assert statuses == [200, 200, 200] and put.status_code == 503 and "not saved" in put.json()["error"]["message"]
+    assert live.user_client(3).put("/v1/chats/plants-chat-000000001", json=chat, headers=ann).status_code == 503
+    me = live.user_client(3).get("/auth/me", headers=ann).json()
+    assert me["person"]["name"] == "Ann" and me["store"]["saving"] is False
+    assert live.stop() == 0
+    log = live.log()
+    assert log.count("read-only") >= 1 and log.count("chats are not being saved") <= 1  # one line an outage
+
+    # A corrupt file at start-up: one journal line, and the box answers (nobody can sign in until it is fixed).
+    (state / "people.sqlite3").write_bytes(b"not a database " * 1000)
+    for extra in ("people.sqlite3-wal", "people.sqlite3-shm"):
+        (state / extra).unlink(missing_ok=True)
+    live = servers(*SMALL, *people, state=state)
+    assert live.client.get("/health").json()["status"] == "ok"
+    signin = live.user_client(3).post("/auth/signin", json={"name": "Ann", "password": "ann's long password"})
+    assert signin.status_code == 503 and signin.json()["error"]["code"] == "store_unavailable"
+    assert live.log().count("nobody can sign in until it is fixed") == 1
+    print(f"\nfaults/people store: restart kept the chat; read-only: answers {statuses}, saves 503; corrupt: "
+          f"health ok, sign-in {signin.status_code}")
+
+
 # -- 4. a stop in the middle of long answers ----------------------------------------------------
 def test_a_stop_ends_every_running_answer_with_the_error_event_and_keeps_its_conversation(
         servers: Callable[..., Live], tmp_path: Path) -> None:

@@ -148,3 +148,19 @@ def test_signed_in_people_keep_working_while_the_store_fails(accounts: Accounts,
     assert "people store" in accounts.db.trouble
     with pytest.raises(StoreError):
         accounts.add("Cat")
+
+
+def test_on_a_store_that_takes_no_writes_people_still_sign_in(tmp_path: Path, clock: FakeClock) -> None:
+    """A read-only disk: reads work, writes fail. A session is then kept in memory."""
+    db = Database(tmp_path / "state")
+    accounts = Accounts(db, clock=clock, monotonic=clock, hasher=Hasher(n=2**10))
+    account, _, _ = signed_up(accounts)
+    db._conn.execute("PRAGMA query_only = ON")  # SQLite refuses every write from here on
+    found = accounts.sign_in("Ann", "ann's long password")
+    assert found is not None
+    session, token = found
+    clock.advance(60)
+    assert accounts.session(token) == session and "readonly" in db.trouble
+    with pytest.raises(StoreError):
+        accounts.sign_out(session)
+    assert accounts.session(token) is None  # signed out here at least
