@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.live import ROOT, free_port, wait_listening
+from helpers.live import ROOT, Live, free_port, start, wait_listening
 
 # Debian puts nginx in /usr/sbin, which is not on a normal user's PATH.
 NGINX = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
@@ -64,3 +66,30 @@ def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
 
     wait_listening(port, running, 10, "nginx")
     return ngx
+
+
+# Two boxes of the bundled model as the scale-out tests run them: nginx connects from
+# 127.0.0.1, so the boxes take the person's address from its X-Forwarded-For; one llama.cpp
+# thread each, as two boxes of two threads on two cores would spin against each other.
+BOX_ARGS = ("--slots", "2", "--ctx-per-slot", "512", "--kv-tokens", "2048", "--threads", "1",
+            "--trusted-proxies", "127.0.0.1")
+
+
+@contextmanager
+def two_boxes(model: Path, tmp: Path, *args: str) -> Iterator[tuple[list[Live], Nginx]]:
+    """Two started appliances (BOX_ARGS and `args`) behind nginx; all stopped at the end."""
+    for name in ("a", "b", "nginx"):
+        (tmp / name).mkdir()
+    boxes = [start(model, tmp / name, *BOX_ARGS, *args) for name in ("a", "b")]
+    ngx: Nginx | None = None
+    try:
+        for box in boxes:
+            box.wait_ready()
+        ngx = start_nginx(tmp / "nginx", [b.port for b in boxes])
+        yield boxes, ngx
+    finally:
+        if ngx is not None:
+            ngx.proc.terminate()
+            ngx.proc.wait(10)
+        for box in boxes:
+            box.stop()

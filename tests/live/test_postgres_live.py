@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
-from helpers.nginx import NGINX, Nginx, start_nginx
+from helpers.live import Live
+from helpers.nginx import NGINX, Nginx, two_boxes
 from helpers.polling import wait_until
 from helpers.postgres import INSTALL, cluster, pg_bin
 
@@ -26,24 +26,8 @@ CHAT_ID = "chat-on-two-boxes-0001"
 
 @pytest.fixture
 def boxes(bundled_model: Path, tmp_path: Path) -> Iterator[tuple[list[Live], Nginx]]:
-    with cluster() as url:
-        for name in ("a", "b", "nginx"):
-            (tmp_path / name).mkdir()
-        live = [start(bundled_model, tmp_path / name, "--auth", "people", "--database-url", url, "--slots", "2",
-                      "--ctx-per-slot", "512", "--kv-tokens", "2048", "--threads", "1",
-                      "--trusted-proxies", "127.0.0.1") for name in ("a", "b")]
-        ngx: Nginx | None = None
-        try:
-            for box in live:
-                box.wait_ready()
-            ngx = start_nginx(tmp_path / "nginx", [b.port for b in live])
-            yield live, ngx
-        finally:
-            if ngx is not None:
-                ngx.proc.terminate()
-                ngx.proc.wait(10)
-            for box in live:
-                box.stop()
+    with cluster() as url, two_boxes(bundled_model, tmp_path, "--auth", "people", "--database-url", url) as boxes:
+        yield boxes
 
 
 def signed_in(r: httpx.Response) -> dict[str, str]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, start
-from helpers.nginx import NGINX, Nginx, start_nginx
+from helpers.live import Live
+from helpers.nginx import NGINX, Nginx, two_boxes
 
 from appliance.bench import user_address
 
@@ -45,24 +45,8 @@ def turns_on(box: Live) -> dict[str, list[tuple[str, str, int, int]]]:
 
 @pytest.fixture
 def cluster(bundled_model: Path, tmp_path: Path) -> Iterator[tuple[list[Live], Nginx]]:
-    for name in ("a", "b", "nginx"):
-        (tmp_path / name).mkdir()
-    # nginx connects from 127.0.0.1: the boxes take the person's address from its X-Forwarded-For.
-    # One llama.cpp thread each: two boxes of two threads on two cores would spin against each other.
-    boxes = [start(bundled_model, tmp_path / name, "--slots", "2", "--ctx-per-slot", "512", "--kv-tokens", "2048",
-                   "--threads", "1", "--trusted-proxies", "127.0.0.1") for name in ("a", "b")]
-    ngx: Nginx | None = None
-    try:
-        for box in boxes:
-            box.wait_ready()
-        ngx = start_nginx(tmp_path / "nginx", [b.port for b in boxes])
-        yield boxes, ngx
-    finally:
-        if ngx is not None:
-            ngx.proc.terminate()
-            ngx.proc.wait(10)
-        for box in boxes:
-            box.stop()
+    with two_boxes(bundled_model, tmp_path) as boxes:
+        yield boxes
 
 
 class Conversation:
