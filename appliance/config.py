@@ -193,6 +193,10 @@ class Config:
         "PostgreSQL for several boxes behind one nginx, e.g. postgresql://appliance@db.office/appliance (a "
         "password from ~/.pgpass or PGPASSWORD): people, keys, chats and the usage table (so quotas count "
         "every box) are shared; empty = SQLite in state_dir"))
+    signin_header: str = field(default="", metadata=_opt(
+        "people mode behind a proxy that signs people in itself (oauth2-proxy, Authelia): the header naming "
+        "the person, e.g. X-Forwarded-User, believed from trusted_proxies only; empty = off (every proxy in "
+        "trusted_proxies must then drop a client's own copy of it)"))
     chat_retention_days: int = field(default=0, metadata=_opt(
         "people mode: chats nobody touched for this many days are deleted; 0 = keep them", _non_negative))
     api_keys_file: str = field(default="", metadata=_opt(

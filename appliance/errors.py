@@ -64,6 +64,13 @@ class QueueFull(ApplianceError):
     type = "rate_limit_error"
 
 
+class Conflict(ApplianceError):
+    """Two changes at once that cannot both be (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+
+
 class Unavailable(ApplianceError):
     """Loading, draining, or no slot within the queue timeout (503)."""
 

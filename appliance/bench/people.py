@@ -41,7 +41,8 @@ async def signed_in(url: str, n: int, tls: ssl.SSLContext, local: bool) -> list[
             token = r.json()["invite_url"].rsplit("=", 1)[1]
             transport = httpx.AsyncHTTPTransport(verify=tls, local_address=user_address(i) if local else None)
             async with httpx.AsyncClient(transport=transport, timeout=30, trust_env=False) as user:
-                r = await user.post(f"{root}/auth/invite/{token}", json={"password": secrets.token_urlsafe(16)})
+                r = await user.post(f"{root}/auth/invite/accept",
+                                    json={"token": token, "password": secrets.token_urlsafe(16)})
             r.raise_for_status()
             cookie = r.headers["set-cookie"].split(";")[0]
             made.append({"Cookie": cookie, "X-CSRF-Token": r.json()["csrf"]})

@@ -45,10 +45,10 @@ API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completio
 UPLOAD_PATHS = ("/v1/documents/",)
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
 # Routes that make a new session (their Origin and JSON checks still apply): no CSRF token yet.
-FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite/")
+FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite")
 # A share link asked for signed out is a 404 like a revoked one (the route's), not a 401 that
 # says there is something behind the sign-in.
-SHARED_PATHS = ("/v1/shared/",)
+SHARED_PATHS = ("/v1/shared",)
 OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -273,7 +273,7 @@ class Guard:
         if path.startswith(ADMIN_PATHS) and not (caller.local or caller.admin):
             raise self._no("admin_only", Forbidden(
                 "only from this machine, or with an admin API key", code="admin_only"))
-        if method == "POST" and path.startswith(API_PATHS):
+        if method in CHANGES and path.startswith(API_PATHS):  # a chat's PUT too, not only POSTs
             wait = self.rate.check(caller.client)
             if wait is not None:
                 err = QueueFull(f"too many requests: at most {p.rate_limit_per_s:g} per second per client",

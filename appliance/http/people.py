@@ -15,6 +15,7 @@ import hmac
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,8 @@ from appliance.people.signin import SignInLimiter
 log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
 CSRF_HEADER = "x-csrf-token"
-FORWARDED_USER = "x-forwarded-user"  # oauth2-proxy's, Authelia's: believed from trusted_proxies only
 PRUNE_EVERY_S = 3600.0
+HASH_QUEUE = 16  # sign-ins waiting for the hash thread (~3 s of hashing) before a 429
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -48,6 +49,14 @@ class People:
     accounts: Accounts | None = None
     chats: Chats | None = None
     pruned_at: float = float("-inf")
+    # Password hashes (0.2 s and 32 MiB each) on a thread of their own, at most HASH_QUEUE
+    # waiting: a burst of sign-ins neither takes the shared worker threads (cookie lookups,
+    # tokenizing) nor grows without bound.
+    hash_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "password-hash"))
+    hash_waiting: int = 0
+    # The header a signing-in proxy names the person in (signin_header, lower case; "" = off):
+    # opt-in, as a proxy that passes a client's own copy on would let anyone be anyone.
+    signin_header: str = ""
 
     def __post_init__(self) -> None:
         if self.db is not None:
@@ -55,13 +64,14 @@ class People:
             self.chats = self.chats or Chats(self.db)
 
     @classmethod
-    def open(cls, state_dir: str, retention_days: int = 0, database_url: str = "") -> People:
+    def open(cls, state_dir: str, retention_days: int = 0, database_url: str = "", signin_header: str = "") -> People:
         """SQLite in state_dir, or PostgreSQL at database_url (several boxes, one store)."""
         try:
             if database_url:
                 from appliance.people.postgres import PgDatabase  # psycopg only where it is asked for
-                return cls(PgDatabase(database_url), retention_days)
-            return cls(Database(Path(state_dir) if state_dir else None), retention_days)
+                return cls(PgDatabase(database_url), retention_days, signin_header=signin_header.lower())
+            return cls(Database(Path(state_dir) if state_dir else None), retention_days,
+                       signin_header=signin_header.lower())
         except StoreError as e:
             log.error("%s; nobody can sign in until it is fixed", e)
             return cls(None, retention_days, trouble=str(e))
@@ -100,7 +110,7 @@ class People:
         # hide the session cookie.
         cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE)
         if not cookie:
-            forwarded = headers.get(FORWARDED_USER, "").strip() if proxied else ""
+            forwarded = headers.get(self.signin_header, "").strip() if proxied and self.signin_header else ""
             return (await asyncio.to_thread(self.accounts.named, forwarded) if forwarded else None), None
         session = await asyncio.to_thread(self.accounts.session, cookie)
         return (session.account, session) if session else (None, None)

@@ -51,7 +51,7 @@ def people_store(cfg: Config) -> tuple[People | None, People | None]:
     """The store of people and chats (SQLite in state_dir, or PostgreSQL at database_url, which
     also takes the usage table so quotas count every box), and people mode's use of it (only
     with auth = people)."""
-    store = People.open(cfg.state_dir, cfg.chat_retention_days, cfg.database_url) \
+    store = People.open(cfg.state_dir, cfg.chat_retention_days, cfg.database_url, cfg.signin_header) \
         if cfg.auth == "people" or cfg.database_url else None
     return store, store if cfg.auth == "people" else None
 

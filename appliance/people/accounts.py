@@ -59,6 +59,7 @@ class Session:
     account: Account
     csrf: str  # the token the page echoes in X-CSRF-Token on every change it asks for
     digest: str
+    expires: float = float("inf")  # Unix time: also while the store is down, it ends then
 
 
 class AccountError(ValueError):
@@ -241,7 +242,7 @@ class Accounts:
                       (SELECT digest FROM sessions WHERE person = ? ORDER BY created DESC LIMIT ?)""",
                    (account.id, account.id, MAX_SESSIONS))
 
-        session = Session(account, csrf, digest(token))
+        session = Session(account, csrf, digest(token), now + self.session_s)
         try:
             self._write(new)
         except StoreError:
@@ -260,11 +261,11 @@ class Accounts:
         def look(tx: Tx) -> Session | None:
             row = tx.one(f"{_ACCOUNT} JOIN sessions s ON s.person = p.id "
                          "WHERE s.digest = ? AND s.expires > ? AND p.disabled = 0", (digest(token), self._clock()))
-            csrf = tx.one("SELECT csrf FROM sessions WHERE digest = ?", (digest(token),)) if row else None
-            return Session(_account(row), csrf[0], digest(token)) if row and csrf else None
+            more = tx.one("SELECT csrf, expires FROM sessions WHERE digest = ?", (digest(token),)) if row else None
+            return Session(_account(row), more[0], digest(token), more[1]) if row and more else None
 
         found = self._cached(digest(token), look)
-        return found if isinstance(found, Session) else None
+        return found if isinstance(found, Session) and found.expires > self._clock() else None
 
     def sign_out(self, session: Session) -> None:
         self._forget(lambda what: isinstance(what, Session) and what.digest == session.digest)
@@ -277,8 +278,9 @@ class Accounts:
     @staticmethod
     def _end_all(tx: Tx, pid: str, keys: bool) -> None:
         tx.run("DELETE FROM sessions WHERE person = ?", (pid,))
-        if keys:
+        if keys:  # disabled: their keys go, and an invite sent before does not come back with them
             tx.run("DELETE FROM person_keys WHERE person = ?", (pid,))
+            tx.run("DELETE FROM invites WHERE person = ?", (pid,))
 
     # -- a person's own API keys --------------------------------------------------------------
 

@@ -21,7 +21,8 @@ from appliance.people.accounts import AccountError, digest
 from appliance.people.db import Store, Tx
 
 ROLES = frozenset({"user", "assistant", "system"})
-MAX_CHATS = 5000  # per person
+MAX_CHATS = 2000  # per person: the list the page loads is all of them (~200 KB of titles)
+MAX_PERSON_CHARS = 50_000_000  # a person's chats in all (~50-200 MB on disk): one person cannot fill the card
 MAX_MESSAGES = 2048  # per chat, as max_messages
 MAX_CHAT_CHARS = 2_000_000  # a chat's text and metadata (a long chat with attached documents' text)
 MAX_TITLE = 200
@@ -37,17 +38,31 @@ class Message:
 
     @classmethod
     def parse(cls, raw: object) -> Message:
-        if not isinstance(raw, dict) or raw.get("role") not in ROLES or not isinstance(raw.get("content"), str):
-            raise AccountError("each message is {role: user|assistant|system, content: text, meta?: object}")
+        if not isinstance(raw, dict) or raw.get("role") not in ROLES or not isinstance(raw.get("content"), str) \
+                or not storable(raw["content"]):
+            raise AccountError("each message is {role: user|assistant|system, content: text, meta?: object} "
+                               "(text without NUL or unpaired surrogates)")
         meta = raw.get("meta", {})
         if not isinstance(meta, dict):
             raise AccountError("a message's meta is an object")
         return cls(raw["role"], raw["content"], meta)
 
 
+def storable(text: str) -> bool:
+    """Text both engines keep as sent: no NUL (PostgreSQL refuses it) and no unpaired surrogate
+    (not UTF-8: SQLite's driver refuses it)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def clean_title(title: object) -> str:
-    if not isinstance(title, str):
-        raise AccountError("a title is text")
+    if not isinstance(title, str) or not storable(title):
+        raise AccountError("a title is text (no NUL, no unpaired surrogate)")
     title = " ".join(title.split())[:MAX_TITLE]
     return title or "New chat"
 
@@ -61,7 +76,7 @@ class Chats:
         self.db = db
         self._clock = clock
 
-    def listed(self, pid: str, query: str = "", limit: int = 500) -> list[dict[str, Any]]:
+    def listed(self, pid: str, query: str = "", limit: int = MAX_CHATS) -> list[dict[str, Any]]:
         """The person's chats, newest first; with a query, those whose title or text contains it."""
         query = query.strip()[:SEARCH_MAX]
         sql = "SELECT id, title, meta, created, updated, share FROM chats c WHERE person = ?"
@@ -108,9 +123,13 @@ class Chats:
         now = self._clock()
 
         def put(tx: Tx) -> dict[str, Any]:
-            if not tx.one("SELECT 1 FROM chats WHERE person = ? AND id = ?", (pid, cid)) and \
-                    tx.one("SELECT count(*) FROM chats WHERE person = ?", (pid,))[0] >= MAX_CHATS:  # type: ignore[index]
+            count, total, mine = tx.one("SELECT count(*), coalesce(sum(chars), 0), coalesce(sum(CASE WHEN id = ? "
+                                        "THEN chars ELSE 0 END), 0) FROM chats WHERE person = ?", (cid, pid)) or (0, 0, 0)
+            if not tx.one("SELECT 1 FROM chats WHERE person = ? AND id = ?", (pid, cid)) and count >= MAX_CHATS:
                 raise AccountError(f"at most {MAX_CHATS:,} chats a person: delete some first")
+            if total - mine + chars > MAX_PERSON_CHARS:
+                raise AccountError(f"your chats hold {MAX_PERSON_CHARS:,} characters, the most a person keeps here: "
+                                   "delete some first")
             tx.run("INSERT INTO chats (person, id, title, meta, created, updated, chars) VALUES (?, ?, ?, ?, ?, ?, ?) "
                    "ON CONFLICT (person, id) DO UPDATE SET title = excluded.title, meta = excluded.meta, "
                    "updated = excluded.updated, chars = excluded.chars", (pid, cid, title, meta_text, now, now, chars))
@@ -156,4 +175,5 @@ class Chats:
 
 
 def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # ASCII: a NUL or a lone surrogate anywhere in the meta is escaped, which both engines keep.
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))

@@ -30,6 +30,10 @@ class StoreError(Exception):
     """The store cannot do this now; str() is one line for the journal and the admin page."""
 
 
+class StoreConflict(Exception):
+    """Two changes at once that cannot both be (two people added under one name): a 409."""
+
+
 class Tx(Protocol):
     """One transaction's statements, on either engine (SQLite here, PostgreSQL in postgres.py)."""
 
@@ -135,6 +139,8 @@ class Database:
             try:
                 with self._tx() as tx:
                     result = fn(tx)
+            except sqlite3.IntegrityError as e:
+                raise StoreConflict(str(e)) from None  # the store is fine: the change met another
             except sqlite3.Error as e:
                 raise self._failed(e) from None
             if self.trouble:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.errors
 
-from appliance.people.db import Params, StoreError
+from appliance.people.db import Params, StoreConflict, StoreError
 from appliance.people.schema import MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class PgDatabase:
                 conn = self._connect()
                 with conn.transaction(), conn.cursor() as cur:
                     result = fn(PgTx(cur))
+            except psycopg.errors.IntegrityError as e:
+                raise StoreConflict(str(e).strip().splitlines()[0]) from None
             except psycopg.Error as e:
                 if self._conn is not None and (self._conn.closed or isinstance(e, psycopg.OperationalError)):
                     self._conn.close()

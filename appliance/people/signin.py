@@ -10,11 +10,14 @@ then one every `PAIR_EVERY_S`; spread over names, `ADDRESS_BURST`, then one ever
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from appliance.people.accounts import name_key
 
 PAIR_BURST, PAIR_EVERY_S = 5, 60.0
 ADDRESS_BURST, ADDRESS_EVERY_S = 30, 10.0
@@ -50,6 +53,10 @@ class _Buckets:
     def clear(self, key: tuple[str, ...]) -> None:
         self._b.pop(key, None)
 
+    def take_back(self, key: tuple[str, ...], now: float) -> None:
+        if key in self._b:
+            self._b[key] = _Bucket(max(0.0, self._level(key, now) - 1), now)
+
 
 class SignInLimiter:
     def __init__(self, clock: Callable[[], float] = time.monotonic, *, pair: tuple[int, float] = (PAIR_BURST, PAIR_EVERY_S),
@@ -60,15 +67,27 @@ class SignInLimiter:
 
     def check(self, address: str, name: str) -> int | None:
         """Whole seconds to wait before this attempt may be made, or None: it may."""
-        now = self._clock()
-        waits = [w for w in (self._pair.wait((address, name.casefold()), now), self._address.wait((address,), now))
-                 if w is not None]
+        now, a, n = self._clock(), _network(address), name_key(name)
+        waits = [w for w in (self._pair.wait((a, n), now), self._address.wait((a,), now)) if w is not None]
         return max(1, math.ceil(max(waits))) if waits else None
 
     def failed(self, address: str, name: str) -> None:
-        now = self._clock()
-        self._pair.add((address, name.casefold()), now)
-        self._address.add((address,), now)
+        now, a = self._clock(), _network(address)
+        self._pair.add((a, name_key(name)), now)
+        self._address.add((a,), now)
 
     def succeeded(self, address: str, name: str) -> None:
-        self._pair.clear((address, name.casefold()))
+        """The attempt was right: it counts against neither (failed() counted it beforehand,
+        so parallel tries are counted; a right one is taken back)."""
+        a = _network(address)
+        self._pair.clear((a, name_key(name)))
+        self._address.take_back((a,), self._clock())
+
+
+def _network(address: str) -> str:
+    """An IPv6 address's /64 (one home or office network hands out a whole /64): one guesser."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else address

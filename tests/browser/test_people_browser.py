@@ -86,6 +86,13 @@ def fetch_status(p: Any, path: str) -> int:
     return int(p.evaluate("path => fetch(path, {cache: 'no-store'}).then(r => r.status)", path))
 
 
+def shared_status(p: Any, token: str) -> int:
+    """POST v1/shared {token}, as the page asks (with its CSRF token when signed in)."""
+    return int(p.evaluate("""token => import('./static/js/api.js').then(api => api.apiFetch('v1/shared', {
+        method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify({token})}))
+        .then(r => r.status)""", token))
+
+
 def open_chat_list(p: Any) -> None:
     if p.locator("#sidebar").get_attribute("inert") is not None:  # a phone: the list is a drawer
         p.click("#toggle-side")
@@ -136,19 +143,19 @@ def test_two_people_two_devices_one_cache_and_a_share_link(live: Live, page_of: 
     assert ben_desk.locator("article.assistant").count() == 2
     assert "shared by Ann" in ben_desk.text_content("#chat-title")
     token = link.split("#share=", 1)[1]
-    assert fetch_status(ben_desk, f"v1/shared/{token}") == 200
+    assert shared_status(ben_desk, token) == 200
 
     # A signed-out browser gets the sign-in page and a 404.
     stranger = page_of(link, wait_ready=False).page
     stranger.wait_for_selector("#signin:not([hidden])")
     assert stranger.locator("article").count() == 0
-    assert fetch_status(stranger, f"v1/shared/{token}") == 404
+    assert shared_status(stranger, token) == 404
 
     # Revoked: a 404 for Ben too.
     ann_desk.click("#chat-menu summary")
     ann_desk.click("#chat-menu [data-act=unshare]")
     ann_desk.wait_for_function("() => !document.getElementById('toast').hidden")
-    assert fetch_status(ben_desk, f"v1/shared/{token}") == 404
+    assert shared_status(ben_desk, token) == 404
 
     # The operator sees the two people and their counts, never a chat.
     admin.reload()

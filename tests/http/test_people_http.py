@@ -73,8 +73,9 @@ def invite(client: TestClient, name: str, role: str = "user", quota: int | None 
 
 def join(client: TestClient, name: str, i: int, **kw: Any) -> Person:
     token = invite(client, name, **kw)
-    assert client.get(f"/auth/invite/{token}").json() == {"name": name}
-    return session_of(client, client.post(f"/auth/invite/{token}", json={"password": PASSWORD}, headers=user(i)), i)
+    assert client.post("/auth/invite", json={"token": token}).json() == {"name": name}
+    return session_of(client, client.post("/auth/invite/accept", json={"token": token, "password": PASSWORD},
+                                          headers=user(i)), i)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +102,11 @@ def test_an_invite_signs_in_and_is_used_once(client: TestClient, ann: Person) ->
     me = ann.get("/auth/me").json()
     assert me["person"]["name"] == "Ann" and me["person"]["role"] == "admin" and me["csrf"] == ann.csrf
     token = invite(client, "Cat")
-    assert client.post(f"/auth/invite/{token}", json={"password": "short"}).status_code == 400
-    client.post(f"/auth/invite/{token}", json={"password": PASSWORD})
+    assert client.post("/auth/invite/accept", json={"token": token, "password": "short"}).status_code == 400
+    client.post("/auth/invite/accept", json={"token": token, "password": PASSWORD})
     client.cookies.clear()
-    error_of(client.post(f"/auth/invite/{token}", json={"password": PASSWORD}), 400)
-    error_of(client.get(f"/auth/invite/{token}"), 404)
+    error_of(client.post("/auth/invite/accept", json={"token": token, "password": PASSWORD}), 400)
+    error_of(client.post("/auth/invite", json={"token": token}), 404)
     error_of(client.post("/admin/people", json={"name": "cat"}), 400)  # taken, without case
     error_of(client.post("/admin/people", json={"name": "Dan", "role": "boss"}), 400)
     error_of(client.post("/admin/people", json={"name": "Dan", "quota": -1}), 400)
@@ -141,12 +142,13 @@ def test_a_persons_chats_are_theirs_and_shared_by_link(client: TestClient, ann: 
     link = ann.send("POST", f"/v1/chats/{cid}/share").json()
     token = link["token"]
     assert link["url"] == f"http://localhost/#share={token}"
-    shared = ben.get(f"/v1/shared/{token}").json()
+    shared = ben.send("POST", "/v1/shared", {"token": token}).json()
     assert shared["title"] == "Paper, March" and shared["owner"] == "Ann" and shared["read_only"]
-    assert [m["content"] for m in shared["messages"]] == ["How much paper?", "Five boxes."] and "id" not in shared
-    error_of(client.get(f"/v1/shared/{token}", headers=user(7)), 404)  # signed out: as if it were not there
+    assert [m["content"] for m in shared["messages"]] == ["How much paper?", "Five boxes."]
+    assert "id" not in shared and "meta" not in shared
+    error_of(client.post("/v1/shared", json={"token": token}, headers=user(7)), 404)  # signed out: as if not there
     assert ann.send("DELETE", f"/v1/chats/{cid}/share").status_code == 204
-    error_of(ben.get(f"/v1/shared/{token}"), 404)
+    error_of(ben.send("POST", "/v1/shared", {"token": token}), 404)
     error_of(ann.send("POST", "/v1/chats", {"messages": [{"role": "robot", "content": "x"}]}), 400)
     error_of(ann.send("POST", "/v1/chats", {"messages": "x"}), 400)
 
@@ -244,7 +246,7 @@ def test_open_mode_has_no_people(tmp_path: Path) -> None:
 
 
 def test_a_signing_in_proxy_names_the_person_from_trusted_proxies_only(tmp_path: Path) -> None:
-    people = People(Database(tmp_path / "state"), hasher=Hasher(n=2**10))
+    people = People(Database(tmp_path / "state"), hasher=Hasher(n=2**10), signin_header="x-forwarded-user")
     assert people.accounts is not None
     people.accounts.add("Gus")
     app = build(lambda: FakeModel(reply="hello"), people=people, trusted=("10.9.9.9",))
@@ -255,6 +257,11 @@ def test_a_signing_in_proxy_names_the_person_from_trusted_proxies_only(tmp_path:
         error_of(client.get("/v1/chats", headers={"x-forwarded-user": "nobody"}), 401)
         # Not from a trusted proxy: the header is the client's own words.
         error_of(client.get("/v1/chats", headers={**named, **user(3)}), 401)
+    # Off unless signin_header names it: a proxy that passes a client's copy on is the usual case.
+    people.signin_header = ""
+    with TestClient(build(lambda: FakeModel(reply="hello"), people=people, trusted=("10.9.9.9",)),
+                    base_url="http://localhost", client=("10.9.9.9", 5000)) as client:
+        error_of(client.get("/v1/chats", headers=named), 401)
 
 
 def test_chats_nobody_touched_for_the_retention_are_deleted_at_most_hourly(tmp_path: Path) -> None:
@@ -277,3 +284,30 @@ def test_chats_nobody_touched_for_the_retention_are_deleted_at_most_hourly(tmp_p
     clock.advance(31 * 86400)
     people.prune_due(now=10.0)  # within the hour: not again
     assert len(people.chats.listed(pid)) == 1
+
+
+def test_text_a_store_cannot_keep_and_floods_of_sign_ins_are_clear_4xx(client: TestClient, people: People,
+                                                                          ann: Person) -> None:
+    for bad in ('{"name": "\\ud800", "password": "x"}', '{"name": "a\\u0000b", "password": "x"}'):
+        r = client.post("/auth/signin", content=bad, headers={"content-type": "application/json", **user(60)})
+        assert error_of(r, 400)["param"] == "name"
+    error_of(client.post("/auth/signin", json={"name": "n" * 300, "password": "x"}, headers=user(60)), 400)
+    lone = '{"title": "t", "messages": [{"role": "user", "content": "\\udfff"}]}'
+    r = ann.c.put("/v1/chats/surrogate-chat-00001", content=lone, headers={**ann.h(), "content-type": "application/json"})
+    error_of(r, 400)
+    error_of(ann.send("PUT", "/v1/chats/nul-chat-0000000001", {"title": "a\x00b", "messages": []}), 400)
+    assert ann.send("PUT", "/v1/chats/meta-chat-000000001", {"messages": [], "meta": {"x": "\x00"}}).status_code == 200
+    people.hash_waiting = 16  # as if sixteen sign-ins waited for the hash thread
+    try:
+        r = client.post("/auth/signin", json={"name": "Ann", "password": PASSWORD}, headers=user(61))
+        assert error_of(r, 429)["code"] == "signin_busy" and r.headers["retry-after"] == "2"
+    finally:
+        people.hash_waiting = 0
+
+
+def test_disabling_a_person_drops_their_pending_invite(client: TestClient) -> None:
+    token = invite(client, "Ivy")
+    pid = next(p["id"] for p in client.get("/admin/people").json()["people"] if p["name"] == "Ivy")
+    client.patch(f"/admin/people/{pid}", json={"disabled": True})
+    client.patch(f"/admin/people/{pid}", json={"disabled": False})
+    error_of(client.post("/auth/invite", json={"token": token}), 404)

@@ -235,7 +235,7 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
     live = servers(*SMALL, *people, state=state, mounted=True)
     r = live.client.post("/admin/people", json={"name": "Ann"})
     token = r.json()["invite_url"].rsplit("=", 1)[1]
-    r = live.user_client(3).post(f"/auth/invite/{token}", json={"password": "ann's long password"})
+    r = live.user_client(3).post("/auth/invite/accept", json={"token": token, "password": "ann's long password"})
     ann = {"cookie": r.headers["set-cookie"].split(";")[0], "x-csrf-token": r.json()["csrf"]}
     chat = {"title": "Plants", "messages": [{"role": "user", "content": "When are plants watered?"},
                                              {"role": "assistant", "content": "On Mondays."}]}

@@ -47,7 +47,8 @@ def test_people_chats_and_quota_are_the_same_on_both_boxes(boxes: tuple[list[Liv
     r = a.client.post("/admin/people", json={"name": "Ann", "quota": QUOTA})
     assert r.status_code == 201, r.text
     token = r.json()["invite_url"].rsplit("=", 1)[1]
-    ann = signed_in(httpx.post(f"{b.url}/auth/invite/{token}", json={"password": PASSWORD}, trust_env=False))
+    ann = signed_in(httpx.post(f"{b.url}/auth/invite/accept", json={"token": token, "password": PASSWORD},
+                               trust_env=False))
 
     # A chat begun on box A...
     first: list[dict[str, Any]] = [{"role": "user", "content": "Count from one to fifty in words."}]

@@ -24,8 +24,11 @@ function dropFragment(name) {
   history.replaceState(null, '', location.pathname + location.search + (p.toString() ? `#${p}` : ''));
 }
 
+// Tokens travel in request bodies, never in a path a proxy or an access log keeps.
 async function inviteFor(token) {
-  const res = await fetch(`auth/invite/${encodeURIComponent(token)}`, { cache: 'no-store' });
+  const res = await fetch('auth/invite', {
+    method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ token }),
+  });
   return res.ok ? (await res.json()).name : null;
 }
 
@@ -75,9 +78,9 @@ export async function signIn(why = '') {
 
 async function submitSignIn(invite) {
   const password = els.signinPassword.value;
-  const res = await fetch(invite ? `auth/invite/${encodeURIComponent(invite)}` : 'auth/signin', {
+  const res = await fetch(invite ? 'auth/invite/accept' : 'auth/signin', {
     method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify(invite ? { password } : { name: els.signinName.value.trim(), password }),
+    body: JSON.stringify(invite ? { token: invite, password } : { name: els.signinName.value.trim(), password }),
   });
   if (res.ok) return res.json();
   const err = await readError(res);
@@ -165,7 +168,9 @@ export async function unshareChat(chat) {
 
 // A chat someone shared: read-only, not in the list.
 export async function sharedChat(token) {
-  const res = await apiFetch(`v1/shared/${encodeURIComponent(token)}`);
+  const res = await apiFetch('v1/shared', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ token }),
+  });
   if (!res.ok) { toast('This shared chat is not there any more (the link may have been revoked).'); return null; }
   const c = await res.json();
   return {

@@ -18,7 +18,7 @@ from appliance.http.api.people.common import accounts_of, body, chats_of, run, t
 from appliance.http.state import App
 from appliance.people.accounts import Role
 
-QUOTA_MAX = 10**12
+QUOTA_MAX = 2**31 - 1  # PostgreSQL's INTEGER
 
 
 def _quota(data: dict[str, Any]) -> int | None:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.errors import BadRequest, NotFound
-from appliance.http.api.people.common import body, chats_of, run, signed_in
+from appliance.http.api.people.common import body, chats_of, run, signed_in, text
 from appliance.http.guard import caller_of
 from appliance.http.state import App
 from appliance.people.chats import CHAT_ID, MAX_MESSAGES, Message
@@ -95,11 +95,13 @@ async def share(app: App, request: Request) -> Response:
 
 
 async def shared(app: App, request: Request) -> Response:
+    """POST /v1/shared {token}: the token in the body, never in a path a log keeps."""
     chats = chats_of(app)
     if caller_of(request.scope["state"]).account is None:  # signed out: the same 404 as a revoked link
         raise NotFound("no such shared chat (the link may have been revoked)", code="chat_not_found")
-    chat = await run(chats.shared, request.path_params["token"])
+    chat = await run(chats.shared, text(await body(app, request), "token", longest=128))
     if chat is None:
         raise NotFound("no such shared chat (the link may have been revoked)", code="chat_not_found")
-    chat.pop("id", None)  # a reader gets the text, not the owner's handle on it
+    chat.pop("id", None)  # a reader gets the text, not the owner's handles on it (its id, its session)
+    chat.pop("meta", None)
     return _no_store({**chat, "read_only": True})

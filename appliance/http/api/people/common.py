@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from appliance.errors import BadRequest, NotFound, Unauthorized, Unavailable
+from appliance.errors import BadRequest, Conflict, NotFound, QueueFull, Unauthorized, Unavailable
 from appliance.http.guard import Caller, caller_of
 from appliance.http.intake import gated, read_body
-from appliance.http.people import People
+from appliance.http.people import HASH_QUEUE, People
 from appliance.http.state import App
 from appliance.http.validate import parse_json
 from appliance.people.accounts import Account, AccountError, Accounts
-from appliance.people.chats import Chats
-from appliance.people.db import StoreError
+from appliance.people.chats import Chats, storable
+from appliance.people.db import StoreConflict, StoreError
 from appliance.people.passwords import PasswordRejected
 
 T = TypeVar("T")
@@ -58,10 +59,14 @@ async def body(app: App, request: Request) -> dict[str, Any]:
         return parse_json(raw)
 
 
-def text(data: dict[str, Any], key: str, default: str | None = None) -> str:
+def text(data: dict[str, Any], key: str, default: str | None = None, longest: int = 1024) -> str:
     value = data.get(key, default)
     if not isinstance(value, str):
         raise BadRequest(f"'{key}' must be a string", param=key)
+    if len(value) > longest:
+        raise BadRequest(f"'{key}' has at most {longest} characters", param=key)
+    if not storable(value):
+        raise BadRequest(f"'{key}' holds a NUL or an unpaired surrogate", param=key)
     return value
 
 
@@ -72,8 +77,24 @@ def store_errors() -> Any:
         yield
     except (AccountError, PasswordRejected) as e:
         raise BadRequest(str(e), code="invalid_value") from None
+    except StoreConflict:
+        raise Conflict("that changed meanwhile (two changes at once): try again", code="conflict") from None
     except StoreError as e:
         raise Unavailable(f"not saved: the people store cannot be written ({e})", code="store_unavailable") from None
+
+
+async def run_hash(app: App, fn: Callable[..., T], *args: Any) -> T:
+    """fn (a sign-in, an invite, a password change: each hashes once) on the hash thread; a
+    429 while HASH_QUEUE others wait for it."""
+    people = people_of(app)
+    if people.hash_waiting >= HASH_QUEUE:
+        raise QueueFull("sign-ins are busy right now: try again in a few seconds", retry_after=2, code="signin_busy")
+    people.hash_waiting += 1
+    try:
+        with store_errors():
+            return await asyncio.get_running_loop().run_in_executor(people.hash_pool, partial(fn, *args))
+    finally:
+        people.hash_waiting -= 1
 
 
 async def run(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
