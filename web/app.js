@@ -5,7 +5,7 @@ import { setDrawer, show, sortChats, startNewChat, syncSide } from './js/chats.j
 import './js/composer.js';
 import { checkHealth } from './js/health.js';
 import { openEdit } from './js/messages.js';
-import { copyFrom, els, finePointer, narrow, page } from './js/page.js';
+import { copyFrom, els, finePointer, narrow, page, toast } from './js/page.js';
 import { applyTheme, settings } from './js/settings.js';
 import { fragment, people, sharedChat, signIn, whoAmI } from './js/people.js';
 import { ServerStore } from './js/serverstore.js';
@@ -60,7 +60,10 @@ async function openChats() {
     els.storageNote.textContent = text || '';
     els.storageNote.hidden = !text;
   };
-  page.store = new ServerStore(trouble);
+  page.store = new ServerStore(trouble, (chat) => {
+    if (page.current === chat) show(chat);
+    toast('This chat was changed on another device: it is shown as it is there now.');
+  });
   trouble(people.saving ? null : 'Chats are not being saved on the server right now.');
 }
 
@@ -81,4 +84,16 @@ async function start() {
   if (finePointer) els.input.focus();
   document.documentElement.dataset.ready = '1';
 }
+// Back to this tab: the chat on screen may have gone on on another device.
+document.addEventListener('visibilitychange', () => {
+  if (document.visibilityState === 'visible' && people.mode === 'people' && page.current && !page.current.readOnly) {
+    show(page.current);
+  }
+});
+// A share link opened in a tab that has the page already (only the fragment changes).
+window.addEventListener('hashchange', async () => {
+  const token = people.mode === 'people' && people.person ? fragment('share') : null;
+  const shared = token ? await sharedChat(token) : null;
+  if (shared) show(shared);
+});
 start();

@@ -48,6 +48,10 @@ class Message:
         return cls(raw["role"], raw["content"], meta)
 
 
+class ChatChanged(Exception):
+    """The chat was changed (on another device) since the writer last read it."""
+
+
 def storable(text: str) -> bool:
     """Text both engines keep as sent: no NUL (PostgreSQL refuses it) and no unpaired surrogate
     (not UTF-8: SQLite's driver refuses it)."""
@@ -110,8 +114,10 @@ class Chats:
                 "messages": [{"role": r, "content": c, "meta": json.loads(m)} for r, c, m in messages]}
 
     def put(self, pid: str, cid: str, title: object, messages: list[Message],
-            meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Create or replace the person's chat `cid`: its title, messages and meta; its listing."""
+            meta: dict[str, Any] | None = None, base: float | None = None) -> dict[str, Any]:
+        """Create or replace the person's chat `cid`: its title, messages and meta; its listing.
+        `base`: the `updated` the writer last saw; a chat changed since (on another device) is
+        not overwritten (ChatChanged), so a stale tab cannot undo a newer turn."""
         title = clean_title(title)
         meta_text = _json(meta or {})
         rows = [(m.role, m.content, _json(m.meta)) for m in messages]
@@ -127,16 +133,21 @@ class Chats:
                                         "THEN chars ELSE 0 END), 0) FROM chats WHERE person = ?", (cid, pid)) or (0, 0, 0)
             if not tx.one("SELECT 1 FROM chats WHERE person = ? AND id = ?", (pid, cid)) and count >= MAX_CHATS:
                 raise AccountError(f"at most {MAX_CHATS:,} chats a person: delete some first")
+            seen = tx.one("SELECT updated FROM chats WHERE person = ? AND id = ?", (pid, cid))
+            if base is not None and seen is not None and seen[0] != base:
+                raise ChatChanged(cid)
+            # `updated` is the chat's version too: it moves on at every save, whatever the clock does.
+            stamp = now if seen is None else max(now, seen[0] + 0.001)
             if total - mine + chars > MAX_PERSON_CHARS:
                 raise AccountError(f"your chats hold {MAX_PERSON_CHARS:,} characters, the most a person keeps here: "
                                    "delete some first")
             tx.run("INSERT INTO chats (person, id, title, meta, created, updated, chars) VALUES (?, ?, ?, ?, ?, ?, ?) "
                    "ON CONFLICT (person, id) DO UPDATE SET title = excluded.title, meta = excluded.meta, "
-                   "updated = excluded.updated, chars = excluded.chars", (pid, cid, title, meta_text, now, now, chars))
+                   "updated = excluded.updated, chars = excluded.chars", (pid, cid, title, meta_text, now, stamp, chars))
             tx.run("DELETE FROM messages WHERE person = ? AND chat = ?", (pid, cid))
             for seq, (role, content, m) in enumerate(rows):
                 tx.run("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (pid, cid, seq, role, content, m))
-            return {"id": cid, "title": title, "updated": now, "messages": len(rows)}
+            return {"id": cid, "title": title, "updated": stamp, "messages": len(rows)}
 
         return self.db.write(put)
 

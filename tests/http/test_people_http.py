@@ -311,3 +311,16 @@ def test_disabling_a_person_drops_their_pending_invite(client: TestClient) -> No
     client.patch(f"/admin/people/{pid}", json={"disabled": True})
     client.patch(f"/admin/people/{pid}", json={"disabled": False})
     error_of(client.post("/auth/invite", json={"token": token}), 404)
+
+
+def test_a_stale_device_cannot_overwrite_a_newer_turn(ann: Person) -> None:
+    one = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
+    saved = ann.send("PUT", "/v1/chats/two-devices-chat-01", {"title": "t", "messages": one}).json()
+    two = one + [{"role": "user", "content": "second"}, {"role": "assistant", "content": "two"}]
+    phone = ann.send("PUT", "/v1/chats/two-devices-chat-01", {"title": "t", "messages": two, "base": saved["updated"]})
+    assert phone.status_code == 200
+    # The desktop still holds the first version: its save is refused, the phone's turn stays.
+    stale = ann.send("PUT", "/v1/chats/two-devices-chat-01", {"title": "t", "messages": one, "base": saved["updated"]})
+    assert error_of(stale, 409)["code"] == "chat_changed"
+    assert len(ann.get("/v1/chats/two-devices-chat-01").json()["messages"]) == 4
+    error_of(ann.send("PUT", "/v1/chats/two-devices-chat-01", {"messages": one, "base": "yesterday"}), 400)

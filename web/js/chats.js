@@ -99,9 +99,11 @@ export function show(chat) {
   renderList();
   setDrawer(false);
   updateControls();
-  if (chat.stub && page.store.load) { // kept on the box: its messages come when it is opened
-    page.store.load(chat).then(() => {
-      if (page.current === chat) { renderMessages(); updateControls(); }
+  // Kept on the box: its messages come when it is opened, and again if another device went on.
+  if (page.store.refresh && !chat.readOnly && !(page.run && page.run.chat === chat)) {
+    page.store.refresh(chat).then((changed) => {
+      if (page.current === chat && changed) { els.chatTitle.textContent = chat.title; renderMessages(); renderList(); }
+      if (page.current === chat) updateControls();
     }).catch((e) => toast(`Could not open this chat: ${e && e.message}`));
   }
 }
@@ -132,8 +134,7 @@ els.chatMenu.addEventListener('click', async (e) => {
     download(fileName(chat, 'json'), 'application/json', toJSON(chat));
   } else if (act === 'share') {
     if (!page.chats.includes(chat)) { toast('Send a message first: an empty chat has nothing to share.'); return; }
-    await save(chat);
-    await shareChat(chat);
+    await shareChat(chat); // the chat as saved on the box (every turn is saved as it ends)
     show(chat);
   } else if (act === 'unshare') {
     await unshareChat(chat);

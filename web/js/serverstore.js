@@ -1,7 +1,10 @@
 // Chats kept on the box (people mode): the same interface as store.js's, over /v1/chats.
-// The list comes without messages; a chat's messages are loaded when it is opened (load).
+// The list comes without messages; a chat's messages are loaded when it is opened (load),
+// and again whenever it is shown (refresh), as another device may have gone on with it.
 // While an answer streams, its chat is saved at most every SAVE_EVERY_MS (the answer's end
-// is always saved), and one save at a time per chat: the newest state wins.
+// is always saved), and one save at a time per chat. Each save names the version it was
+// read at (`base`): a chat changed since on another device is not overwritten (409), it is
+// loaded again and the page says so.
 import { apiFetch, readError } from './api.js';
 
 const SAVE_EVERY_MS = 5000;
@@ -9,7 +12,7 @@ const ROLES = new Set(['user', 'assistant', 'system']);
 
 function toServer(chat) {
   return {
-    title: chat.title,
+    title: chat.title, base: chat.serverUpdated ?? null,
     meta: { sid: chat.sid, created: chat.created },
     messages: chat.messages.filter((m) => ROLES.has(m.role)).map(({ role, content, ...meta }) => ({ role, content: String(content || ''), meta })),
   };
@@ -20,16 +23,17 @@ function fromServer(c) {
   return {
     id: c.id, sid: typeof meta.sid === 'string' ? meta.sid : c.id, title: c.title,
     created: typeof meta.created === 'number' ? meta.created : Math.round(c.created * 1000),
-    updated: Math.round(c.updated * 1000), shared: !!c.shared,
+    updated: Math.round(c.updated * 1000), shared: !!c.shared, serverUpdated: c.updated,
     messages: (c.messages || []).map((m) => ({ ...(m.meta || {}), role: m.role, content: m.content })),
     stub: !c.messages,
   };
 }
 
 export class ServerStore {
-  constructor(onTrouble) {
+  constructor(onTrouble, onChanged) {
     this.persistent = true;
     this.onTrouble = onTrouble; // (message or null): the page says whether chats are being saved
+    this.onChanged = onChanged; // (chat): another device changed it; it was loaded again
     this.saving = new Map(); // chat id -> {busy, again, last}
   }
 
@@ -47,12 +51,22 @@ export class ServerStore {
 
   async load(chat) {
     if (!chat.stub) return chat;
+    return this.refresh(chat);
+  }
+
+  // The chat as the box has it now; true when that differs from what this page had.
+  async refresh(chat) {
     const res = await apiFetch(`v1/chats/${encodeURIComponent(chat.id)}`);
+    if (res.status === 404) return false; // not saved yet
     if (!res.ok) throw new Error((await readError(res)).message);
     const full = fromServer(await res.json());
-    chat.messages = full.messages;
+    const changed = full.serverUpdated !== chat.serverUpdated;
+    if (changed || chat.stub) {
+      Object.assign(chat, { messages: full.messages, title: full.title, updated: full.updated,
+        serverUpdated: full.serverUpdated, shared: full.shared, sid: full.sid });
+    }
     chat.stub = false;
-    return chat;
+    return changed;
   }
 
   async put(chat) {
@@ -70,11 +84,17 @@ export class ServerStore {
         const res = await apiFetch(`v1/chats/${encodeURIComponent(chat.id)}`, {
           method: 'PUT', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(toServer(chat)),
         });
+        if (res.status === 409) { // changed on another device: theirs stands, this page catches up
+          await this.refresh(chat);
+          this.onChanged(chat);
+          return;
+        }
         if (!res.ok) {
           const err = await readError(res);
           this.onTrouble(err.status === 503 ? 'Chats are not being saved on the server right now.' : null);
           throw new Error(err.message);
         }
+        chat.serverUpdated = (await res.json()).updated;
         this.onTrouble(null);
       } while (s.again);
     } finally {

@@ -12,11 +12,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.errors import BadRequest, NotFound
+from appliance.errors import BadRequest, Conflict, NotFound
 from appliance.http.api.people.common import body, chats_of, run, signed_in, text
 from appliance.http.guard import caller_of
 from appliance.http.state import App
-from appliance.people.chats import CHAT_ID, MAX_MESSAGES, Message
+from appliance.people.chats import CHAT_ID, MAX_MESSAGES, ChatChanged, Message
 
 NO_CHAT = "no such chat"
 
@@ -78,7 +78,14 @@ async def one(app: App, request: Request) -> Response:
         if not await run(chats.rename, account.id, cid, data.get("title", "")):
             raise NotFound(NO_CHAT, code="chat_not_found")
         return Response(status_code=204)
-    return _no_store(await run(chats.put, account.id, cid, data.get("title", ""), _messages(data), _meta(data)))
+    base = data.get("base")
+    if base is not None and (isinstance(base, bool) or not isinstance(base, int | float)):
+        raise BadRequest("'base' is the chat's `updated` as last read, or null", param="base")
+    try:
+        return _no_store(await run(chats.put, account.id, cid, data.get("title", ""), _messages(data), _meta(data),
+                                   base))
+    except ChatChanged:
+        raise Conflict("this chat was changed on another device: load it again", code="chat_changed") from None
 
 
 async def share(app: App, request: Request) -> Response:
