@@ -13,8 +13,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 vendor=$root/web/vendor
 registry=${NPM_REGISTRY:-https://registry.npmjs.org}
-# The whole page (HTML, CSS, scripts; not the license files) must stay under this.
-BUDGET_BYTES=$((300 * 1024))
+# All of web/ (HTML, CSS, scripts; not the license files) must stay under this: the chat
+# page, the admin page and people mode's modules (337 KB). What the chat page itself loads
+# (308 KB in open mode) is measured by tests/browser/test_page_browser.py, under 320 KB.
+BUDGET_BYTES=$((350 * 1024))
 
 # package  version  integrity (sha512, base64)  directory  files to keep (path in the tarball)
 PACKAGES=(

@@ -7,8 +7,7 @@ import { checkHealth } from './js/health.js';
 import { openEdit } from './js/messages.js';
 import { copyFrom, els, finePointer, narrow, page, toast } from './js/page.js';
 import { applyTheme, settings } from './js/settings.js';
-import { fragment, people, sharedChat, signIn, whoAmI } from './js/people.js';
-import { ServerStore } from './js/serverstore.js';
+import { fragment, people, peopleModule, whoAmI } from './js/who.js';
 import { newChat, openStore, settle } from './js/store.js';
 
 els.messages.addEventListener('click', (e) => {
@@ -55,6 +54,7 @@ async function openChats() {
     els.storageNote.hidden = page.store.persistent;
     return;
   }
+  const [{ signIn }, { ServerStore }] = await Promise.all([peopleModule(), import('./js/serverstore.js')]);
   if (!people.person) await signIn();
   const trouble = (text) => {
     els.storageNote.textContent = text || '';
@@ -78,7 +78,8 @@ async function start() {
   try { last = localStorage.getItem('chat.current'); } catch { /* newest */ }
   // The chat open before the reload; a new one when that was never sent or was deleted.
   if (page.store.migrated) last = page.store.migrated;
-  const shared = people.mode === 'people' && fragment('share') ? await sharedChat(fragment('share')) : null;
+  const shared = people.mode === 'people' && fragment('share')
+    ? await (await peopleModule()).sharedChat(fragment('share')) : null;
   show(shared || page.chats.find((c) => c.id === last) || (last ? null : page.chats[0]) || newChat());
   checkHealth();
   if (finePointer) els.input.focus();
@@ -93,7 +94,7 @@ document.addEventListener('visibilitychange', () => {
 // A share link opened in a tab that has the page already (only the fragment changes).
 window.addEventListener('hashchange', async () => {
   const token = people.mode === 'people' && people.person ? fragment('share') : null;
-  const shared = token ? await sharedChat(token) : null;
+  const shared = token ? await (await peopleModule()).sharedChat(token) : null;
   if (shared) show(shared);
 });
 start();

@@ -481,7 +481,7 @@ def test_page_weight_and_accessible_names(live: Live, page_of: Any, chromium: An
         print(f"  {n:8d}  {url.removeprefix(live.url)}")
     assert all(u.startswith(live.url) for u in sizes)
     assert any(u.endswith("highlight.min.js") for u in sizes) and any(u.endswith("app.js") for u in sizes)
-    assert total < 300_000
+    assert total < 320_000  # 308 KB: people mode added who.js and the sign-in markup (people.js loads only in it)
 
     w = page_of(live.url)
     p = ready(w)

@@ -4,7 +4,7 @@ import { apiFetch } from './api.js';
 import { fileName, parseImport, toJSON, toMarkdown } from './chatfile.js';
 import { closeEdit, renderMessages, updateControls } from './messages.js';
 import { askUser, download, el, els, narrow, page, say, toast } from './page.js';
-import { people, shareChat, unshareChat } from './people.js';
+import { people, peopleModule } from './who.js';
 import { newChat } from './store.js';
 
 // On the box (people mode) a search looks through the chats' text too: the server's answer
@@ -134,10 +134,10 @@ els.chatMenu.addEventListener('click', async (e) => {
     download(fileName(chat, 'json'), 'application/json', toJSON(chat));
   } else if (act === 'share') {
     if (!page.chats.includes(chat)) { toast('Send a message first: an empty chat has nothing to share.'); return; }
-    await shareChat(chat); // the chat as saved on the box (every turn is saved as it ends)
+    await (await peopleModule()).shareChat(chat); // the chat as saved on the box (each turn is saved as it ends)
     show(chat);
   } else if (act === 'unshare') {
-    await unshareChat(chat);
+    await (await peopleModule()).unshareChat(chat);
     show(chat);
   } else if (act === 'delete') {
     const yes = await askUser({

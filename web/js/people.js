@@ -1,23 +1,11 @@
-// People mode: who is at the keyboard. Asks the server (GET auth/me); signs in, takes an
-// invite (#invite=TOKEN: a fragment is never sent to a server or written to a log), opens a
-// shared chat (#share=TOKEN); the account part of Settings: sign out here or everywhere,
-// the password, and the person's own API keys for their tools.
+// People mode: signs in, takes an invite (#invite=TOKEN: a fragment is never sent to a server
+// or written to a log), opens a shared chat (#share=TOKEN); the account part of Settings: sign
+// out here or everywhere, the password, and the person's own API keys for their tools.
+// Loaded only in people mode (who.js says which).
 import { apiFetch, readError, setCsrf } from './api.js';
 import { askUser, el, els, toast } from './page.js';
+import { fragment, people } from './who.js';
 
-export const people = { mode: 'open', person: null, saving: true };
-
-export async function whoAmI() {
-  let body = {};
-  try { body = await (await fetch('auth/me', { cache: 'no-store' })).json(); } catch { /* open */ }
-  people.mode = body.mode || 'open';
-  people.person = body.person || null;
-  people.saving = !body.store || body.store.saving !== false;
-  setCsrf(body.csrf || '');
-  return people;
-}
-
-export const fragment = (name) => new URLSearchParams(location.hash.slice(1)).get(name);
 function dropFragment(name) {
   const p = new URLSearchParams(location.hash.slice(1));
   p.delete(name);

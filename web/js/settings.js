@@ -1,7 +1,7 @@
 // Settings kept in this browser, the theme, and the API key asked for after a 401.
 import { apiKey } from './api.js';
 import { askUser, el, els } from './page.js';
-import { people, showAccount, signIn } from './people.js';
+import { people, peopleModule } from './who.js';
 
 const SETTINGS_KEY = 'chat.settings.v1';
 let presets = new Map(); // name -> text, from GET /v1/system_prompts
@@ -34,7 +34,9 @@ function showSettings() {
   const key = apiKey.get();
   els.keyState.textContent = key ? `set (…${key.slice(-4)})` : 'none';
   els.forgetKey.hidden = !key;
-  showAccount();
+  els.keyRow.hidden = people.mode === 'people';
+  els.account.hidden = true;
+  if (people.mode === 'people') peopleModule().then((m) => m.showAccount());
 }
 function syncPresetFields() {
   const p = els.preset.value;
@@ -76,7 +78,8 @@ let keyPrompt = null;
 // Asks for a key after a 401; resolves true when one was entered. One question at a time.
 export function askKey() {
   if (people.mode === 'people') { // signed out meanwhile (elsewhere, or disabled): sign in again
-    keyPrompt = keyPrompt || signIn('Your sign-in has ended. Sign in again to go on.').then(() => { keyPrompt = null; return true; });
+    keyPrompt = keyPrompt || peopleModule().then((m) => m.signIn('Your sign-in has ended. Sign in again to go on.'))
+      .then(() => { keyPrompt = null; return true; });
     return keyPrompt;
   }
   if (!keyPrompt) {
