@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import segno
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -41,6 +40,7 @@ def _role(data: dict[str, Any]) -> Role:
 def _invite(request: Request, token: str) -> dict[str, str]:
     # In the fragment: a browser never sends it to a server, so no proxy or log sees the token.
     url = f"{str(request.base_url).rstrip('/')}/#invite={token}"
+    import segno  # here: 9 MiB once imported, paid only by a box whose operator adds people
     return {"invite_url": url, "invite_qr_svg": segno.make(url, error="m").svg_inline(scale=4, border=2)}
 
 
