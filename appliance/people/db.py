@@ -30,8 +30,9 @@ class StoreError(Exception):
     """The store cannot do this now; str() is one line for the journal and the admin page."""
 
 
-class StoreConflict(Exception):
-    """Two changes at once that cannot both be (two people added under one name): a 409."""
+class StoreConflict(StoreError):
+    """Two changes at once that cannot both be (two people added under one name): a 409 at a
+    route; elsewhere a StoreError like any other."""
 
 
 class Tx(Protocol):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from appliance.people.db import Store
+from appliance.people.db import Store, Tx
+from appliance.people.postgres import MIGRATION_LOCK
 from appliance.usage.store import ADD_SQL, COLUMNS, Row, Tally
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
@@ -23,7 +24,14 @@ class SharedUsageStore:
     def __init__(self, db: Store) -> None:
         self.db = db
         self.path = db.path
-        db.write(lambda tx: tx.run(_SCHEMA))
+
+        def create(tx: Tx) -> None:
+            # Under the migrations' lock: two boxes starting at once would both try to create the
+            # table, and PostgreSQL refuses the second (a unique violation in its catalogue).
+            tx.one("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            tx.run(_SCHEMA)
+
+        db.write(create)
 
     def add(self, rows: Iterable[Row]) -> None:
         params = [(day, who, *(getattr(t, c) for c in COLUMNS)) for day, who, t in rows]

@@ -62,3 +62,34 @@ def test_counts_not_yet_written_still_count_on_their_box(two_boxes: tuple[Ledger
     assert b.today("Ben").generated_tokens == 5 and a.today("Ben").generated_tokens == 12
     rows = a.rows()
     assert [(who, t.requests) for _, who, t in rows] == [("Ben", 2)]
+
+
+def test_boxes_starting_together_create_the_tables_once(postgres: str) -> None:
+    """Two boxes (here four) starting at once on an empty database: each migrates and creates
+    the usage table under one lock; none fails (a unique violation in the catalogue)."""
+    import threading
+
+    from helpers.postgres import fresh_database
+
+    url = fresh_database(postgres, "usage_starting_together")
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def box() -> None:
+        try:
+            start.wait()
+            db = PgDatabase(url)
+            SharedUsageStore(db).add([("2027-01-01", "Ann", Tally(requests=1))])
+            db.close()
+        except BaseException as e:  # noqa: BLE001 - the test reports what any box raised
+            errors.append(e)
+
+    threads = [threading.Thread(target=box) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    db = PgDatabase(url)
+    assert SharedUsageStore(db).rows() == [("2027-01-01", "Ann", Tally(requests=4))]
+    db.close()
