@@ -42,6 +42,17 @@ class Document:
     pages: int | None
     chars: int
     truncated: bool
+    # A PDF's pages with text: (page number, where its text begins in `text`), for citations.
+    page_starts: list[tuple[int, int]] | None = None
+
+    def page_at(self, offset: int) -> int | None:
+        """The page number the character at `offset` is on (None: the document has no pages)."""
+        page = None
+        for number, start in self.page_starts or ():
+            if start > offset:
+                break
+            page = number
+        return page
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,4 +63,6 @@ class Document:
         pages = raw["pages"]
         if not isinstance(text, str) or not (pages is None or isinstance(pages, int)):
             raise ValueError("malformed document from the worker")
-        return cls(str(raw["kind"]), text, pages, len(text), bool(raw["truncated"]))
+        starts = raw.get("page_starts")
+        marks = [(int(n), int(o)) for n, o in starts] if isinstance(starts, list) else None
+        return cls(str(raw["kind"]), text, pages, len(text), bool(raw["truncated"]), marks)

@@ -28,11 +28,15 @@ class TextSink:
         self.parts: list[str] = []
         self.size = 0
         self.truncated = False
+        self.marks: list[int] = []  # where each marked piece (a PDF's page) begins in the text
 
-    def add(self, piece: str, sep: str = "\n") -> bool:
-        """Append `piece` (after `sep` unless first); False once full, so the reader stops."""
+    def add(self, piece: str, sep: str = "\n", mark: bool = False) -> bool:
+        """Append `piece` (after `sep` unless first); False once full, so the reader stops.
+        mark: note where it begins (a PDF's pages, which the library cites)."""
         if self.parts:
             piece = sep + piece
+        if mark and self.size < self.max_chars:
+            self.marks.append(self.size + (len(sep) if self.parts else 0))
         room = self.max_chars - self.size
         if len(piece) > room:
             piece, self.truncated = piece[:room], True
@@ -74,10 +78,13 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         if count > limits.max_pages:
             raise failure("too_many_pages", f"the PDF has {count:,} pages; at most {limits.max_pages:,} are read")
         sink = TextSink(limits.max_chars)
+        starts: list[int] = []  # the page number of each marked start
         for number in range(count):
             text = reader.pages[number].extract_text().strip()
-            if text and not sink.add(text, "\n\n"):
-                break
+            if text:
+                starts.append(number + 1)
+                if not sink.add(text, "\n\n", mark=True):
+                    break
     except (FileNotDecryptedError, DependencyError):
         raise failure("encrypted_pdf", "the PDF is encrypted (it needs a password, or a cipher this reader lacks): "
                                        "send an unprotected copy") from None
@@ -91,7 +98,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         pages = f"{count:,} page" + ("s" if count != 1 else "")
         raise failure("no_text_found", f"the PDF ({pages}) has no text layer: "
                                        "it may be a scan (text in images is not read)")
-    return _done(Kind.PDF, sink, count)
+    return _done(Kind.PDF, sink, count, list(zip(starts, sink.marks)))
 
 
 # pypdf raises one LimitReachedError for all its limits. Only those on what a stream inflates
@@ -153,8 +160,9 @@ def _table_rows(table: Table) -> list[str]:
     return rows
 
 
-def _done(kind: Kind, sink: TextSink, pages: int | None) -> Document:
+def _done(kind: Kind, sink: TextSink, pages: int | None, page_starts: list[tuple[int, int]] | None = None) -> Document:
     # A PDF's broken ToUnicode map can yield NULs and lone surrogates, which no tokenizer or
     # JSON encoder takes: drop the one, replace the other (U+FFFD); surrogate pairs are joined.
     text = sink.text().replace("\x00", "").encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return Document(kind.value, text, pages, len(text), sink.truncated)
+    # (A dropped NUL moves later page starts back by one: a citation's page is read from them.)
+    return Document(kind.value, text, pages, len(text), sink.truncated, page_starts)

@@ -75,13 +75,16 @@ class SqliteTx:
 class Database:
     """The SQLite file. `path` ":memory:" keeps it in memory (tests)."""
 
-    def __init__(self, state_dir: Path | None) -> None:
+    def __init__(self, state_dir: Path | None, file_name: str = FILE_NAME,
+                 migrations: Sequence[Sequence[str]] = MIGRATIONS, what: str = "people store") -> None:
+        # file_name, migrations, what: the library's database (library/store.py) is one too.
+        self.file_name, self.migrations, self.what = file_name, migrations, what
         self._lock = threading.Lock()
         self.trouble = ""  # the last failure, "" since the last write that worked (or never failed)
         try:
             self._conn, target = self._open(state_dir)
         except (OSError, sqlite3.Error) as e:
-            raise StoreError(f"people store {state_dir}/{FILE_NAME}: {e}") from None
+            raise StoreError(f"{what} {state_dir}/{file_name}: {e}") from None
         self.path = target
         try:
             self._conn.execute("PRAGMA foreign_keys = ON")
@@ -91,7 +94,7 @@ class Database:
             self._migrate()
         except sqlite3.Error as e:
             self._conn.close()
-            raise StoreError(f"people store {target}: {e}") from None
+            raise StoreError(f"{what} {target}: {e}") from None
 
     def _open(self, state_dir: Path | None) -> tuple[sqlite3.Connection, str]:
         """The file, read and write; on a disk gone read-only (an SD card failing), read only:
@@ -99,16 +102,16 @@ class Database:
         if state_dir is None:
             return sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None), ":memory:"
         try:
-            target = str(private_file(state_dir, FILE_NAME))
+            target = str(private_file(state_dir, self.file_name))
         except OSError as e:
-            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not (state_dir / FILE_NAME).is_file():
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not (state_dir / self.file_name).is_file():
                 raise
-            target = str(state_dir / FILE_NAME)
+            target = str(state_dir / self.file_name)
             # immutable: a WAL file is opened read-only only where its -shm can be made, or so.
             conn = sqlite3.connect(f"file:{target}?mode=ro&immutable=1", uri=True, timeout=5,
                                    check_same_thread=False, isolation_level=None)
-            self.trouble = f"people store {target}: read-only ({e.strerror})"
-            log.error("%s; people sign in and read their chats, nothing is saved until it is writable", self.trouble)
+            self.trouble = f"{self.what} {target}: read-only ({e.strerror})"
+            log.error("%s; what it holds is read, nothing is saved until it is writable", self.trouble)
             return conn, target
         return sqlite3.connect(target, timeout=5, check_same_thread=False, isolation_level=None), target
 
@@ -117,14 +120,14 @@ class Database:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        for number, statements in enumerate(MIGRATIONS, 1):
+        for number, statements in enumerate(self.migrations, 1):
             if self.version >= number:
                 continue
             with self._tx() as tx:
                 for sql in statements:
                     tx.run(sql)
                 tx.run(f"PRAGMA user_version = {number}")
-            log.info("people store %s: migrated to version %d", self.path, number)
+            log.info("%s %s: migrated to version %d", self.what, self.path, number)
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         """fn's result, reading one consistent view."""
@@ -145,15 +148,15 @@ class Database:
             except sqlite3.Error as e:
                 raise self._failed(e) from None
             if self.trouble:
-                log.warning("people store %s works again: chats are saved", self.path)
+                log.warning("%s %s works again: changes are saved", self.what, self.path)
                 self.trouble = ""
             return result
 
     def _failed(self, e: sqlite3.Error) -> StoreError:
         """The error to raise; the first of a run of failures is one journal line."""
-        err = StoreError(f"people store {self.path}: {e}")
+        err = StoreError(f"{self.what} {self.path}: {e}")
         if not self.trouble:
-            log.error("%s; signed-in people keep working, chats are not being saved", err)
+            log.error("%s; what it holds is still read, changes are not being saved", err)
         self.trouble = str(err)
         return err
 

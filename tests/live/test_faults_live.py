@@ -263,7 +263,7 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
     assert me["person"]["name"] == "Ann" and me["store"]["saving"] is False
     assert live.stop() == 0
     log = live.log()
-    assert log.count("read-only") >= 1 and log.count("chats are not being saved") <= 1  # one line an outage
+    assert log.count("read-only") >= 1 and log.count("changes are not being saved") <= 1  # one line an outage
 
     # A corrupt file at start-up: one journal line, and the box answers (nobody can sign in until it is fixed).
     (state / "people.sqlite3").write_bytes(b"not a database " * 1000)

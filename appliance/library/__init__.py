@@ -1,0 +1,1 @@
+"""The office library: documents split into passages, searched by words and by meaning, cited in chats."""

@@ -1,0 +1,80 @@
+"""The indexer: one thread that embeds documents' passages in the background, a batch at a
+time, through the embedding service's background context (niced: it takes the CPU the chat
+engine leaves). A document becomes searchable by meaning when its last batch is stored;
+its words are searchable from the moment it is added."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from appliance.library.store import LibraryStore
+from appliance.library.vectors import Vectors
+from appliance.people.db import StoreError
+
+log = logging.getLogger(__name__)
+BATCH = 16  # passages an embedding call: ~0.6 s of one niced core (16 x ~37 ms), so a delete waits little
+Embed = Callable[[list[str]], np.ndarray]
+
+
+class Indexer:
+    def __init__(self, store: LibraryStore, vectors: Vectors, embed: Embed) -> None:
+        self.store = store
+        self.vectors = vectors
+        self.embed = embed
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="library-indexer", daemon=True)
+        self.busy = threading.Event()  # set while a document is being embedded (tests wait on it)
+
+    def start(self) -> None:
+        for doc in self.store.pending():  # what a restart interrupted
+            self._queue.put(doc)
+        self._thread.start()
+
+    def submit(self, doc: str) -> None:
+        self._queue.put(doc)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (doc := self._queue.get()) is not None:
+            self.busy.set()
+            try:
+                self._index(doc)
+            except StoreError as e:  # the disk: the document stays "indexing" and is taken up at the next start
+                log.error("library: indexing %s stopped: %s", doc, e)
+            except Exception:  # one document's fault never ends the thread
+                log.exception("library: indexing %s failed", doc)
+                self._finish(doc, "failed", "indexing failed; see the server log")
+            finally:
+                self.busy.clear()
+
+    def _index(self, doc: str) -> None:
+        while batch := self.store.unembedded(doc, BATCH):
+            vecs = self.embed([text for _, text in batch])
+            done = self.store.set_vectors(doc, [(pid, np.ascontiguousarray(v, np.float32).tobytes())
+                                                for (pid, _), v in zip(batch, vecs)])
+            if done < 0:
+                return  # deleted meanwhile
+        row = self.store.doc(doc)
+        if row is None or row.status != "indexing":
+            return
+        self.store.finish(doc, "ready")
+        rows = self.store.vectors(doc)
+        self.vectors.put(doc, row.scope, [r[0] for r in rows], [r[3] for r in rows])
+        if self.store.doc(doc) is None:  # deleted while its embeddings were being loaded
+            self.vectors.drop(doc)
+        log.info("library: %s (%s) indexed, %d passages", doc, row.name, len(rows))
+
+    def _finish(self, doc: str, status: str, error: str) -> None:
+        try:
+            self.store.finish(doc, status, error)
+        except StoreError as e:
+            log.error("library: cannot mark %s %s: %s", doc, status, e)

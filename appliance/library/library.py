@@ -1,0 +1,160 @@
+"""The library as the routes use it: add, replace, list and delete documents in a scope (the
+office's, or a person's own), and find the passages that answer a question among the scopes
+a caller may read. Words (FTS5, per scope) and meaning (embeddings) each rank candidates;
+reciprocal rank fusion joins the lists, and the best passages are kept within a budget."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import numpy as np
+
+from appliance.documents.document import Document
+from appliance.documents.reader import DocumentReader
+from appliance.errors import Conflict, PayloadTooLarge, Unavailable, UnprocessableEntity
+from appliance.library.indexer import Indexer
+from appliance.library.passages import MAX_QUERY_TERMS, estimate_tokens, html_text, split, terms
+from appliance.library.store import OFFICE, DocRow, Found, LibraryStore
+from appliance.library.vectors import Vectors
+from appliance.people.db import StoreError
+
+log = logging.getLogger(__name__)
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009): a rank counts 1 / (60 + rank)
+MAX_QUESTION = 2000  # characters of a question searched for
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryLimits:
+    office_documents: int = 500
+    person_documents: int = 100
+    office_passages: int = 100_000  # 150 MiB of embeddings in RAM at most (1.5 KiB a passage)
+    person_passages: int = 10_000
+    candidates: int = 20  # passages each ranking gives to the fusion
+    top_k: int = 4  # passages a chat is given at most...
+    budget_tokens: int = 700  # ...and at most this many tokens of them (bench/library/eval.py measured it)
+
+
+class Library:
+    def __init__(self, store: LibraryStore, reader: DocumentReader,
+                 embed: Callable[[list[str]], Awaitable[np.ndarray]],
+                 embed_background: Callable[[list[str]], np.ndarray],
+                 limits: LibraryLimits | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.reader = reader
+        self.limits = limits or LibraryLimits()
+        self.vectors = Vectors()
+        self.indexer = Indexer(store, self.vectors, embed_background)
+        self._embed = embed
+        self._clock = clock
+
+    def start(self) -> None:
+        self.vectors.load(self.store.vectors())
+        self.indexer.start()
+
+    def stop(self) -> None:
+        self.indexer.stop()
+        self.store.close()
+
+    # -- documents ----------------------------------------------------------------------
+    def documents(self, scopes: list[str]) -> list[DocRow]:
+        return self.store.docs(scopes)
+
+    def document(self, doc_id: str, scope: str) -> DocRow | None:
+        """The document if it is in `scope` (None otherwise, as if it did not exist)."""
+        row = self.store.doc(doc_id)
+        return row if row is not None and row.scope == scope else None
+
+    def _room(self, scope: str, replacing: DocRow | None) -> int:
+        """The passages the scope has room for; refused when it holds its most documents."""
+        docs, passages = self.store.count(scope)
+        office = scope == OFFICE
+        most = self.limits.office_documents if office else self.limits.person_documents
+        if replacing is None and docs >= most:
+            raise Conflict(f"the library holds {docs:,} documents here, the most it takes: delete one first",
+                           code="library_full")
+        most_passages = self.limits.office_passages if office else self.limits.person_passages
+        return most_passages - passages + (replacing.passages if replacing else 0)
+
+    async def add(self, scope: str, added_by: str, name: str, content_type: str, data: bytes,
+                  title: str = "", replacing: DocRow | None = None) -> DocRow:
+        """Read the file (in the sandboxed worker), cut it into passages, store them (their words
+        searchable at once) and queue their embeddings."""
+        if self.store.trouble:
+            raise Unavailable(f"the library cannot be changed now: {self.store.trouble}", code="library_read_only")
+        room = await asyncio.to_thread(self._room, scope, replacing)
+        doc = await self.reader.read(data, name, content_type)
+        text = html_text(doc.text) if PurePosixPath(name.lower()).suffix in (".html", ".htm") else doc.text
+        passages = split(doc, text)
+        if not passages:
+            raise UnprocessableEntity("the document holds no text to search", code="no_text_found")
+        if len(passages) > room:
+            raise PayloadTooLarge(f"the document has {len(passages):,} passages and the library has room for "
+                                  f"{max(room, 0):,} more", code="library_full")
+        row = DocRow(replacing.id if replacing else "lib_" + secrets.token_hex(8), scope,
+                     (title or PurePosixPath(name).stem or name)[:200], name, _kind(doc, name), len(data), doc.pages,
+                     len(text), doc.truncated, len(passages), 0, "indexing", None,
+                     replacing.added_at if replacing else self._clock(), added_by)
+        if replacing is not None:
+            self.vectors.drop(row.id)
+        await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None)
+        self.indexer.submit(row.id)
+        return row
+
+    def _write(self, fn: Callable[..., object], *args: object) -> object:
+        try:
+            return fn(*args)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be changed now: {e}", code="library_read_only") from None
+
+    async def delete(self, row: DocRow) -> None:
+        await asyncio.to_thread(self._write, self.store.delete, row)
+        self.vectors.drop(row.id)
+
+    # -- search -------------------------------------------------------------------------
+    async def search(self, scopes: list[str], question: str) -> list[Found]:
+        """The passages that best answer `question` among the scopes' documents, best first,
+        at most top_k and budget_tokens of them."""
+        question = question[:MAX_QUESTION]
+        words = terms(question, MAX_QUERY_TERMS)
+        lists = [await asyncio.to_thread(self.store.keyword, scope, words, self.limits.candidates) for scope in scopes]
+        if len(self.vectors) and question.strip():
+            query = (await self._embed([question]))[0]
+            lists.append(self.vectors.search(frozenset(scopes), query, self.limits.candidates))
+        ranked = fuse(lists)
+        found = await asyncio.to_thread(self.store.found, ranked[: self.limits.top_k * 3])
+        kept: list[Found] = []
+        spent = 0
+        for pid in ranked:
+            f = found.get(pid)
+            if f is None:
+                continue
+            cost = estimate_tokens(f.text)
+            if kept and spent + cost > self.limits.budget_tokens:
+                continue
+            kept.append(f)
+            spent += cost
+            if len(kept) == self.limits.top_k:
+                break
+        return kept
+
+
+def fuse(lists: list[list[int]]) -> list[int]:
+    """Reciprocal rank fusion: the ids of all lists, by the sum of 1 / (RRF_K + rank)."""
+    score: dict[int, float] = {}
+    for ranking in lists:
+        for rank, pid in enumerate(ranking, 1):
+            score[pid] = score.get(pid, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(score, key=lambda pid: (-score[pid], pid))
+
+
+def _kind(doc: Document, name: str) -> str:
+    if doc.kind != "text":
+        return doc.kind
+    suffix = PurePosixPath(name.lower()).suffix
+    return {".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}.get(suffix, "text")

@@ -1,0 +1,205 @@
+"""The library's database: documents, their passages, and each passage's embedding, in one
+SQLite file in state_dir (library.sqlite3: WAL, 0600, migrated on open; people/db.py's
+Database). Words are searched with FTS5, in one table per scope (the office's, and each
+person's own), so that one person's documents never weigh in another's ranking: bm25's
+word weights are counted per table."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.library.passages import Passage, terms
+from appliance.people.db import Database, Tx
+
+FILE_NAME = "library.sqlite3"
+OFFICE = "office"  # the scope of documents the operator adds for everyone
+MIGRATIONS: list[list[str]] = [[
+    """CREATE TABLE documents (id TEXT PRIMARY KEY, scope TEXT NOT NULL, title TEXT NOT NULL, name TEXT NOT NULL,
+       kind TEXT NOT NULL, size INTEGER NOT NULL, pages INTEGER, chars INTEGER NOT NULL, truncated INTEGER NOT NULL,
+       passages INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, error TEXT,
+       added_at REAL NOT NULL, added_by TEXT NOT NULL)""",
+    "CREATE INDEX documents_scope ON documents (scope, added_at)",
+    """CREATE TABLE passages (id INTEGER PRIMARY KEY, doc TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+       seq INTEGER NOT NULL, page INTEGER, text TEXT NOT NULL, vec BLOB)""",
+    "CREATE INDEX passages_doc ON passages (doc, seq)",
+]]
+_COLUMNS = "id, scope, title, name, kind, size, pages, chars, truncated, passages, indexed, status, error, added_at, added_by"
+
+
+def person_scope(person_id: str) -> str:
+    return "person:" + person_id
+
+
+def _table(scope: str) -> str:
+    """The scope's FTS5 table: a name made of hex digits only, never of what a client sent."""
+    return "terms_office" if scope == OFFICE else "terms_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class DocRow:
+    id: str
+    scope: str
+    title: str
+    name: str
+    kind: str
+    size: int
+    pages: int | None
+    chars: int
+    truncated: bool
+    passages: int
+    indexed: int
+    status: str  # "indexing", "ready" or "failed"
+    error: str | None
+    added_at: float
+    added_by: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As the API shows it: the scope as "office" or "own" (a person id is nobody's business)."""
+        body = asdict(self)
+        body["scope"] = OFFICE if self.scope == OFFICE else "own"
+        body["added_at"] = int(self.added_at)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A passage as a chat cites it."""
+
+    id: int
+    doc: str
+    title: str
+    page: int | None
+    text: str
+
+
+def _row(r: Sequence[Any]) -> DocRow:
+    return DocRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10], r[11], r[12], r[13], r[14])
+
+
+class LibraryStore:
+    """Every read and write of the library's file, each one transaction."""
+
+    def __init__(self, state_dir: Path | None) -> None:
+        self.db = Database(state_dir, FILE_NAME, MIGRATIONS, "library")
+        self._tables: set[str] = set()
+
+    @property
+    def trouble(self) -> str:
+        return self.db.trouble
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _terms_table(self, tx: Tx, scope: str) -> str:
+        table = _table(scope)
+        if table not in self._tables:
+            # porter: English words by their stem (policy, policies); CJK pairs pass unchanged.
+            tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(words, tokenize = 'porter unicode61')")
+            self._tables.add(table)
+        return table
+
+    def _put_passages(self, tx: Tx, doc: str, scope: str, passages: list[Passage]) -> None:
+        table = self._terms_table(tx, scope)
+        for p in passages:
+            tx.run("INSERT INTO passages (doc, seq, page, text) VALUES (?, ?, ?, ?)", (doc, p.seq, p.page, p.text))
+            row = tx.one("SELECT last_insert_rowid()")
+            assert row is not None
+            tx.run(f"INSERT INTO {table} (rowid, words) VALUES (?, ?)", (row[0], " ".join(terms(p.text))))
+
+    def _drop_passages(self, tx: Tx, doc: str, scope: str) -> None:
+        table = self._terms_table(tx, scope)
+        tx.run(f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM passages WHERE doc = ?)", (doc,))
+        tx.run("DELETE FROM passages WHERE doc = ?", (doc,))
+
+    def add(self, row: DocRow, passages: list[Passage], replace: bool = False) -> DocRow:
+        """A new document (or, replace: the same id's new file), its passages searchable by
+        their words at once and waiting for their embeddings."""
+        def put(tx: Tx) -> DocRow:
+            if replace:
+                self._drop_passages(tx, row.id, row.scope)
+                tx.run("DELETE FROM documents WHERE id = ?", (row.id,))
+            tx.run(f"INSERT INTO documents ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                   (row.id, row.scope, row.title, row.name, row.kind, row.size, row.pages, row.chars,
+                    int(row.truncated), row.passages, 0, row.status, row.error, row.added_at, row.added_by))
+            self._put_passages(tx, row.id, row.scope, passages)
+            return row
+        return self.db.write(put)
+
+    def delete(self, doc: DocRow) -> bool:
+        def drop(tx: Tx) -> bool:
+            self._drop_passages(tx, doc.id, doc.scope)
+            return tx.run("DELETE FROM documents WHERE id = ?", (doc.id,)) > 0
+        return self.db.write(drop)
+
+    def doc(self, doc_id: str) -> DocRow | None:
+        r = self.db.read(lambda tx: tx.one(f"SELECT {_COLUMNS} FROM documents WHERE id = ?", (doc_id,)))
+        return _row(r) if r is not None else None
+
+    def docs(self, scopes: Sequence[str]) -> list[DocRow]:
+        marks = ", ".join("?" * len(scopes))
+        rows = self.db.read(lambda tx: tx.all(
+            f"SELECT {_COLUMNS} FROM documents WHERE scope IN ({marks}) ORDER BY added_at, id", tuple(scopes)))
+        return [_row(r) for r in rows]
+
+    def count(self, scope: str) -> tuple[int, int]:
+        """The scope's documents and passages."""
+        r = self.db.read(lambda tx: tx.one(
+            "SELECT count(*), coalesce(sum(passages), 0) FROM documents WHERE scope = ?", (scope,)))
+        return (int(r[0]), int(r[1])) if r is not None else (0, 0)
+
+    def pending(self) -> list[str]:
+        """Documents whose embeddings are not all made (a restart took the indexer mid-way)."""
+        return [r[0] for r in self.db.read(lambda tx: tx.all(
+            "SELECT id FROM documents WHERE status = 'indexing' ORDER BY added_at"))]
+
+    def unembedded(self, doc: str, limit: int) -> list[tuple[int, str]]:
+        return [(int(r[0]), str(r[1])) for r in self.db.read(lambda tx: tx.all(
+            "SELECT id, text FROM passages WHERE doc = ? AND vec IS NULL ORDER BY seq LIMIT ?", (doc, limit)))]
+
+    def set_vectors(self, doc: str, vectors: list[tuple[int, bytes]]) -> int:
+        """Store embeddings made; the document's count of embedded passages (a passage gone
+        meanwhile, its document replaced or deleted, is simply not there to update)."""
+        def put(tx: Tx) -> int:
+            for pid, vec in vectors:
+                tx.run("UPDATE passages SET vec = ? WHERE id = ? AND doc = ?", (vec, pid, doc))
+            tx.run("UPDATE documents SET indexed = (SELECT count(*) FROM passages WHERE doc = ? AND vec IS NOT NULL) "
+                   "WHERE id = ?", (doc, doc))
+            r = tx.one("SELECT indexed FROM documents WHERE id = ?", (doc,))
+            return int(r[0]) if r is not None else -1
+        return self.db.write(put)
+
+    def finish(self, doc: str, status: str, error: str | None = None) -> None:
+        self.db.write(lambda tx: tx.run("UPDATE documents SET status = ?, error = ? WHERE id = ?", (status, error, doc)))
+
+    def vectors(self, doc: str | None = None) -> list[tuple[int, str, str, bytes]]:
+        """(passage, document, scope, embedding) of ready documents (or of one document)."""
+        where, params = ("AND d.id = ?", (doc,)) if doc is not None else ("", ())
+        return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in self.db.read(lambda tx: tx.all(
+            "SELECT p.id, p.doc, d.scope, p.vec FROM passages p JOIN documents d ON d.id = p.doc "
+            f"WHERE d.status = 'ready' AND p.vec IS NOT NULL {where} ORDER BY p.id", params))]
+
+    def keyword(self, scope: str, words: list[str], limit: int) -> list[int]:
+        """The scope's passages holding any of the words, best first (bm25)."""
+        if not words:
+            return []
+        # Each word quoted: only letters and digits reach here (passages.terms), never FTS5 syntax.
+        query = " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
+
+        def find(tx: Tx) -> list[int]:
+            table = _table(scope)
+            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
+                return []
+            return [int(r[0]) for r in tx.all(
+                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?", (query, limit))]
+        return self.db.read(find)
+
+    def found(self, ids: Sequence[int]) -> dict[int, Found]:
+        marks = ", ".join("?" * len(ids))
+        rows = self.db.read(lambda tx: tx.all(
+            "SELECT p.id, p.doc, d.title, p.page, p.text FROM passages p JOIN documents d ON d.id = p.doc "
+            f"WHERE p.id IN ({marks})", tuple(ids))) if ids else []
+        return {int(r[0]): Found(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows}

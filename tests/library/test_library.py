@@ -1,0 +1,213 @@
+"""The library on a fake embedding model (words hashed into a vector) and the real document
+reader: passages cut at pages, words and meaning fused, scopes kept apart, documents added,
+replaced, deleted and taken up again after a restart, and a read-only disk refused clearly."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.documents import pdf_bytes
+
+from appliance.documents.document import Document
+from appliance.documents.reader import DocumentReader
+from appliance.errors import Conflict, PayloadTooLarge, Unavailable
+from appliance.library.cite import question_of, sources, with_sources
+from appliance.library.library import Library, LibraryLimits, fuse
+from appliance.library.passages import html_text, split, terms
+from appliance.library.store import OFFICE, LibraryStore, person_scope
+from appliance.people import db
+
+DIM = 64
+
+
+def fake_vectors(texts: list[str]) -> np.ndarray:
+    """Each word hashed to a dimension: texts sharing words are near, as meaning would be."""
+    out = np.zeros((len(texts), DIM), np.float32)
+    for i, t in enumerate(texts):
+        for w in terms(t):
+            out[i, int(hashlib.sha256(w.encode()).hexdigest(), 16) % DIM] += 1.0
+        out[i] /= max(float(np.linalg.norm(out[i])), 1e-6)
+    return out
+
+
+class FakeEmbedder:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        return fake_vectors(texts)
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        self.gate.wait(timeout=30)
+        self.calls += 1
+        return fake_vectors(texts)
+
+
+def make(state: Path | None, limits: LibraryLimits | None = None) -> tuple[Library, FakeEmbedder]:
+    fake = FakeEmbedder()
+    lib = Library(LibraryStore(state), DocumentReader(), fake.embed, fake.embed_sync, limits, clock=lambda: 1000.0)
+    lib.start()
+    return lib, fake
+
+
+def wait_ready(lib: Library, doc: str) -> None:
+    for _ in range(3000):  # a condition, not a time: each turn gives the indexer thread the GIL
+        row = lib.store.doc(doc)
+        if row is not None and row.status != "indexing":
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{doc} never finished indexing")
+
+
+HANDBOOK = [f"Page {n} of the handbook. " + ("Parking permits are issued by reception. " if n == 3 else "")
+            + ("The emergency assembly point is the car park behind the Linden bakery." if n == 7 else
+               f"General rules number {n} about desks, lockers and coffee.") for n in range(1, 11)]
+
+
+def test_a_pdf_is_cut_into_passages_each_on_one_page() -> None:
+    text = "\n\n".join(HANDBOOK)
+    starts, at = [], 0
+    for n, page in enumerate(HANDBOOK, 1):
+        starts.append((n, at))
+        at += len(page) + 2
+    doc = Document("pdf", text, 10, len(text), False, starts)
+    passages = split(doc)
+    linden = [p for p in passages if "Linden" in p.text]
+    assert [p.page for p in linden] == [7]
+    assert all(p.page is not None for p in passages) and len({p.page for p in passages}) == 10
+
+
+def test_chinese_is_searched_by_character_pairs_and_html_by_its_text() -> None:
+    assert terms("三月会议 chose Nordlicht") == ["三月", "月会", "会议", "chose", "nordlicht"]
+    assert html_text("<p>One &amp; two</p><script>alert(1)</script><div>Three</div>") == "One & two\n\nThree"
+
+
+def test_fusion_ranks_what_both_lists_agree_on_first() -> None:
+    assert fuse([[1, 2, 3], [3, 1, 4]]) == [1, 3, 2, 4]
+    assert fuse([]) == []
+
+
+def test_sources_go_into_the_last_user_message_only() -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do we gather?"}]
+    from appliance.library.store import Found
+    found = [Found(1, "lib_x", "Handbook", 7, "The assembly point is behind the Linden bakery.")]
+    out = with_sources(messages, found)
+    assert out[0] == messages[0] and "[1] Handbook, page 7:" in out[1]["content"]
+    assert out[1]["content"].endswith("Question: Where do we gather?")
+    assert sources(found)[0] == {"n": 1, "document": "lib_x", "title": "Handbook", "page": 7,
+                                 "text": "The assembly point is behind the Linden bakery."}
+    assert question_of([{"role": "assistant", "content": "hi"}]) is None
+
+
+def test_a_pdf_is_found_by_words_at_once_and_by_meaning_once_indexed(tmp_path: Path) -> None:
+    lib, fake = make(tmp_path)
+    fake.gate.clear()  # the indexer waits: only words find it yet
+    try:
+        row = asyncio.run(lib.add(OFFICE, "the operator", "handbook.pdf", "application/pdf", pdf_bytes(HANDBOOK)))
+        assert row.status == "indexing" and row.pages == 10 and row.kind == "pdf"
+        found = asyncio.run(lib.search([OFFICE], "Linden bakery"))
+        assert found and found[0].page == 7 and found[0].title == "handbook"
+        fake.gate.set()
+        wait_ready(lib, row.id)
+        ready = lib.store.doc(row.id)
+        assert ready is not None and ready.status == "ready" and ready.indexed == ready.passages == row.passages
+        assert len(lib.vectors) == row.passages
+        found = asyncio.run(lib.search([OFFICE], "where is the assembly point for emergencies?"))
+        assert found[0].page == 7
+    finally:
+        lib.stop()
+
+
+def test_a_persons_own_document_is_never_found_for_anyone_else(tmp_path: Path) -> None:
+    lib, _ = make(tmp_path)
+    try:
+        ann, ben = person_scope("ann"), person_scope("ben")
+        own = asyncio.run(lib.add(ben, "Ben", "notes.txt", "text/plain", b"Codename Bluefinch: my salary review."))
+        wait_ready(lib, own.id)
+        assert asyncio.run(lib.search([OFFICE, ann], "Bluefinch salary review")) == []
+        assert [f.doc for f in asyncio.run(lib.search([OFFICE, ben], "Bluefinch salary review"))] == [own.id]
+        assert lib.document(own.id, ann) is None and lib.document(own.id, OFFICE) is None
+        assert [d.id for d in lib.documents([OFFICE, ann])] == []
+        # Words are ranked per scope: Ben's file is in a table of its own, not the office's.
+        assert lib.store.keyword(OFFICE, ["bluefinch"], 5) == []
+    finally:
+        lib.stop()
+
+
+def test_replace_and_delete_leave_nothing_of_the_old_file(tmp_path: Path) -> None:
+    lib, _ = make(tmp_path)
+    try:
+        row = asyncio.run(lib.add(OFFICE, "op", "menu.md", "text/markdown", b"# Menu\n\nSoup of the day: tomato."))
+        wait_ready(lib, row.id)
+        new = asyncio.run(lib.add(OFFICE, "op", "menu.md", "text/markdown", b"# Menu\n\nSoup of the day: lentil.",
+                                  replacing=row))
+        assert new.id == row.id and new.kind == "markdown"
+        wait_ready(lib, row.id)
+        texts = [f.text for f in asyncio.run(lib.search([OFFICE], "soup of the day"))]
+        assert texts and all("lentil" in t for t in texts) and not any("tomato" in t for t in texts)
+        asyncio.run(lib.delete(new))
+        assert lib.documents([OFFICE]) == [] and len(lib.vectors) == 0
+        assert asyncio.run(lib.search([OFFICE], "soup lentil")) == []
+    finally:
+        lib.stop()
+
+
+def test_the_library_is_bounded_before_a_file_is_read(tmp_path: Path) -> None:
+    lib, _ = make(tmp_path, LibraryLimits(person_documents=1, person_passages=3))
+    me = person_scope("ann")
+    try:
+        asyncio.run(lib.add(me, "Ann", "a.txt", "text/plain", b"one short note"))
+        with pytest.raises(Conflict, match="delete one first"):
+            asyncio.run(lib.add(me, "Ann", "b.txt", "text/plain", b"another"))
+        big = "\n\n".join(f"Paragraph {i}. " + "word " * 150 for i in range(10)).encode()
+        with pytest.raises(PayloadTooLarge, match="room for"):
+            asyncio.run(lib.add(person_scope("cat"), "Cat", "big.txt", "text/plain", big))
+    finally:
+        lib.stop()
+
+
+def test_a_restart_takes_up_the_documents_it_had_not_finished(tmp_path: Path) -> None:
+    lib, fake = make(tmp_path)
+    fake.gate.clear()
+    row = asyncio.run(lib.add(OFFICE, "op", "faq.txt", "text/plain", b"The wifi password is on the fridge."))
+    fake.gate.set()
+    lib.indexer.stop()  # may or may not have finished: the next start must finish it either way
+    lib.store.close()
+    again, _ = make(tmp_path)
+    try:
+        wait_ready(again, row.id)
+        found = asyncio.run(again.search([OFFICE], "wifi password"))
+        assert [f.doc for f in found] == [row.id] and len(again.vectors) >= 1
+    finally:
+        again.stop()
+
+
+def test_a_read_only_library_refuses_changes_and_still_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib, _ = make(tmp_path)
+    row = asyncio.run(lib.add(OFFICE, "op", "faq.txt", "text/plain", b"The wifi password is on the fridge."))
+    wait_ready(lib, row.id)
+    lib.stop()
+
+    def read_only_disk(*_: object) -> Path:  # what opening the file for writing meets on a failed SD card
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(db, "private_file", read_only_disk)
+    ro, _ = make(tmp_path)
+    try:
+        assert "read-only" in ro.store.trouble
+        assert [f.doc for f in asyncio.run(ro.search([OFFICE], "wifi password"))] == [row.id]
+        assert [d.id for d in ro.documents([OFFICE])] == [row.id]
+        with pytest.raises(Unavailable, match="cannot be changed"):
+            asyncio.run(ro.add(OFFICE, "op", "b.txt", "text/plain", b"more"))
+        with pytest.raises(Unavailable, match="cannot be changed"):
+            asyncio.run(ro.delete(row))
+    finally:
+        ro.stop()
