@@ -222,6 +222,11 @@ class Config:
         lambda v: None if v >= 1 else "must be >= 1"))
     document_workers: int = field(default=1, metadata=_opt(
         "documents read at once, each by its own worker process (on 2 cores one leaves the engine a core)", _positive))
+    library: bool = field(default=True, metadata=_opt(
+        "the office library: documents added in /admin (and, in people mode, each person's own) searched by chats "
+        "that ask for it, and /v1/embeddings; loads the bundled embedding model (~60 MiB of RAM)"))
+    library_budget_tokens: int = field(default=700, metadata=_opt(
+        "tokens of library passages a chat is given at most (at most 4 passages)", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(
         "a connection must deliver a request's headers and body within this, s", _positive))
     response_stall_s: float = field(default=120.0, metadata=_opt(

@@ -67,8 +67,17 @@ def read_text(data: bytes, limits: DocumentLimits) -> Document:
     if not text.strip():
         raise failure("no_text_found", "the text file holds only white space")
     sink = TextSink(limits.max_chars)
-    sink.add(text)
-    return _done(Kind.TEXT, sink, None)
+    if "\f" not in text:
+        sink.add(text)
+        return _done(Kind.TEXT, sink, None)
+    # Form feeds part pages, as pdftotext writes them: the library cites such a text's pages.
+    starts: list[int] = []
+    for number, page in enumerate(text.split("\f"), 1):
+        if page.strip():
+            starts.append(number)
+            if not sink.add(page.strip("\n"), "\n\n", mark=True):
+                break
+    return _done(Kind.TEXT, sink, len(text.split("\f")), list(zip(starts, sink.marks)))
 
 
 def read_pdf(data: bytes, limits: DocumentLimits) -> Document:

@@ -20,14 +20,14 @@ from starlette.staticfiles import StaticFiles
 
 from appliance.errors import ApplianceError, EngineFailure, NotFound
 from appliance.http.api.anthropic import messages as anthropic
-from appliance.http.api.appliance import admin, documents, operator
+from appliance.http.api.appliance import admin, documents, library, operator
 from appliance.http.api.llama import completion as llama_completion
 from appliance.http.api.llama import infill as llama_infill
 from appliance.http.api.llama import tokens as llama_tokens
 from appliance.http.api.ollama import generate as ollama
 from appliance.http.api.ollama import info as ollama_info
 from appliance.http.api.ollama.wire import ollama_error
-from appliance.http.api.openai import chat, completions, responses
+from appliance.http.api.openai import chat, completions, embeddings, responses
 from appliance.http.api.openai.response_store import ResponseStore
 from appliance.http.api.people import admin as people_admin
 from appliance.http.api.people import auth, keys
@@ -140,6 +140,15 @@ def routes(app: App) -> list[BaseRoute]:
         route("/api/show", ollama_info.show, post, errors=ollama_error),
         route("/api/ps", ollama_info.ps, errors=ollama_error),
         route("/api/version", ollama_info.version, errors=ollama_error),
+        route("/api/embed", embeddings.ollama_embed, post, errors=ollama_error),
+        route("/api/embeddings", embeddings.ollama_embeddings, post, errors=ollama_error),
+        # Embeddings on the bundled embedding model, and the office library chats search.
+        route("/v1/embeddings", embeddings.openai, post),
+        route("/embeddings", embeddings.openai, post),
+        route("/v1/library", library.collection, ["GET", "POST"]),
+        route("/v1/library/{doc}", library.one, ["GET", "PUT", "DELETE"]),
+        route("/admin/library", library.office, ["GET", "POST"]),
+        route("/admin/library/{doc}", library.office_one, ["GET", "PUT", "DELETE"]),
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
@@ -161,7 +170,15 @@ def create_app(app: App) -> Starlette:
         # The HTTP server is up before the model loads: /health says "loading" meanwhile.
         app.engine.start(asyncio.get_running_loop())
         app.usage.ledger.start()  # the usage writer thread
+        if app.embedder is not None:
+            app.embedder.start()
+        if app.library is not None:
+            app.library.start()
         yield
+        if app.library is not None:
+            await asyncio.to_thread(app.library.stop)
+        if app.embedder is not None:
+            await asyncio.to_thread(app.embedder.stop)
         await asyncio.to_thread(app.engine.stop)
         await asyncio.to_thread(app.usage.ledger.close)  # after the last request's counts
 

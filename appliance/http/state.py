@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from appliance.documents.reader import DocumentReader
 from appliance.engine.engine import Engine
@@ -19,6 +20,7 @@ from appliance.http.people import People
 from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
+from appliance.library.library import Library
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
@@ -30,7 +32,7 @@ class App:
                  metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
                  guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2,
                  documents: DocumentReader | None = None, usage: Accounting | None = None,
-                 people: People | None = None) -> None:
+                 people: People | None = None, library: Library | None = None, embedder: Any = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
@@ -42,6 +44,8 @@ class App:
         self.documents = documents or DocumentReader()
         self.usage = usage or Accounting()  # counts per person, the quotas, the admin page's minutes
         self.people = people  # people mode: accounts and chats on the box (None: open mode)
+        self.library = library  # the office's documents, searched by chats (None: off)
+        self.embedder = embedder  # library/embedder.EmbedService: /v1/embeddings and the library (None: off)
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:

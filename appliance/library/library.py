@@ -117,17 +117,22 @@ class Library:
         self.vectors.drop(row.id)
 
     # -- search -------------------------------------------------------------------------
-    async def search(self, scopes: list[str], question: str) -> list[Found]:
+    async def search(self, scopes: list[str], question: str, top_k: int | None = None, budget: int | None = None,
+                     ways: tuple[str, ...] = ("words", "meaning")) -> list[Found]:
         """The passages that best answer `question` among the scopes' documents, best first,
-        at most top_k and budget_tokens of them."""
+        at most top_k and budget_tokens of them (ways: the rankings fused; the evaluation
+        compares each alone)."""
+        top_k = top_k or self.limits.top_k
+        budget = budget if budget is not None else self.limits.budget_tokens
         question = question[:MAX_QUESTION]
         words = terms(question, MAX_QUERY_TERMS)
-        lists = [await asyncio.to_thread(self.store.keyword, scope, words, self.limits.candidates) for scope in scopes]
-        if len(self.vectors) and question.strip():
+        lists = [await asyncio.to_thread(self.store.keyword, scope, words, self.limits.candidates)
+                 for scope in scopes] if "words" in ways else []
+        if len(self.vectors) and question.strip() and "meaning" in ways:
             query = (await self._embed([question]))[0]
             lists.append(self.vectors.search(frozenset(scopes), query, self.limits.candidates))
         ranked = fuse(lists)
-        found = await asyncio.to_thread(self.store.found, ranked[: self.limits.top_k * 3])
+        found = await asyncio.to_thread(self.store.found, ranked[: top_k * 3])
         kept: list[Found] = []
         spent = 0
         for pid in ranked:
@@ -135,11 +140,11 @@ class Library:
             if f is None:
                 continue
             cost = estimate_tokens(f.text)
-            if kept and spent + cost > self.limits.budget_tokens:
+            if kept and spent + cost > budget:
                 continue
             kept.append(f)
             spent += cost
-            if len(kept) == self.limits.top_k:
+            if len(kept) == top_k:
                 break
         return kept
 

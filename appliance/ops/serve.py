@@ -33,6 +33,7 @@ from appliance.http.metrics import Metrics
 from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
+from appliance.ops.library import build_library
 from appliance.ops.notify import Notifier, Watchdog
 from appliance.usage.ledger import Ledger
 from appliance.usage.shared import SharedUsageStore
@@ -222,12 +223,13 @@ def serve(cfg: Config, model_path: Path) -> int:
     notifier = Notifier.from_env()
     web = Path(cfg.web_dir) if cfg.web_dir else None
     store, people = people_store(cfg)
+    library, embedder = build_library(cfg)
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,
                          system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
                          parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg, store),
-                         people=people))
+                         people=people, library=library, embedder=embedder))
     ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
                           # _drain has waited grace_s already: what is left gets a few seconds.
                           timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), lifespan="on",

@@ -61,18 +61,19 @@ def user(i: int) -> dict[str, str]:
 
 def build(factory: Callable[[], Any], *, slots: int = 2, max_queue: int = 8,
           queue_timeout_s: float = 30.0, metrics: bool = True, defaults: dict[str, Any] | None = None,
-          keys: KeyRing | None = None, people: People | None = None, trusted: tuple[str, ...] = ()) -> ASGIApp:
-    limits = Limits(slots=slots, batch_tokens=64, kv_tokens=4096, ctx_limit=CTX, max_wait_s=0.0,
+          keys: KeyRing | None = None, people: People | None = None, trusted: tuple[str, ...] = (),
+          library: Any = None, embedder: Any = None, ctx: int = CTX) -> ASGIApp:
+    limits = Limits(slots=slots, batch_tokens=64, kv_tokens=4096, ctx_limit=ctx, max_wait_s=0.0,
                     max_queue=max_queue, queue_timeout_s=queue_timeout_s)
     m = Metrics() if metrics else None
     engine = Engine(factory, EngineOptions(limits, CachePolicy(n_seq=slots + 4)))
     if m is not None:
         m.attach(engine)  # the engine's counters too, as serve.py does
-    server_limits = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=CTX, **(defaults or {}))
+    server_limits = RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=ctx, **(defaults or {}))
     guard = {"guard": GuardPolicy.build(keys or KeyRing(), parse_networks(trusted), people=people)} \
         if keys is not None or people or trusted else {}
     return as_users(create_app(App(engine, MODEL_ID, server_limits, web_dir=None, metrics=m, people=people,
-                                   **guard)))
+                                   library=library, embedder=embedder, **guard)))
 
 
 def wait_health(get: Callable[[str], httpx.Response], ok: Callable[[dict[str, Any]], bool],

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, Unavailable
+from appliance.http.api.appliance.library import prepare_cited
 from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, stamp
 from appliance.http.intake import intake
 from appliance.http.messages import parse_messages, parse_tools
@@ -258,9 +259,10 @@ class _Ndjson:
 class ChatShape(_Ndjson):
     """/api/chat's answer: message parts, tool calls each whole (tools.CallStream), stats."""
 
-    def __init__(self, req: Chat) -> None:
+    def __init__(self, req: Chat, cited: list[dict[str, Any]] | None = None) -> None:
         self.model, self.params, self.names = req.common.model, req.common.params, req.tool_names
         self.calls: CallStream[list[TokenLogprob]] = CallStream(req.tool_names)
+        self.cited = {"sources": cited} if cited is not None else {}  # ours: on the last line, "library": true
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         shown, calls, lps = self.calls.feed(ev.text, ev.logprobs)
@@ -275,13 +277,13 @@ class ChatShape(_Ndjson):
         rest, calls, lps = self.calls.finish()
         out = [line(_with_logprobs(chat_part(self.model, rest, calls=calls), self.params, _entries(lps)))] \
             if rest or calls else []
-        return [*out, line({**chat_part(self.model, "", True), **stats(done, timing)})]
+        return [*out, line({**chat_part(self.model, "", True), **stats(done, timing), **self.cited})]
 
     async def whole(self, answer: Answer, timing: Timing) -> Response:
         [(deltas, done)] = answer
         shown, calls = answer_calls("".join(d.text for d in deltas), self.names)
         part = _with_logprobs(chat_part(self.model, shown, True, calls), self.params, _entries([d.logprobs for d in deltas]))
-        return JSONResponse({**part, **stats(done, timing)})
+        return JSONResponse({**part, **stats(done, timing), **self.cited})
 
 
 class GenerateShape(_Ndjson):
@@ -323,12 +325,14 @@ async def _context(engine: Engine, prompt: list[int], answer: str) -> list[int]:
 
 # -- routes ----------------------------------------------------------------------------------
 async def chat(app: App, request: Request) -> Response:
-    async with intake(app, request, lambda data: parse_chat(data, app.bounds)) as (caller, req):
+    async with intake(app, request, lambda data: (parse_chat(data, app.bounds), boolean(data, "library"))) \
+            as (caller, (req, library)):
         common = req.common
         if not req.messages:
             return _loaded(app.engine, common, chat_part(common.model, "", True))
-        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), common.params))
-    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), ChatShape(req))
+        ready, cited = await prepare_cited(app, caller, req.messages, library,
+                                           lambda messages: Ask(Messages(messages, req.tools), common.params))
+    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), ChatShape(req, cited))
 
 
 async def generate(app: App, request: Request) -> Response:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
+from appliance.http.api.appliance.library import prepare_cited
 from appliance.http.api.openai.formats import parse_response_format
 from appliance.http.choices import Choice
 from appliance.http.intake import intake
@@ -56,6 +57,7 @@ class ChatRequest:
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
     telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
+    library: bool = False  # ours: answer from the office library, with `sources` (api/appliance/library.py)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -96,7 +98,7 @@ def parse_chat_request(data: dict[str, Any], bounds: RequestBounds, session_head
         raise BadRequest(SESSION_RULE, param="session_id")
     return ChatRequest(messages, params, stream, include_usage, model, session, n, tools, tool_names,
                        parse_logit_bias(data.get("logit_bias")), raw_param, boolean(data, "ignore_eos"),
-                       parse_telemetry(data))
+                       parse_telemetry(data), boolean(data, "library"))
 
 
 # -- responses -------------------------------------------------------------------------
@@ -211,11 +213,14 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params, req.bias, req.ignore_eos,
-                                              req.grammar_param))
+        ready, cited = await prepare_cited(app, caller, req.messages, req.library, lambda messages: Ask(
+            Messages(messages, req.tools), req.params, req.bias, req.ignore_eos, req.grammar_param))
     job = Job(caller, ready.prompt, choices(ready.params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None, report=req.telemetry.report)
-    return await respond(app, request, job, ChatShape(app, req, job.session, ready.dropped))
+    shape = ChatShape(app, req, job.session, ready.dropped)
+    if cited is not None:  # in the first chunk, and in a whole answer's body
+        shape.extra["sources"] = cited
+    return await respond(app, request, job, shape)
 
 
 async def input_tokens(app: App, request: Request) -> Response:

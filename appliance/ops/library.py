@@ -1,0 +1,47 @@
+"""The library's parts as `appliance serve` builds them from the config: the embedding model's
+service and the library over the state directory, or neither (library = false, or the
+embedding model not fetched: the journal says how to fetch it and chats go on without)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from appliance.config import Config
+from appliance.documents.document import DocumentLimits, MiB
+from appliance.documents.reader import DocumentReader
+from appliance.library.embedder import EmbedService
+from appliance.library.library import Library, LibraryLimits
+from appliance.library.store import LibraryStore
+from appliance.model.embedding import embedding_model_path
+from appliance.model.gguf import ModelFileError
+from appliance.people.db import StoreError
+
+log = logging.getLogger(__name__)
+
+
+def library_reader(cfg: Config) -> DocumentReader:
+    """The library's own reader: a whole handbook, not a chat attachment. 2,000,000 characters
+    is ~800 pages of prose; a 100-page PDF reads in ~4 s of one core (pypdf)."""
+    limits = DocumentLimits(max_bytes=cfg.document_max_mb * MiB, max_pages=cfg.document_max_pages,
+                            max_chars=2_000_000, wall_s=max(60.0, cfg.document_timeout_s),
+                            cpu_s=max(30, int(cfg.document_timeout_s / 2)))
+    return DocumentReader(limits, workers=1, queue=4)
+
+
+def build_library(cfg: Config) -> tuple[Library | None, EmbedService | None]:
+    if not cfg.library:
+        return None, None
+    try:
+        service = EmbedService(embedding_model_path(fetch=False))
+    except ModelFileError as e:
+        log.error("library and /v1/embeddings off: %s", e)
+        return None, None
+    try:
+        store = LibraryStore(Path(cfg.state_dir) if cfg.state_dir else None)
+    except StoreError as e:
+        log.error("library off (/v1/embeddings stays on): %s", e)
+        return None, service
+    limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens)
+    library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits)
+    return library, service
