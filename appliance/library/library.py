@@ -18,6 +18,7 @@ import numpy as np
 from appliance.documents.document import Document
 from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, PayloadTooLarge, Unavailable, UnprocessableEntity
+from appliance.library.errors import EmbedBusy
 from appliance.library.indexer import Indexer
 from appliance.library.passages import MAX_QUERY_TERMS, estimate_tokens, html_text, split, terms
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore
@@ -129,8 +130,11 @@ class Library:
         lists = [await asyncio.to_thread(self.store.keyword, scope, words, self.limits.candidates)
                  for scope in scopes] if "words" in ways else []
         if len(self.vectors) and question.strip() and "meaning" in ways:
-            query = (await self._embed([question]))[0]
-            lists.append(self.vectors.search(frozenset(scopes), query, self.limits.candidates))
+            try:
+                query = (await self._embed([question]))[0]
+                lists.append(self.vectors.search(frozenset(scopes), query, self.limits.candidates))
+            except EmbedBusy:  # 256 texts waiting: words alone rank this one, the chat goes on
+                log.warning("library: the embedding model is busy; searched by words only")
         ranked = fuse(lists)
         found = await asyncio.to_thread(self.store.found, ranked[: top_k * 3])
         kept: list[Found] = []

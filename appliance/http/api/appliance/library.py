@@ -7,34 +7,18 @@ the sandboxed worker and indexed in the background (202, then poll until "ready"
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.errors import BadRequest, ContextLengthExceeded, Forbidden, NotFound
+from appliance.errors import BadRequest, Forbidden, NotFound
 from appliance.http.api.appliance.documents import file_name, upload_reader
 from appliance.http.guard import Caller, caller_of
 from appliance.http.intake import gated
-from appliance.http.prompting import Ask, Prepared, prepare
+from appliance.http.sources import library_of, scopes_of
 from appliance.http.state import App
-from appliance.library.cite import question_of, sources, with_sources
-from appliance.library.library import Library
 from appliance.library.store import OFFICE, DocRow, person_scope
 
 MAX_TITLE = 200
-
-
-def library_of(app: App) -> Library:
-    if app.library is None:
-        raise NotFound("the library is off on this box (library = false, or no embedding model)", code="library_off")
-    return app.library
-
-
-def scopes_of(caller: Caller) -> list[str]:
-    """The scopes a caller reads: the office's, and a signed-in person's own."""
-    return [OFFICE, person_scope(caller.account.id)] if caller.account is not None else [OFFICE]
 
 
 def added_by(caller: Caller) -> str:
@@ -116,33 +100,3 @@ async def office(app: App, request: Request) -> Response:
 
 async def office_one(app: App, request: Request) -> Response:
     return await _one(app, request, OFFICE)
-
-
-Msgs = list[dict[str, Any]]
-
-
-async def prepare_cited(app: App, caller: Caller, messages: Msgs, library: bool,
-                        ask: Callable[[Msgs], Ask]) -> tuple[Prepared, list[dict[str, Any]] | None]:
-    """The chat's prompt, with the library's sources when asked for (None: not asked). Sources
-    that would not fit the context are left out whole, rather than the request refused for
-    what the server added."""
-    if not library:
-        return await prepare(app.engine, ask(messages)), None
-    cited_messages, cited = await consult(app, caller, messages)
-    try:
-        return await prepare(app.engine, ask(cited_messages)), cited
-    except ContextLengthExceeded:
-        if not cited:
-            raise
-        return await prepare(app.engine, ask(messages)), []
-
-
-async def consult(app: App, caller: Caller, messages: Msgs) -> tuple[Msgs, list[dict[str, Any]]]:
-    """A chat's `"library": true`: the passages that answer its last message among what the
-    caller may read, put before the question in that message, and the sources to show."""
-    library = library_of(app)
-    question = question_of(messages)
-    if question is None:
-        return messages, []
-    found = await library.search(scopes_of(caller), question)
-    return with_sources(messages, found), sources(found)

@@ -17,12 +17,12 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, Unavailable
-from appliance.http.api.appliance.library import prepare_cited
 from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, stamp
 from appliance.http.intake import intake
 from appliance.http.messages import parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Infill, Messages, Raw, Source, prepare
+from appliance.http.sources import prepare_cited
 from appliance.http.state import App
 from appliance.http.validate import (
     RequestBounds,

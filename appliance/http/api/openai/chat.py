@@ -15,13 +15,13 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
-from appliance.http.api.appliance.library import prepare_cited
 from appliance.http.api.openai.formats import parse_response_format
 from appliance.http.choices import Choice
 from appliance.http.intake import intake
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, choices, respond
 from appliance.http.prompting import Ask, Messages, prepare
+from appliance.http.sources import prepare_cited
 from appliance.http.state import App
 from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.validate import (

@@ -15,10 +15,11 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.errors import BadRequest, NotFound
+from appliance.errors import BadRequest, NotFound, Unavailable
 from appliance.http.intake import intake
 from appliance.http.state import App
 from appliance.http.validate import boolean, text
+from appliance.library.errors import EmbedBusy
 
 MAX_INPUTS = 128  # texts a request: ~5 s of one core at 256 tokens each, bounded before it starts
 MAX_INPUT_CHARS = 32_000  # a text beyond 256 tokens is cut anyway; this bounds the tokenizing
@@ -81,7 +82,13 @@ async def _embed(app: App, req: EmbedRequest) -> tuple[np.ndarray, int]:
     if not req.truncate and max(counts) > service.max_tokens:
         raise BadRequest(f"an input has {max(counts)} tokens, more than the model's {service.max_tokens} "
                          "(send truncate: true to cut it)", param="input")
-    vecs = await service.embed(req.texts)
+    try:
+        vecs = await service.embed(req.texts)
+    except EmbedBusy:
+        raise Unavailable("the embedding model has too much waiting: retry shortly", code="embeddings_busy",
+                          retry_after=2) from None
+    except ValueError as e:  # what the service refuses of a text (a lone surrogate, its size)
+        raise BadRequest(str(e), param="input") from None
     return vecs, sum(min(c, service.max_tokens) for c in counts)
 
 
