@@ -14,7 +14,7 @@ from appliance.documents.document import Document
 # CJK analyzer does): 会议纪要 -> 会议 议纪 纪要, which a two-character question word matches.
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _CJK_RUN = re.compile(f"[{CJK}]+")
-_WORD = re.compile(f"[{CJK}]+|[^\\W_]+", re.UNICODE)
+_WORD = re.compile(f"[{CJK}]+|[^\\W_{CJK}]+", re.UNICODE)  # A4复印纸 -> a4, 复印, 印纸
 _PARAGRAPH = re.compile(r"\n\s*\n|\n(?=\s*(?:[-*•]|\d+[.)]) )")
 _SENTENCE = re.compile(r"(?<=[.!?;:。！？；：])\s*")
 

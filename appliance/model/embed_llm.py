@@ -34,6 +34,8 @@ class EmbeddingModel:
         self.n_ctx_train = int(C.llama_model_n_ctx_train(self.model))
         vocab = C.llama_model_get_vocab(self.model)
         self.sep = int(C.llama_vocab_sep(vocab))
+        # [UNK], which the bindings give no getter for: what a word outside the vocabulary becomes.
+        self.unk = self.tokenizer.tokenize("[UNK]", add_special=False, parse_special=True)[0]
 
     def tokenize(self, text: str) -> list[int]:
         """Word pieces between [CLS] and [SEP]; text such as "[SEP]" stays text."""

@@ -43,5 +43,6 @@ def build_library(cfg: Config) -> tuple[Library | None, EmbedService | None]:
         log.error("library off (/v1/embeddings stays on): %s", e)
         return None, service
     limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens)
-    library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits)
+    library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits,
+                      unknown_share=service.unknown_share)
     return library, service

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -71,7 +72,10 @@ async def retrieval() -> dict[str, Any]:
     service = EmbedService(embedding_model_path(fetch=False))
     service.start()
     with tempfile.TemporaryDirectory() as tmp:
-        lib = Library(LibraryStore(Path(tmp)), DocumentReader(), service.embed, service.embed_sync, LibraryLimits())
+        weight = os.environ.get("MEANING_WEIGHT")  # the default's, unless asked to compare
+        limits = LibraryLimits(meaning_weight=float(weight)) if weight else LibraryLimits()
+        lib = Library(LibraryStore(Path(tmp)), DocumentReader(), service.embed, service.embed_sync, limits,
+                      unknown_share=service.unknown_share)
         lib.start()
         ids: dict[str, str] = {}
         pages = sum(len(d["pages"]) for d in data["documents"])
