@@ -7,8 +7,8 @@ the CPU the chat engine leaves.
 Measured on the 2-core x86-64 development box (AMD EPYC VM, llama-cpp-python 0.3.36, F16
 weights, 1 thread a context): a 256-token text takes 97-111 ms, a 160-token passage 58 ms, a
 short query 6 ms alone or 3-4 ms each when 16 share a llama_decode. The service adds 56 MiB
-of RSS as it starts (the mmapped model and two contexts) and 191 MiB once both contexts
-have encoded a full BATCH_TOKENS call (124 MiB with BATCH_TOKENS = 256).
+of RSS as it starts (the mmapped model and two contexts) and 124 MiB once both contexts
+have encoded a full BATCH_TOKENS = 256 call (191 MiB at 512).
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ MAX_TOKENS = 256  # the model was trained on at most 256 word pieces (sentence-t
 # bigger calls cost more per text (a 256-token text: 97 ms alone, 104 ms two at a time, 109
 # ms four at a time), and llama.cpp sizes an output buffer of n_vocab floats a token (122 KiB)
 # though only the pooled vectors are read (256: 33 MiB, 512: 65 MiB, 1024: 130 MiB of RSS).
-# 512 holds two full texts, three 160-token passages or 16 queries (n_seq_max) a call.
-BATCH_TOKENS = 512
+# 256 holds one full text, one or two 160-token passages or 16 queries (n_seq_max) a call,
+# and keeps the two contexts at ~124 MiB of RSS beside 191 MiB at 512, with no speed lost
+# that could be measured here: on a 1 GiB Pi, the 67 MiB matter.
+BATCH_TOKENS = 256
 MAX_SEQS = 16  # sequences in one call: short queries share a decode (3-4 ms each instead of 6)
 MAX_PENDING_TEXTS = 256  # queued on one side before callers get EmbedBusy (~25 s of full texts)
 MAX_TEXTS_PER_CALL = 128
