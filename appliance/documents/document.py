@@ -22,6 +22,7 @@ class DocumentLimits:
     max_pages: int = 2000  # a PDF with more is refused before any page is read
     max_chars: int = 200_000  # text beyond this is cut (truncated: true); ~50k tokens, 12x a 4,096 context
     max_unzipped: int = 128 * MiB  # a DOCX's declared uncompressed total (zip bomb above)
+    nice: int = 0  # the worker's niceness: the library's reads (not awaited by a person) yield to the chats
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

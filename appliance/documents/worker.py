@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import sys
 import warnings
@@ -28,6 +29,8 @@ def apply_limits(limits: DocumentLimits) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file written (pipes are not files)
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU would otherwise dump core
+    if limits.nice > 0:
+        os.nice(limits.nice)
 
 
 def answer(kind: Kind, data: bytes, limits: DocumentLimits) -> dict[str, Any]:

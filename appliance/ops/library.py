@@ -22,10 +22,11 @@ log = logging.getLogger(__name__)
 
 def library_reader(cfg: Config) -> DocumentReader:
     """The library's own reader: a whole handbook, not a chat attachment. 2,000,000 characters
-    is ~800 pages of prose; a 100-page PDF reads in ~4 s of one core (pypdf)."""
+    is ~800 pages of prose; a 100-page PDF reads in ~4 s of one core (pypdf), niced to 10
+    beside busy chats: the wall-clock limit leaves it room to wait for the cores."""
     limits = DocumentLimits(max_bytes=cfg.document_max_mb * MiB, max_pages=cfg.document_max_pages,
-                            max_chars=2_000_000, wall_s=max(60.0, cfg.document_timeout_s),
-                            cpu_s=max(30, int(cfg.document_timeout_s / 2)))
+                            max_chars=2_000_000, wall_s=max(120.0, cfg.document_timeout_s),
+                            cpu_s=max(30, int(cfg.document_timeout_s / 2)), nice=10)
     return DocumentReader(limits, workers=1, queue=4)
 
 

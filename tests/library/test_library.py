@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -211,3 +213,16 @@ def test_a_read_only_library_refuses_changes_and_still_answers(tmp_path: Path, m
             asyncio.run(ro.delete(row))
     finally:
         ro.stop()
+
+
+def test_the_library_reads_files_in_a_niced_worker() -> None:
+    from appliance.config import Config
+    from appliance.ops.library import library_reader
+
+    limits = library_reader(Config()).limits
+    assert limits.nice == 10 and limits.max_chars == 2_000_000 and limits.wall_s >= 120
+    code = ("import os; from appliance.documents.document import DocumentLimits; "
+            "from appliance.documents.worker import apply_limits; "
+            "before = os.nice(0); apply_limits(DocumentLimits(nice=10)); print(os.nice(0) - before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "10"
