@@ -93,7 +93,7 @@ class Library:
         """Read the file (in the sandboxed worker), cut it into passages, store them (their words
         searchable at once) and queue their embeddings."""
         if self.store.trouble:
-            raise Unavailable(f"the library cannot be changed now: {self.store.trouble}", code="library_read_only")
+            raise Unavailable(f"the library cannot be changed now: {self.store.trouble}", code="library_not_writable")
         room = await asyncio.to_thread(self._room, scope, replacing)
         doc = await self.reader.read(data, name, content_type)
         text = html_text(doc.text) if PurePosixPath(name.lower()).suffix in (".html", ".htm") else doc.text
@@ -117,7 +117,7 @@ class Library:
         try:
             return fn(*args)
         except StoreError as e:
-            raise Unavailable(f"the library cannot be changed now: {e}", code="library_read_only") from None
+            raise Unavailable(f"the library cannot be changed now: {e}", code="library_not_writable") from None
 
     async def delete(self, row: DocRow) -> None:
         await asyncio.to_thread(self._write, self.store.delete, row)

@@ -195,6 +195,13 @@ def test_a_failing_state_directory_gives_no_5xx_leaks_nothing_and_says_so(
     for i in range(10):  # new conversations and anonymous requests too
         statuses.append(ask(live, f"Say the number {i}.", f"new-{i}-{secrets.token_hex(12)}")[0])
     assert set(statuses) == {200}
+    # The library reads on; a change it cannot save is a 503 that says so, never a 500 (files it
+    # holds open may still take writes: the read-only start below is where a refusal is certain).
+    added = live.client.post("/admin/library", content=b"Fire drill: gather in the car park.",
+                             headers={"content-type": "text/plain", "x-file-name": "drill.txt"})
+    assert added.status_code in (202, 503), added.text
+    assert added.status_code == 202 or added.json()["error"]["code"] == "library_not_writable"
+    assert live.client.get("/v1/library").status_code == 200
     assert open_fds(live) <= fds + 2, (fds, open_fds(live))  # no descriptor per failure
     h = live.wait_health(lambda h: h.get("state_dir", {}).get("writable") is False, 90,
                          "/health to say the state directory is not writable")
@@ -261,6 +268,10 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
     assert live.user_client(3).put("/v1/chats/plants-chat-000000001", json=chat, headers=ann).status_code == 503
     me = live.user_client(3).get("/auth/me", headers=ann).json()
     assert me["person"]["name"] == "Ann" and me["store"]["saving"] is False
+    added = live.client.post("/admin/library", content=b"Fire drill: gather in the car park.",
+                             headers={"content-type": "text/plain", "x-file-name": "drill.txt"})
+    assert added.status_code == 503 and added.json()["error"]["code"] == "library_not_writable", added.text
+    assert "read-only" in added.json()["error"]["message"] and live.client.get("/admin/library").status_code == 200
     assert live.stop() == 0
     log = live.log()
     assert log.count("read-only") >= 1 and log.count("changes are not being saved") <= 1  # one line an outage
