@@ -134,11 +134,38 @@ def add_all(client: httpx.Client, data: dict[str, Any]) -> dict[str, str]:
     return ids
 
 
+def attach_whole(client: httpx.Client, data: dict[str, Any], most: int) -> list[dict[str, Any]]:
+    """The first question of each document (so that no two share a cached prefix), asked with
+    the whole document in the message instead of the library."""
+    docs, firsts = {d["id"]: d for d in data["documents"]}, {}
+    for q in data["questions"]:
+        firsts.setdefault(q["doc"], q)
+    out = []
+    for q in list(firsts.values())[:most]:
+        doc = docs[q["doc"]]
+        content = f"{doc['title']}\n\n" + "\n\n".join(doc["pages"]) + f"\n\nQuestion: {q['question']}"
+        r, lib = ask(client, content, False), ask(client, q["question"], True)
+        out.append({"id": q["id"], "ttft": r["ttft"], "has_fact": holds(q, r["text"]), "library_ttft": lib["ttft"],
+                    "library_has_fact": holds(q, lib["text"])})
+        print(json.dumps(out[-1], ensure_ascii=False), file=sys.stderr)
+    return out
+
+
+def attached_only(url: str, whole: int) -> dict[str, Any]:
+    out = attach_whole(httpx.Client(base_url=url, timeout=600), load(), whole)
+    def median(key: str) -> float | None:
+        got = [r[key] for r in out if r[key] is not None]
+        return round(statistics.median(got), 2) if got else None
+    return {"summary": {"ttft_attached_median_s": median("ttft"), "ttft_library_median_s": median("library_ttft"),
+                        "attached_has_fact": round(sum(r["has_fact"] for r in out) / len(out), 3),
+                        "library_has_fact": round(sum(r["library_has_fact"] for r in out) / len(out), 3)},
+            "attached": out}
+
+
 def answers(url: str, whole: int) -> dict[str, Any]:
     data = load()
     client = httpx.Client(base_url=url, timeout=600)
     ids = add_all(client, data)
-    docs = {d["id"]: d for d in data["documents"]}
     rows = []
     for q in data["questions"]:
         lib, bare = ask(client, q["question"], True), ask(client, q["question"], False)
@@ -147,13 +174,7 @@ def answers(url: str, whole: int) -> dict[str, Any]:
                      "library_has_fact": holds(q, lib["text"]), "bare_has_fact": holds(q, bare["text"]),
                      "library_ttft": lib["ttft"], "answer": lib["text"][:300]})
         print(json.dumps(rows[-1], ensure_ascii=False), file=sys.stderr)
-    attached = []
-    for q in [q for q in data["questions"] if q["lang"] == "en"][:whole // 2] + \
-             [q for q in data["questions"] if q["lang"] == "zh"][:whole - whole // 2]:
-        doc = docs[q["doc"]]
-        content = f"{doc['title']}\n\n" + "\n\n".join(doc["pages"]) + f"\n\nQuestion: {q['question']}"
-        r = ask(client, content, False)
-        attached.append({"id": q["id"], "ttft": r["ttft"], "has_fact": holds(q, r["text"])})
+    attached = attach_whole(client, data, whole)
     lib_ttft = [r["library_ttft"] for r in rows if r["library_ttft"] is not None]
     att_ttft = [r["ttft"] for r in attached if r["ttft"] is not None]
     summary = {key: rates(rows, key) for key in ("hit@1", "hit@3", "library_has_fact", "bare_has_fact")}
@@ -165,12 +186,15 @@ def answers(url: str, whole: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("retrieval", "answers"))
+    ap.add_argument("mode", choices=("retrieval", "answers", "attached"))
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--whole", type=int, default=8, help="questions asked again with the whole document attached")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    result = asyncio.run(retrieval()) if args.mode == "retrieval" else answers(args.url, args.whole)
+    if args.mode == "retrieval":
+        result = asyncio.run(retrieval())
+    else:
+        result = (answers if args.mode == "answers" else attached_only)(args.url, args.whole)
     text = json.dumps(result, ensure_ascii=False, indent=1)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -29,13 +29,15 @@ def make_pdf(out: Path) -> None:
     out.write_bytes(pdf_bytes(pages))
 
 
-def loop(url: str, pdf: Path) -> None:
-    stop = []
+def loop(url: str, pdf: Path, rounds: int = 0) -> None:
+    """Add, index, replace, ... until SIGTERM, or for `rounds` rounds (0: no end)."""
+    stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     client = httpx.Client(base_url=url, timeout=600, trust_env=False)
     headers = {"content-type": "application/pdf", "x-file-name": pdf.name}
     doc = None
-    while not stop:
+    done_rounds = 0
+    while not stop and (rounds == 0 or done_rounds < rounds):
         t0 = time.perf_counter()
         path = "/admin/library" if doc is None else f"/admin/library/{doc['id']}"
         r = client.request("POST" if doc is None else "PUT", path, content=pdf.read_bytes(), headers=headers)
@@ -44,15 +46,16 @@ def loop(url: str, pdf: Path) -> None:
         read_s = time.perf_counter() - t0
         while not stop and (doc := client.get(f"/admin/library/{doc['id']}").json())["status"] == "indexing":
             time.sleep(0.5)
-        if stop:
-            break
         took = time.perf_counter() - t0
-        print(json.dumps({"pages": doc["pages"], "passages": doc["passages"], "read_s": round(read_s, 1),
-                          "total_s": round(took, 1), "pages_per_minute": round(doc["pages"] / took * 60, 1)}), flush=True)
+        share = doc["indexed"] / max(doc["passages"], 1)  # a round cut short by SIGTERM: its part so far
+        print(json.dumps({"pages": doc["pages"], "passages": doc["passages"], "indexed": doc["indexed"],
+                          "read_s": round(read_s, 1), "total_s": round(took, 1), "whole": not stop,
+                          "pages_per_minute": round(doc["pages"] * share / took * 60, 1)}), flush=True)
+        done_rounds += 1
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "pdf":
         make_pdf(Path(sys.argv[2]))
     else:
-        loop(sys.argv[2], Path(sys.argv[3]))
+        loop(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)

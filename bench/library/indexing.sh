@@ -7,7 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: bench/library/indexing.sh OUT_DIR [REQUESTS]}
-requests=${2:-64}
+requests=${2:-160}
 mkdir -p "$out"
 # shellcheck source=bench/common/servers.sh
 source "$root/bench/common/servers.sh"
@@ -21,9 +21,11 @@ run() {  # LABEL
     --requests "$requests" --workload chat --no-session-id --json "$out/$1.json" --markdown | tee "$out/$1.md"
 }
 run quiet
+echo "indexing alone (pages a minute, nothing else running):"
+"$py" "$root/bench/library/indexing.py" loop http://127.0.0.1:18401 "$out/handbook-100.pdf" 1 | tee "$out/alone.jsonl"
 "$py" "$root/bench/library/indexing.py" loop http://127.0.0.1:18401 "$out/handbook-100.pdf" >"$out/rounds.jsonl" &
 loop=$!
 run indexing
 kill "$loop"; wait "$loop" || true
-echo "indexing rounds (pages a minute beside the chats):"; cat "$out/rounds.jsonl"
+echo "indexing rounds beside the chats (the last one cut short when they ended):"; cat "$out/rounds.jsonl"
 echo "RSS peak of the appliance: $(peak_rss 18401) MiB"
