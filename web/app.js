@@ -1,6 +1,7 @@
 // The chat page, wired: the parts in js/ (answer.js asks POST v1/chat/completions) joined by a
 // message's buttons and the shortcuts, then started. ES modules, no build step.
 import { generate, regenerate } from './js/answer.js';
+import { apiFetch } from './js/api.js';
 import { setDrawer, show, sortChats, startNewChat, syncSide } from './js/chats.js';
 import './js/composer.js';
 import { checkHealth } from './js/health.js';
@@ -67,11 +68,22 @@ async function openChats() {
   trouble(people.saving ? null : 'Chats are not being saved on the server right now.');
 }
 
+// The "Answer from the library" switch, shown when there is a library to answer from (in
+// people mode a person may add their own documents to an empty one).
+async function offerLibrary() {
+  try {
+    const res = await apiFetch('v1/library');
+    const data = res.ok ? (await res.json()).data : null;
+    els.libraryRow.hidden = !(Array.isArray(data) && (data.length || people.mode === 'people'));
+  } catch { /* no library: no switch */ }
+}
+
 async function start() {
   applyTheme(settings.theme);
   syncSide();
   if (narrow.matches) els.sidebar.inert = true;
   await openChats();
+  offerLibrary();
   page.chats = (await page.store.all().catch((e) => { els.storageNote.textContent = `Could not load your chats: ${e.message}`; els.storageNote.hidden = false; return []; })).map(settle);
   sortChats();
   let last = null;

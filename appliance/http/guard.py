@@ -42,7 +42,7 @@ API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completio
              "/props", "/slots")
 # Uploads whose body is a file, not JSON: a browser may send the file's own type, never one of
 # the "simple" types a cross-site form can send without a preflight.
-UPLOAD_PATHS = ("/v1/documents/",)
+UPLOAD_PATHS = ("/v1/documents/", "/v1/library", "/admin/library")
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
 # Routes that make a new session (their Origin and JSON checks still apply): no CSRF token yet.
 FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite")

@@ -1,13 +1,14 @@
 """The indexer: one thread that embeds documents' passages in the background, a batch at a
-time, through the embedding service's background context (niced: it takes the CPU the chat
-engine leaves). A document becomes searchable by meaning when its last batch is stored;
-its words are searchable from the moment it is added."""
+time, through the embedding service's background context (niced), and while the chat engine
+has work, in small batches with pauses (SHARE of one core). A document becomes searchable by
+meaning when its last batch is stored; its words are searchable from the moment it is added."""
 
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -17,15 +18,27 @@ from appliance.library.vectors import Vectors
 from appliance.people.db import StoreError
 
 log = logging.getLogger(__name__)
-BATCH = 16  # passages an embedding call: ~0.6 s of one niced core (16 x ~37 ms), so a delete waits little
+BATCH = 16  # passages an embedding call while the chats rest: ~0.9 s of one core (16 x ~58 ms)
+BUSY_BATCH = 2  # ...and while they run: ~0.12 s, then a pause (SHARE)
+# While the chat engine has work, indexing takes at most this share of one core. Niceness alone
+# is not enough: beside 8 chatting clients a niced indexer cost them 32% of their tokens/s
+# (68.7 -> 46.7) and TTFT p95 1.48x (bench/library/indexing.sh), since llama.cpp's threads
+# meet at a barrier after every operation of a step, and each wait for a core the indexer
+# holds delays both. At 10% of one core a 100-page PDF is indexed in ~3 minutes beside them.
+SHARE = 0.10
 Embed = Callable[[list[str]], np.ndarray]
 
 
 class Indexer:
-    def __init__(self, store: LibraryStore, vectors: Vectors, embed: Embed) -> None:
+    def __init__(self, store: LibraryStore, vectors: Vectors, embed: Embed,
+                 busy: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.vectors = vectors
         self.embed = embed
+        self.busy_engine = busy  # the chat engine has running or waiting turns (its snapshot)
+        self.clock = clock
+        self._stopping = threading.Event()
+        self.paused_s = 0.0  # time spent pausing for the chats (tests and the bench read it)
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="library-indexer", daemon=True)
         self.busy = threading.Event()  # set while a document is being embedded (tests wait on it)
@@ -39,6 +52,7 @@ class Indexer:
         self._queue.put(doc)
 
     def stop(self) -> None:
+        self._stopping.set()
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout=30)
@@ -57,12 +71,20 @@ class Indexer:
                 self.busy.clear()
 
     def _index(self, doc: str) -> None:
-        while batch := self.store.unembedded(doc, BATCH):
+        while not self._stopping.is_set() and (batch := self.store.unembedded(doc, self._batch_size())):
+            start = self.clock()
             vecs = self.embed([text for _, text in batch])
+            took = self.clock() - start
             done = self.store.set_vectors(doc, [(pid, np.ascontiguousarray(v, np.float32).tobytes())
                                                 for (pid, _), v in zip(batch, vecs)])
             if done < 0:
                 return  # deleted meanwhile
+            if self.busy_engine():
+                pause = took * (1 / SHARE - 1)
+                self.paused_s += pause
+                self._stopping.wait(pause)
+        if self._stopping.is_set():
+            return  # taken up again at the next start
         row = self.store.doc(doc)
         if row is None or row.status != "indexing":
             return
@@ -72,6 +94,9 @@ class Indexer:
         if self.store.doc(doc) is None:  # deleted while its embeddings were being loaded
             self.vectors.drop(doc)
         log.info("library: %s (%s) indexed, %d passages", doc, row.name, len(rows))
+
+    def _batch_size(self) -> int:
+        return BUSY_BATCH if self.busy_engine() else BATCH
 
     def _finish(self, doc: str, status: str, error: str) -> None:
         try:

@@ -50,12 +50,13 @@ class Library:
                  embed: Callable[[list[str]], Awaitable[np.ndarray]],
                  embed_background: Callable[[list[str]], np.ndarray],
                  limits: LibraryLimits | None = None, clock: Callable[[], float] = time.time,
-                 unknown_share: Callable[[str], float] = lambda text: 0.0) -> None:
+                 unknown_share: Callable[[str], float] = lambda text: 0.0,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.reader = reader
         self.limits = limits or LibraryLimits()
         self.vectors = Vectors()
-        self.indexer = Indexer(store, self.vectors, embed_background)
+        self.indexer = Indexer(store, self.vectors, embed_background, busy)
         self._embed = embed
         self._unknown_share = unknown_share
         self._clock = clock

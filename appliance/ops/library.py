@@ -10,6 +10,7 @@ from pathlib import Path
 from appliance.config import Config
 from appliance.documents.document import DocumentLimits, MiB
 from appliance.documents.reader import DocumentReader
+from appliance.engine.engine import Engine
 from appliance.library.embedder import EmbedService
 from appliance.library.library import Library, LibraryLimits
 from appliance.library.store import LibraryStore
@@ -30,7 +31,13 @@ def library_reader(cfg: Config) -> DocumentReader:
     return DocumentReader(limits, workers=1, queue=4)
 
 
-def build_library(cfg: Config) -> tuple[Library | None, EmbedService | None]:
+def engine_busy(engine: Engine) -> bool:
+    """The chat engine has turns running or waiting (its published snapshot, any thread)."""
+    snap = engine.snapshot
+    return snap.running > 0 or bool(snap.waiting)
+
+
+def build_library(cfg: Config, engine: Engine) -> tuple[Library | None, EmbedService | None]:
     if not cfg.library:
         return None, None
     try:
@@ -45,5 +52,5 @@ def build_library(cfg: Config) -> tuple[Library | None, EmbedService | None]:
         return None, service
     limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens)
     library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits,
-                      unknown_share=service.unknown_share)
+                      unknown_share=service.unknown_share, busy=lambda: engine_busy(engine))
     return library, service

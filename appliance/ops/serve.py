@@ -223,7 +223,7 @@ def serve(cfg: Config, model_path: Path) -> int:
     notifier = Notifier.from_env()
     web = Path(cfg.web_dir) if cfg.web_dir else None
     store, people = people_store(cfg)
-    library, embedder = build_library(cfg)
+    library, embedder = build_library(cfg, engine)
     guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = create_app(App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), web, metrics,

@@ -194,6 +194,16 @@ def test_without_the_library_its_routes_say_so() -> None:
         assert c.post("/api/embed", json={"model": "m", "input": "hi"}).status_code == 404
 
 
+def test_the_page_uploads_as_a_browser_does(client: TestClient) -> None:
+    """From the page: its Origin, the file's own type (a PDF here); a cross-site form's
+    "simple" type is refused, as for attachments."""
+    page = {"origin": "http://localhost"}
+    r = upload(client, "/admin/library", "menu.md", b"# Menu\n\nSoup.", {**page, "content-type": "text/markdown"})
+    assert r.status_code == 202, r.text
+    r = upload(client, "/admin/library", "menu.txt", b"Soup.", {**page, "content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415, r.text
+
+
 def test_open_mode_has_no_documents_of_ones_own(client: TestClient) -> None:
     err = error_of(upload(client, "/v1/library", "a.txt", b"hello"), 403)
     assert err["code"] == "library_own_needs_people"

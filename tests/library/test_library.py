@@ -226,3 +226,35 @@ def test_the_library_reads_files_in_a_niced_worker() -> None:
             "before = os.nice(0); apply_limits(DocumentLimits(nice=10)); print(os.nice(0) - before)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "10"
+
+
+def test_while_the_chats_run_indexing_takes_a_tenth_of_a_core() -> None:
+    from appliance.library.indexer import BATCH, BUSY_BATCH, SHARE, Indexer
+    from appliance.library.vectors import Vectors
+
+    store = LibraryStore(None)
+    lib = Library(store, DocumentReader(), FakeEmbedder().embed, fake_vectors)
+    row = asyncio.run(lib.add(OFFICE, "op", "a.txt", "text/plain",
+                              "\n\n".join(f"Paragraph {i}. " + "word " * 150 for i in range(8)).encode()))
+    now = [0.0]
+    sizes: list[int] = []
+
+    def embed(texts: list[str]) -> np.ndarray:  # each text "takes" 0.05 s of the injected clock
+        sizes.append(len(texts))
+        now[0] += 0.05 * len(texts)
+        return fake_vectors(texts)
+
+    busy = [True]
+    indexer = Indexer(store, Vectors(), embed, busy=lambda: busy[0], clock=lambda: now[0])
+    indexer._stopping.wait = lambda pause: False  # type: ignore[method-assign]  # the pause is counted, not slept
+    indexer._index(row.id)
+    assert sizes == [BUSY_BATCH] * (row.passages // BUSY_BATCH) and row.passages == 8
+    worked = 0.05 * row.passages
+    assert abs(indexer.paused_s - worked * (1 / SHARE - 1)) < 1e-9  # worked / (worked + paused) == SHARE
+    busy[0] = False
+    store.finish(row.id, "indexing")
+    store.db.write(lambda tx: tx.run("UPDATE passages SET vec = NULL"))
+    sizes.clear()
+    indexer._index(row.id)
+    assert sizes == [min(BATCH, row.passages)] and store.doc(row.id).status == "ready"  # type: ignore[union-attr]
+    store.close()

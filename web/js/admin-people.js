@@ -91,4 +91,4 @@ async function start() {
   try { setCsrf((await (await fetch('auth/me', { cache: 'no-store' })).json()).csrf); } catch { /* from this machine */ }
   refresh();
 }
-start();
+export const started = start(); // admin-library.js waits for the CSRF token too

@@ -17,8 +17,8 @@ export class AttachError extends Error {}
 const suffix = (name) => ((/\.([^./]+)$/.exec(name) || [])[1] || '').toLowerCase();
 const readsHere = (f) => f.size <= HERE_MAX && (TEXT.has(suffix(f.name)) || (!suffix(f.name) && f.type.startsWith('text/')));
 
-// A JSON answer, asking for a key once on 401 (askKey resolves true when one was entered).
-async function call(path, opts, askKey) {
+// A JSON answer (null for 204), asking for a key once on 401 (askKey resolves true when one was entered).
+export async function call(path, opts, askKey = async () => false) {
   for (;;) {
     const res = await apiFetch(path, { method: 'POST', ...opts });
     if (res.status === 401 && await askKey()) continue;
@@ -26,8 +26,15 @@ async function call(path, opts, askKey) {
       const e = await readError(res);
       throw new AttachError(e.message || `the server refused it (${e.status})`);
     }
-    return res.json();
+    return res.status === 204 ? null : res.json();
   }
+}
+
+// A file sent as it is (not multipart): its type (a generic one for those the front door
+// refuses) and its name, percent-encoded. Attachments and the library send files so.
+export function fileBody(file, name = file.name) {
+  const type = SIMPLE.test(file.type) ? 'application/octet-stream' : file.type;
+  return { headers: { 'Content-Type': type, 'X-File-Name': encodeURIComponent(name) }, body: file };
 }
 
 export async function countTokens(text, askKey) {
@@ -45,10 +52,7 @@ export async function readFile(file, askKey) {
     if (!text.trim()) throw new AttachError('it holds no text');
     return { name, size: file.size, kind: 'text', text, tokens: await countTokens(text, askKey), truncated: false };
   }
-  const type = SIMPLE.test(file.type) ? 'application/octet-stream' : file.type;
-  const j = await call('v1/documents/text', {
-    headers: { 'Content-Type': type, 'X-File-Name': encodeURIComponent(name) }, body: file,
-  }, askKey);
+  const j = await call('v1/documents/text', fileBody(file, name), askKey);
   const doc = { name, size: file.size, kind: j.kind, text: j.text, tokens: j.tokens, truncated: j.truncated };
   if (j.pages != null) doc.pages = j.pages;
   return doc;

@@ -26,6 +26,7 @@ export function toMarkdown(chat) {
   for (const m of chat.messages) {
     if (!m.content && !m.files) continue;
     parts.push(m.role === 'user' ? '**You:**' : '**Assistant:**', '', m.files ? withFiles(m.files, m.content) : m.content, '');
+    if (m.sources && m.sources.length) parts.push('Sources:  \n' + m.sources.map((s) => `[${s.n}] ${s.title}${s.page != null ? `, p. ${s.page}` : ''}`).join('  \n'), '');
   }
   return parts.join('\n');
 }

@@ -92,6 +92,7 @@ export function show(chat) {
   document.title = `${chat.title} · Chat`;
   els.composer.hidden = !!chat.readOnly;
   els.readOnly.hidden = !chat.readOnly;
+  els.library.checked = !!chat.library;
   for (const b of els.chatMenu.querySelectorAll('[data-people]')) {
     b.hidden = people.mode !== 'people' || !!chat.readOnly || (b.dataset.act === 'unshare' && !chat.shared);
   }
@@ -101,8 +102,14 @@ export function show(chat) {
   updateControls();
   // Kept on the box: its messages come when it is opened, and again if another device went on.
   if (page.store.refresh && !chat.readOnly && !(page.run && page.run.chat === chat)) {
+    const stub = chat.stub; // listed without its messages: they are drawn once they come
     page.store.refresh(chat).then((changed) => {
-      if (page.current === chat && changed) { els.chatTitle.textContent = chat.title; renderMessages(); renderList(); }
+      if (page.current === chat && (changed || stub)) {
+        els.chatTitle.textContent = chat.title;
+        els.library.checked = !!chat.library;
+        renderMessages();
+        renderList();
+      }
       if (page.current === chat) updateControls();
     }).catch((e) => toast(`Could not open this chat: ${e && e.message}`));
   }

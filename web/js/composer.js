@@ -1,5 +1,6 @@
 // The message box and its attachments; a question fitted to the chat, then sent.
 import { generate } from './answer.js';
+import { save } from './chats.js';
 import { MAX_FILES, cutFile, readFile } from './attach.js';
 import { chipList, endComposition, isSendKey, updateControls, watchComposition } from './messages.js';
 import { askUser, els, finePointer, page, say, toast } from './page.js';
@@ -115,5 +116,10 @@ watchComposition(els.input);
 els.input.addEventListener('blur', endComposition);
 els.input.addEventListener('keydown', (e) => {
   if (isSendKey(e)) { e.preventDefault(); submit(); }
+});
+// The chat's "Answer from the library" switch: kept with the chat, sent as `library: true`.
+els.library.addEventListener('change', () => {
+  page.current.library = els.library.checked;
+  save(page.current);
 });
 els.stop.addEventListener('click', () => { if (page.run) page.run.ctrl.abort(); if (finePointer) els.input.focus(); });

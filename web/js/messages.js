@@ -42,6 +42,13 @@ export function update(m, final) {
   if (!v) return;
   if (m.role === 'user') renderPlain(v.text, m.content);
   else renderMarkdown(v.text, m.content, final);
+  if (m.sources && m.sources.length) cite(v.text, m.sources);
+  if (v.shown !== m.sources) { // built again only when they change: an open passage stays open while the answer grows
+    v.shown = m.sources;
+    if (v.sources) v.sources.remove();
+    v.sources = m.sources && m.sources.length ? sourceList(m.sources) : null;
+    if (v.sources) v.text.after(v.sources);
+  }
   const notes = [];
   if (m.dropped) notes.push(['note', `${m.dropped} earlier message${m.dropped === 1 ? ' was' : 's were'} left out to fit the model's context.`]);
   if (m.note) notes.push(['note', `(${m.note})`]);
@@ -54,6 +61,54 @@ export function update(m, final) {
     v.art.dataset.completionTokens = m.usage.completion;
   }
 }
+
+// The library's passages an answer was given (the stream's `sources`), as kept with it.
+export const sourcesOf = (list) => (Array.isArray(list) ? list : [])
+  .filter((s) => s && Number.isInteger(s.n) && typeof s.title === 'string')
+  .map((s) => ({ n: s.n, document: String(s.document || ''), title: s.title.slice(0, 300),
+    page: Number.isInteger(s.page) ? s.page : null, text: String(s.text || '').slice(0, 8000) }));
+const where = (s) => `${s.title}${s.page != null ? `, p. ${s.page}` : ''}`;
+
+// "Sources:" and each one a <details>: [n] title, page; opened, the passage. Text only.
+function sourceList(list) {
+  const box = el('div', 'sources');
+  box.setAttribute('role', 'group');
+  box.setAttribute('aria-label', 'Sources');
+  box.append(el('p', 'small muted', 'Sources:'));
+  for (const s of list) {
+    const d = el('details');
+    d.dataset.n = s.n;
+    d.append(el('summary', null, `[${s.n}] ${where(s)}`), el('blockquote', null, s.text));
+    box.append(d);
+  }
+  return box;
+}
+
+// [n] (or [1, 2]) in the rendered answer, outside code and links, becomes a button per
+// source that opens it; a number no source has stays text. Runs after sanitizing.
+function cite(root, list) {
+  const byN = new Map(list.map((s) => [s.n, s]));
+  const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const hits = [];
+  for (let t; (t = walk.nextNode());) if (/\[\d/.test(t.data) && !t.parentElement.closest('pre, code, a')) hits.push(t);
+  for (const t of hits) {
+    t.replaceWith(...t.data.split(/(\[\d{1,3}(?:,\s*\d{1,3})*\])/).flatMap((part, i) => {
+      const ns = i % 2 ? part.match(/\d+/g).map(Number) : [];
+      if (!ns.length || !ns.every((n) => byN.has(n))) return [part];
+      return ns.map((n) => {
+        const b = button(`[${n}]`, 'cite', `Source ${n}: ${where(byN.get(n))}`);
+        b.className = 'cite';
+        b.dataset.cite = n;
+        return b;
+      });
+    }));
+  }
+}
+els.messages.addEventListener('click', (e) => {
+  const b = e.target.closest('button.cite');
+  const d = b && b.closest('.bubble').querySelector(`.sources details[data-n="${b.dataset.cite}"]`);
+  if (d) { d.open = true; d.querySelector('summary').focus(); }
+});
 
 function setWait(m, label) {
   const v = views.get(m);

@@ -3,7 +3,9 @@
 // out here or everywhere, the password, and the person's own API keys for their tools.
 // Loaded only in people mode (who.js says which).
 import { apiFetch, readError, setCsrf } from './api.js';
+import { shelf } from './library.js';
 import { askUser, el, els, toast } from './page.js';
+import { askKey } from './settings.js';
 import { fragment, people } from './who.js';
 
 function dropFragment(name) {
@@ -86,7 +88,24 @@ export function showAccount() {
   if (els.account.hidden) return;
   els.accountName.textContent = people.person.name;
   listKeys();
+  els.myDocs.hidden = els.libraryRow.hidden; // no library on this box (or none reachable): no section
+  if (!els.myDocs.hidden) mine.load();
 }
+
+// My documents: the person's own part of the library (the office's is the operator's, in /admin).
+const mine = shelf({
+  base: 'v1/library', list: els.docList, empty: els.docsEmpty, error: els.docError, input: els.docFile,
+  keep: (d) => d.scope === 'own', askKey,
+  confirm: (text) => askUser({ title: 'Delete this document?', text, type: null, ok: 'Delete', danger: true }),
+});
+els.addDoc.addEventListener('click', () => els.docFile.click());
+els.myDocs.addEventListener('drop', (e) => { // dropped here, not on the message
+  if (!e.dataTransfer || !e.dataTransfer.files.length) return;
+  e.preventDefault();
+  e.stopPropagation();
+  els.composer.classList.remove('drop');
+  mine.add(e.dataTransfer.files);
+});
 
 async function post(path, body, method = 'POST') {
   const res = await apiFetch(path, {

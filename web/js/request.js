@@ -35,6 +35,7 @@ export function requestBody(chat) {
   if (Number.isFinite(temp)) body.temperature = temp;
   const maxTokens = parseInt(settings.maxTokens, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
+  if (chat.library) body.library = true; // the server finds passages and sends them as `sources`
   return body;
 }
 

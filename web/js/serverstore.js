@@ -13,7 +13,7 @@ const ROLES = new Set(['user', 'assistant', 'system']);
 function toServer(chat) {
   return {
     title: chat.title, base: chat.serverUpdated ?? null,
-    meta: { sid: chat.sid, created: chat.created },
+    meta: { sid: chat.sid, created: chat.created, ...(chat.library ? { library: true } : {}) },
     messages: chat.messages.filter((m) => ROLES.has(m.role)).map(({ role, content, ...meta }) => ({ role, content: String(content || ''), meta })),
   };
 }
@@ -23,7 +23,7 @@ function fromServer(c) {
   return {
     id: c.id, sid: typeof meta.sid === 'string' ? meta.sid : c.id, title: c.title,
     created: typeof meta.created === 'number' ? meta.created : Math.round(c.created * 1000),
-    updated: Math.round(c.updated * 1000), shared: !!c.shared, serverUpdated: c.updated,
+    updated: Math.round(c.updated * 1000), shared: !!c.shared, serverUpdated: c.updated, library: !!meta.library,
     messages: (c.messages || []).map((m) => ({ ...(m.meta || {}), role: m.role, content: m.content })),
     stub: !c.messages,
   };
@@ -63,7 +63,7 @@ export class ServerStore {
     const changed = full.serverUpdated !== chat.serverUpdated;
     if (changed || chat.stub) {
       Object.assign(chat, { messages: full.messages, title: full.title, updated: full.updated,
-        serverUpdated: full.serverUpdated, shared: full.shared, sid: full.sid });
+        serverUpdated: full.serverUpdated, shared: full.shared, sid: full.sid, library: full.library });
     }
     chat.stub = false;
     return changed;

@@ -50,6 +50,7 @@ function parseQueueNote(text) {
 //   {type: 'queue', position, eta}  a ': queued N eta S' or ': busy' note (null fields when absent)
 //   {type: 'prompt', done, total}   a ': prompt N/M' note: N of the prompt's M tokens computed
 //   {type: 'dropped', count}        earlier messages were left out to fit the context
+//   {type: 'sources', sources}      the library's passages the answer may cite as [n] (first chunk)
 //   {type: 'delta', text}           the next piece of the answer
 //   {type: 'finish', reason}        why the answer ended ('stop', 'length', ...)
 //   {type: 'usage', usage}          the token counts, as the server sent them
@@ -73,10 +74,11 @@ export function readAnswer(body, onEvent) {
   });
 }
 
-// One chunk's events: dropped, delta, finish, usage (each only when present).
+// One chunk's events: dropped, sources, delta, finish, usage (each only when present).
 function chunkEvents(j) {
   const out = [];
   if (j.dropped_messages > 0) out.push({ type: 'dropped', count: j.dropped_messages });
+  if (Array.isArray(j.sources)) out.push({ type: 'sources', sources: j.sources });
   const choice = j.choices && j.choices[0];
   const delta = choice && choice.delta && choice.delta.content;
   if (delta) out.push({ type: 'delta', text: delta });
