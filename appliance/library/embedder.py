@@ -1,8 +1,8 @@
 """Embeddings of texts with the bundled all-MiniLM-L6-v2 (appliance/model/embedding.py makes
 its GGUF): `Embedder` is one llama.cpp context and the thread that calls it; `EmbedService`
 shares one loaded model between two such threads, an interactive one (API requests, search
-queries) and a background one (indexing documents) niced to 19 so that indexing only takes
-the CPU the chat engine leaves.
+queries) and a background one (indexing documents), which the indexer paces while the chat
+engine has work (library/indexer.py).
 
 Measured on the 2-core x86-64 development box (AMD EPYC VM, llama-cpp-python 0.3.36, F16
 weights, 1 thread a context): a 256-token text takes 97-111 ms, a 160-token passage 58 ms, a
@@ -43,7 +43,11 @@ MAX_SEQS = 16  # sequences in one call: short queries share a decode (3-4 ms eac
 MAX_PENDING_TEXTS = 256  # queued on one side before callers get EmbedBusy (~25 s of full texts)
 MAX_TEXTS_PER_CALL = 128
 MAX_TEXT_BYTES = 64 * 1024  # read whole, then cut to MAX_TOKENS: ~40x what 256 tokens take in English
-BACKGROUND_NICE = 19
+# The background thread's niceness. Not 19: niced that far it gets ~1% of a core beside the
+# chat engine's two threads, and the indexer's pacing (library/indexer.py), which measures
+# the wall time of a batch, then pauses for nine times that, indexed 6 passages of a 100-page
+# PDF in 108 s beside 8 chatting clients. Pacing, not niceness, leaves the chats their cores.
+BACKGROUND_NICE = 0
 
 
 class Embedder:

@@ -1,5 +1,5 @@
 """The indexer: one thread that embeds documents' passages in the background, a batch at a
-time, through the embedding service's background context (niced), and while the chat engine
+time, through the embedding service's background context, and while the chat engine
 has work, in small batches with pauses (SHARE of one core). A document becomes searchable by
 meaning when its last batch is stored; its words are searchable from the moment it is added."""
 
@@ -20,11 +20,11 @@ from appliance.people.db import StoreError
 log = logging.getLogger(__name__)
 BATCH = 16  # passages an embedding call while the chats rest: ~0.9 s of one core (16 x ~58 ms)
 BUSY_BATCH = 2  # ...and while they run: ~0.12 s, then a pause (SHARE)
-# While the chat engine has work, indexing takes at most this share of one core. Niceness alone
-# is not enough: beside 8 chatting clients a niced indexer cost them 32% of their tokens/s
-# (68.7 -> 46.7) and TTFT p95 1.48x (bench/library/indexing.sh), since llama.cpp's threads
-# meet at a barrier after every operation of a step, and each wait for a core the indexer
-# holds delays both. At 10% of one core a 100-page PDF is indexed in ~3 minutes beside them.
+# While the chat engine has work, indexing takes at most this share of one core. Niceness is
+# no substitute: beside 8 chatting clients an indexer niced to 19 working on cost them 32% of
+# their tokens/s (68.7 -> 46.7) and TTFT p95 1.48x (bench/library/indexing.sh), as llama.cpp's
+# threads meet at a barrier after every operation of a step, and each wait for a core the
+# indexer holds delays both.
 SHARE = 0.10
 Embed = Callable[[list[str]], np.ndarray]
 
