@@ -72,12 +72,13 @@ def read_text(data: bytes, limits: DocumentLimits) -> Document:
         return _done(Kind.TEXT, sink, None)
     # Form feeds part pages, as pdftotext writes them: the library cites such a text's pages.
     starts: list[int] = []
-    for number, page in enumerate(text.split("\f"), 1):
+    pages = text.removesuffix("\n").removesuffix("\f").split("\f")  # pdftotext ends with one: no page after it
+    for number, page in enumerate(pages, 1):
         if page.strip():
             starts.append(number)
             if not sink.add(page.strip("\n"), "\n\n", mark=True):
                 break
-    return _done(Kind.TEXT, sink, len(text.split("\f")), list(zip(starts, sink.marks)))
+    return _done(Kind.TEXT, sink, len(pages), list(zip(starts, sink.marks)))
 
 
 def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
@@ -89,7 +90,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         sink = TextSink(limits.max_chars)
         starts: list[int] = []  # the page number of each marked start
         for number in range(count):
-            text = reader.pages[number].extract_text().strip()
+            text = clean(reader.pages[number].extract_text()).strip()  # cleaned before its start is noted
             if text:
                 starts.append(number + 1)
                 if not sink.add(text, "\n\n", mark=True):
@@ -169,9 +170,14 @@ def _table_rows(table: Table) -> list[str]:
     return rows
 
 
+def clean(text: str) -> str:
+    """A PDF's broken ToUnicode map can yield NULs and lone surrogates, which no tokenizer or
+    JSON encoder takes: drop the one, replace the other (U+FFFD); surrogate pairs are joined."""
+    return text.replace("\x00", "").encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _done(kind: Kind, sink: TextSink, pages: int | None, page_starts: list[tuple[int, int]] | None = None) -> Document:
-    # A PDF's broken ToUnicode map can yield NULs and lone surrogates, which no tokenizer or
-    # JSON encoder takes: drop the one, replace the other (U+FFFD); surrogate pairs are joined.
-    text = sink.text().replace("\x00", "").encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    # (A dropped NUL moves later page starts back by one: a citation's page is read from them.)
+    # A PDF's pages are cleaned one by one as they are read (their starts stay true); this
+    # catches what other readers gave.
+    text = clean(sink.text())
     return Document(kind.value, text, pages, len(text), sink.truncated, page_starts)

@@ -180,6 +180,8 @@ def start_library(app: App) -> None:
             app.library.start()
     except Exception as e:
         log.error("library and /v1/embeddings off: %s", e)
+        if app.embedder is not None:
+            app.embedder.stop()  # its threads and model, if it was the library that failed
         app.library = app.embedder = None
 
 

@@ -33,17 +33,22 @@ Msgs = list[dict[str, Any]]
 async def prepare_cited(app: App, caller: Caller, messages: Msgs, library: bool,
                         ask: Callable[[Msgs], Ask]) -> tuple[Prepared, list[dict[str, Any]] | None]:
     """The chat's prompt, with the library's sources when asked for (None: not asked). Sources
-    that would not fit the context are left out whole, rather than the request refused for
-    what the server added."""
+    that would not fit the context, or would push earlier turns out of it, are left out whole,
+    rather than the request refused or the conversation cut for what the server added."""
     if not library:
         return await prepare(app.engine, ask(messages)), None
     cited_messages, cited = await consult(app, caller, messages)
+    if not cited:
+        return await prepare(app.engine, ask(messages)), cited
     try:
-        return await prepare(app.engine, ask(cited_messages)), cited
+        ready = await prepare(app.engine, ask(cited_messages))
     except ContextLengthExceeded:
-        if not cited:
-            raise
         return await prepare(app.engine, ask(messages)), []
+    if ready.dropped:
+        plain = await prepare(app.engine, ask(messages))
+        if plain.dropped < ready.dropped:
+            return plain, []
+    return ready, cited
 
 
 async def consult(app: App, caller: Caller, messages: Msgs) -> tuple[Msgs, list[dict[str, Any]]]:

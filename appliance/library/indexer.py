@@ -71,6 +71,22 @@ class Indexer:
                 self.busy.clear()
 
     def _index(self, doc: str) -> None:
+        """Embed the document's passages; once none is left without, mark it ready (in one
+        transaction with that check: a replacement that came in meanwhile is embedded too)
+        and load its embeddings for search."""
+        while True:
+            if not self._embed_all(doc):
+                return  # deleted meanwhile, or stopping: taken up again at the next start
+            if self.store.finish_if_complete(doc):
+                break
+            row = self.store.doc(doc)
+            if row is None:
+                return
+            if row.status != "indexing":
+                break  # ready already (another run finished it): load what it holds
+        self._load(doc)
+
+    def _embed_all(self, doc: str) -> bool:
         while not self._stopping.is_set() and (batch := self.store.unembedded(doc, self._batch_size())):
             start = self.clock()
             vecs = self.embed([text for _, text in batch])
@@ -78,20 +94,21 @@ class Indexer:
             done = self.store.set_vectors(doc, [(pid, np.ascontiguousarray(v, np.float32).tobytes())
                                                 for (pid, _), v in zip(batch, vecs)])
             if done < 0:
-                return  # deleted meanwhile
+                return False
             if self.busy_engine():
                 pause = took * (1 / SHARE - 1)
                 self.paused_s += pause
                 self._stopping.wait(pause)
-        if self._stopping.is_set():
-            return  # taken up again at the next start
+        return not self._stopping.is_set()
+
+    def _load(self, doc: str) -> None:
         row = self.store.doc(doc)
-        if row is None or row.status != "indexing":
+        rows = self.store.vectors(doc)  # a ready document's only
+        if row is None or not rows:
             return
-        self.store.finish(doc, "ready")
-        rows = self.store.vectors(doc)
         self.vectors.put(doc, row.scope, [r[0] for r in rows], [r[3] for r in rows])
-        if self.store.doc(doc) is None:  # deleted while its embeddings were being loaded
+        again = self.store.doc(doc)
+        if again is None or again.status != "ready":  # deleted, or replaced, while they were loaded
             self.vectors.drop(doc)
         log.info("library: %s (%s) indexed, %d passages", doc, row.name, len(rows))
 

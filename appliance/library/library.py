@@ -18,10 +18,10 @@ import numpy as np
 from appliance.documents.document import Document
 from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, PayloadTooLarge, Unavailable, UnprocessableEntity
-from appliance.library.errors import EmbedBusy
+from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
-from appliance.library.passages import MAX_QUERY_TERMS, estimate_tokens, html_text, split, terms
-from appliance.library.store import OFFICE, DocRow, Found, LibraryStore
+from appliance.library.passages import MAX_QUERY_TERMS, Passage, estimate_tokens, html_text, split, terms
+from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.vectors import Vectors
 from appliance.people.db import StoreError
 
@@ -71,11 +71,17 @@ class Library:
 
     # -- documents ----------------------------------------------------------------------
     def documents(self, scopes: list[str]) -> list[DocRow]:
-        return self.store.docs(scopes)
+        try:
+            return self.store.docs(scopes)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
 
     def document(self, doc_id: str, scope: str) -> DocRow | None:
         """The document if it is in `scope` (None otherwise, as if it did not exist)."""
-        row = self.store.doc(doc_id)
+        try:
+            row = self.store.doc(doc_id)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
         return row if row is not None and row.scope == scope else None
 
     def _room(self, scope: str, replacing: DocRow | None) -> int:
@@ -93,12 +99,12 @@ class Library:
                   title: str = "", replacing: DocRow | None = None) -> DocRow:
         """Read the file (in the sandboxed worker), cut it into passages, store them (their words
         searchable at once) and queue their embeddings."""
-        if self.store.trouble:
+        if self.store.read_only:
             raise Unavailable(f"the library cannot be changed now: {self.store.trouble}", code="library_not_writable")
         room = await asyncio.to_thread(self._room, scope, replacing)
         doc = await self.reader.read(data, name, content_type)
-        text = html_text(doc.text) if PurePosixPath(name.lower()).suffix in (".html", ".htm") else doc.text
-        passages = split(doc, text)
+        # Off the event loop: 2,000,000 characters take a second or two to cut.
+        text, passages = await asyncio.to_thread(_passages, doc, name)
         if not passages:
             raise UnprocessableEntity("the document holds no text to search", code="no_text_found")
         if len(passages) > room:
@@ -110,7 +116,14 @@ class Library:
                      replacing.added_at if replacing else self._clock(), added_by)
         if replacing is not None:
             self.vectors.drop(row.id)
-        await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None)
+        office = scope == OFFICE
+        most = ((self.limits.office_documents, self.limits.office_passages) if office
+                else (self.limits.person_documents, self.limits.person_passages))
+        try:
+            await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None, most)
+        except NoRoom as e:  # another upload to the scope came in while this one was read
+            raise Conflict(f"the library has room for no more {e.what} here ({e.have:,} of {e.most:,})",
+                           code="library_full") from None
         self.indexer.submit(row.id)
         return row
 
@@ -124,10 +137,25 @@ class Library:
         await asyncio.to_thread(self._write, self.store.delete, row)
         self.vectors.drop(row.id)
 
+    def _keyword(self, scope: str, words: list[str]) -> list[int]:
+        try:
+            return self.store.keyword(scope, words, self.limits.candidates)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be searched now: {e}", code="library_unavailable") from None
+
+    def _found(self, ids: list[int], scopes: list[str]) -> dict[int, Found]:
+        try:
+            return self.store.found(ids, scopes)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be searched now: {e}", code="library_unavailable") from None
+
     def _readable(self, question: str, ways: tuple[str, ...]) -> bool:
         """Whether the embedding model can read the question (the evaluation's "meaning" alone
         is asked even where it cannot, to measure it)."""
-        return ways == ("meaning",) or self._unknown_share(question) <= self.limits.most_unknown
+        try:
+            return ways == ("meaning",) or self._unknown_share(question) <= self.limits.most_unknown
+        except EmbedStopped:
+            return False
 
     # -- search -------------------------------------------------------------------------
     async def search(self, scopes: list[str], question: str, top_k: int | None = None, budget: int | None = None,
@@ -139,18 +167,17 @@ class Library:
         budget = budget if budget is not None else self.limits.budget_tokens
         question = question[:MAX_QUESTION]
         words = terms(question, MAX_QUERY_TERMS)
-        lists = [await asyncio.to_thread(self.store.keyword, scope, words, self.limits.candidates)
-                 for scope in scopes] if "words" in ways else []
+        lists = [await asyncio.to_thread(self._keyword, scope, words) for scope in scopes] if "words" in ways else []
         weights = [1.0] * len(lists)
         if len(self.vectors) and question.strip() and "meaning" in ways and self._readable(question, ways):
             try:
                 query = (await self._embed([question]))[0]
                 lists.append(self.vectors.search(frozenset(scopes), query, self.limits.candidates))
                 weights.append(self.limits.meaning_weight)
-            except EmbedBusy:  # 256 texts waiting: words alone rank this one, the chat goes on
-                log.warning("library: the embedding model is busy; searched by words only")
+            except (EmbedBusy, EmbedStopped):  # 256 texts waiting, or stopping: words alone rank this one
+                log.warning("library: the embedding model is busy or stopping; searched by words only")
         ranked = fuse(lists, weights)
-        found = await asyncio.to_thread(self.store.found, ranked[: top_k * 3])
+        found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
         kept: list[Found] = []
         spent = 0
         for pid in ranked:
@@ -174,6 +201,13 @@ def fuse(lists: list[list[int]], weights: list[float] | None = None) -> list[int
         for rank, pid in enumerate(ranking, 1):
             score[pid] = score.get(pid, 0.0) + weight / (RRF_K + rank)
     return sorted(score, key=lambda pid: (-score[pid], pid))
+
+
+def _passages(doc: Document, name: str) -> tuple[str, list[Passage]]:
+    """The text searched (an HTML page's readable text) and its passages."""
+    html = PurePosixPath(name.lower()).suffix in (".html", ".htm")
+    text = html_text(doc.text) if html else doc.text
+    return text, split(doc if not html else Document(doc.kind, text, doc.pages, len(text), doc.truncated), text)
 
 
 def _kind(doc: Document, name: str) -> str:

@@ -23,7 +23,9 @@ MIGRATIONS: list[list[str]] = [[
        passages INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, error TEXT,
        added_at REAL NOT NULL, added_by TEXT NOT NULL)""",
     "CREATE INDEX documents_scope ON documents (scope, added_at)",
-    """CREATE TABLE passages (id INTEGER PRIMARY KEY, doc TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+    # AUTOINCREMENT: a passage id is never used again, so an id held anywhere (a search's
+    # embeddings, a replaced document's) can never name another person's passage.
+    """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, doc TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
        seq INTEGER NOT NULL, page INTEGER, text TEXT NOT NULL, vec BLOB)""",
     "CREATE INDEX passages_doc ON passages (doc, seq)",
 ]]
@@ -76,6 +78,24 @@ class Found:
     text: str
 
 
+class NoRoom(Exception):
+    """The scope holds its most documents (docs) or has no room for the passages (passages)."""
+
+    def __init__(self, what: str, have: int, most: int) -> None:
+        super().__init__(what)
+        self.what, self.have, self.most = what, have, most
+
+
+def _check_room(tx: Tx, row: DocRow, passages: int, replace: bool, room: tuple[int, int]) -> None:
+    r = tx.one("SELECT count(*), coalesce(sum(passages), 0) FROM documents WHERE scope = ? AND id != ?",
+               (row.scope, row.id))
+    docs, held = (int(r[0]), int(r[1])) if r is not None else (0, 0)
+    if docs >= room[0]:
+        raise NoRoom("documents", docs, room[0])
+    if held + passages > room[1]:
+        raise NoRoom("passages", held, room[1])
+
+
 def _row(r: Sequence[Any]) -> DocRow:
     return DocRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10], r[11], r[12], r[13], r[14])
 
@@ -85,21 +105,25 @@ class LibraryStore:
 
     def __init__(self, state_dir: Path | None) -> None:
         self.db = Database(state_dir, FILE_NAME, MIGRATIONS, "library")
-        self._tables: set[str] = set()
 
     @property
     def trouble(self) -> str:
         return self.db.trouble
 
+    @property
+    def read_only(self) -> bool:
+        """Opened read-only (the disk was at start-up): no change can be saved until a restart."""
+        return self.db.read_only
+
     def close(self) -> None:
         self.db.close()
 
     def _terms_table(self, tx: Tx, scope: str) -> str:
+        """The scope's table, made in this transaction if it is not there (never remembered
+        outside it: a transaction rolled back takes a new table with it)."""
         table = _table(scope)
-        if table not in self._tables:
-            # porter: English words by their stem (policy, policies); CJK pairs pass unchanged.
-            tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(words, tokenize = 'porter unicode61')")
-            self._tables.add(table)
+        # porter: English words by their stem (policy, policies); CJK pairs pass unchanged.
+        tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(words, tokenize = 'porter unicode61')")
         return table
 
     def _put_passages(self, tx: Tx, doc: str, scope: str, passages: list[Passage]) -> None:
@@ -115,10 +139,14 @@ class LibraryStore:
         tx.run(f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM passages WHERE doc = ?)", (doc,))
         tx.run("DELETE FROM passages WHERE doc = ?", (doc,))
 
-    def add(self, row: DocRow, passages: list[Passage], replace: bool = False) -> DocRow:
+    def add(self, row: DocRow, passages: list[Passage], replace: bool = False,
+            room: tuple[int, int] | None = None) -> DocRow:
         """A new document (or, replace: the same id's new file), its passages searchable by
-        their words at once and waiting for their embeddings."""
+        their words at once and waiting for their embeddings. room: the scope's most documents
+        and passages, checked in the same transaction (two uploads at once cannot both pass)."""
         def put(tx: Tx) -> DocRow:
+            if room is not None:
+                _check_room(tx, row, len(passages), replace, room)
             if replace:
                 self._drop_passages(tx, row.id, row.scope)
                 tx.run("DELETE FROM documents WHERE id = ?", (row.id,))
@@ -172,6 +200,13 @@ class LibraryStore:
             return int(r[0]) if r is not None else -1
         return self.db.write(put)
 
+    def finish_if_complete(self, doc: str) -> bool:
+        """Mark the document ready if every passage it has now has its embedding (in one
+        transaction: a replacement that came in meanwhile has passages without)."""
+        return self.db.write(lambda tx: tx.run(
+            "UPDATE documents SET status = 'ready', error = NULL WHERE id = ? AND status = 'indexing' AND NOT EXISTS "
+            "(SELECT 1 FROM passages WHERE doc = ? AND vec IS NULL)", (doc, doc))) > 0
+
     def finish(self, doc: str, status: str, error: str | None = None) -> None:
         self.db.write(lambda tx: tx.run("UPDATE documents SET status = ?, error = ? WHERE id = ?", (status, error, doc)))
 
@@ -197,9 +232,11 @@ class LibraryStore:
                 f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?", (query, limit))]
         return self.db.read(find)
 
-    def found(self, ids: Sequence[int]) -> dict[int, Found]:
-        marks = ", ".join("?" * len(ids))
+    def found(self, ids: Sequence[int], scopes: Sequence[str]) -> dict[int, Found]:
+        """The passages among `ids` that are in one of `scopes` (never another's, whatever ids
+        a caller holds)."""
+        marks, scope_marks = ", ".join("?" * len(ids)), ", ".join("?" * len(scopes))
         rows = self.db.read(lambda tx: tx.all(
             "SELECT p.id, p.doc, d.title, p.page, p.text FROM passages p JOIN documents d ON d.id = p.doc "
-            f"WHERE p.id IN ({marks})", tuple(ids))) if ids else []
+            f"WHERE p.id IN ({marks}) AND d.scope IN ({scope_marks})", (*ids, *scopes))) if ids and scopes else []
         return {int(r[0]): Found(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows}

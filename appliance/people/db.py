@@ -79,6 +79,7 @@ class Database:
                  migrations: Sequence[Sequence[str]] = MIGRATIONS, what: str = "people store") -> None:
         # file_name, migrations, what: the library's database (library/store.py) is one too.
         self.file_name, self.migrations, self.what = file_name, migrations, what
+        self.read_only = False  # opened read-only: the disk was at start-up
         self._lock = threading.Lock()
         self.trouble = ""  # the last failure, "" since the last write that worked (or never failed)
         try:
@@ -111,6 +112,7 @@ class Database:
             conn = sqlite3.connect(f"file:{target}?mode=ro&immutable=1", uri=True, timeout=5,
                                    check_same_thread=False, isolation_level=None)
             self.trouble = f"{self.what} {target}: read-only ({e.strerror})"
+            self.read_only = True
             log.error("%s; what it holds is read, nothing is saved until it is writable", self.trouble)
             return conn, target
         return sqlite3.connect(target, timeout=5, check_same_thread=False, isolation_level=None), target

@@ -258,3 +258,60 @@ def test_while_the_chats_run_indexing_takes_a_tenth_of_a_core() -> None:
     indexer._index(row.id)
     assert sizes == [min(BATCH, row.passages)] and store.doc(row.id).status == "ready"  # type: ignore[union-attr]
     store.close()
+
+
+def test_passage_ids_are_never_reused_and_found_only_in_the_callers_scopes(tmp_path: Path) -> None:
+    """A search holding an old id (a replaced document's embeddings) can never name another
+    person's passage: ids are not used again, and `found` keeps to the caller's scopes."""
+    lib, _ = make(tmp_path)
+    try:
+        ann, ben = person_scope("ann"), person_scope("ben")
+        mine = asyncio.run(lib.add(ann, "Ann", "a.txt", "text/plain", b"First.\n\nSecond.\n\nThird."))
+        wait_ready(lib, mine.id)
+        old = [r[0] for r in lib.store.vectors(mine.id)]
+        asyncio.run(lib.delete(mine))
+        theirs = asyncio.run(lib.add(ben, "Ben", "b.txt", "text/plain", b"Codename Bluefinch."))
+        wait_ready(lib, theirs.id)
+        new = [r[0] for r in lib.store.vectors(theirs.id)]
+        assert min(new) > max(old)
+        assert lib.store.found(new, [OFFICE, ann]) == {} and set(lib.store.found(new, [ben])) == set(new)
+    finally:
+        lib.stop()
+
+
+def test_two_uploads_at_once_cannot_both_pass_the_limit(tmp_path: Path) -> None:
+    lib, _ = make(tmp_path, LibraryLimits(person_documents=1))
+    me = person_scope("ann")
+
+    async def both() -> list[object]:
+        return await asyncio.gather(lib.add(me, "Ann", "a.txt", "text/plain", b"one"),
+                                    lib.add(me, "Ann", "b.txt", "text/plain", b"two"), return_exceptions=True)
+    try:
+        results = asyncio.run(both())
+        assert sum(isinstance(r, Conflict) for r in results) == 1 and len(lib.documents([me])) == 1
+    finally:
+        lib.stop()
+
+
+def test_a_replacement_while_its_document_is_embedded_is_embedded_and_loaded_too() -> None:
+    from appliance.library.indexer import Indexer
+    from appliance.library.vectors import Vectors
+
+    store = LibraryStore(None)
+    lib = Library(store, DocumentReader(), FakeEmbedder().embed, fake_vectors)
+    row = asyncio.run(lib.add(OFFICE, "op", "a.txt", "text/plain", b"Old text about soup."))
+    new_text = b"New text about lentils.\n\nAnd bread."
+    replaced = []
+
+    def embed(texts: list[str]) -> np.ndarray:  # the PUT lands while the old passages are embedded
+        if not replaced:
+            replaced.append(asyncio.run(lib.add(OFFICE, "op", "a.txt", "text/plain", new_text, replacing=row)))
+        return fake_vectors(texts)
+
+    vectors = Vectors()
+    Indexer(store, vectors, embed)._index(row.id)
+    done = store.doc(row.id)
+    assert done is not None and done.status == "ready" and done.indexed == done.passages == replaced[0].passages
+    assert len(vectors) == done.passages and all("soup" not in f.text for f in store.found(
+        [r[0] for r in store.vectors(row.id)], [OFFICE]).values())
+    store.close()

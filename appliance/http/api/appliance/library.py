@@ -7,6 +7,8 @@ the sandboxed worker and indexed in the background (202, then poll until "ready"
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -53,14 +55,16 @@ async def _add(app: App, request: Request, scope: str, replacing: DocRow | None)
     if not name:
         raise BadRequest("name the file: an X-File-Name header or ?name=", param="name")
     async with gated(app, request, upload_reader(library.reader.limits.max_bytes)) as (caller, data):
-        row = await library.add(scope, added_by(caller), name, request.headers.get("content-type", ""), data,
-                                title, replacing)
+        pass  # the body is in: the parse places go back before the file is read (seconds, in the
+        # library reader's own bounded worker queue: 429 documents_busy beyond it)
+    row = await library.add(scope, added_by(caller), name, request.headers.get("content-type", ""), data,
+                            title, replacing)
     return JSONResponse(row.to_json(), status_code=202)
 
 
 async def _one(app: App, request: Request, scope: str) -> Response:
     library = library_of(app)
-    row = library.document(request.path_params["doc"], scope)
+    row = await asyncio.to_thread(library.document, request.path_params["doc"], scope)
     if row is None:
         raise NotFound("no such document in this library", code="document_not_found")
     if request.method == "GET":
@@ -75,7 +79,7 @@ async def collection(app: App, request: Request) -> Response:
     """GET /v1/library: the documents the caller may read; POST: a person's own document."""
     caller = caller_of(request.scope["state"])
     if request.method == "GET":
-        return _listing(library_of(app).documents(scopes_of(caller)))
+        return _listing(await asyncio.to_thread(library_of(app).documents, scopes_of(caller)))
     return await _add(app, request, _own_scope(caller), None)
 
 
@@ -84,7 +88,7 @@ async def one(app: App, request: Request) -> Response:
     caller = caller_of(request.scope["state"])
     if request.method == "GET":  # an office document too, as the caller reads it
         for scope in scopes_of(caller):
-            row = library_of(app).document(request.path_params["doc"], scope)
+            row = await asyncio.to_thread(library_of(app).document, request.path_params["doc"], scope)
             if row is not None:
                 return JSONResponse(row.to_json())
         raise NotFound("no such document in this library", code="document_not_found")
@@ -94,7 +98,7 @@ async def one(app: App, request: Request) -> Response:
 async def office(app: App, request: Request) -> Response:
     """GET /admin/library: the office's documents; POST: add one."""
     if request.method == "GET":
-        return _listing(library_of(app).documents([OFFICE]))
+        return _listing(await asyncio.to_thread(library_of(app).documents, [OFFICE]))
     return await _add(app, request, OFFICE, None)
 
 
