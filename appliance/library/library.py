@@ -84,15 +84,22 @@ class Library:
             raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
         return row if row is not None and row.scope == scope else None
 
+    def _most(self, scope: str) -> tuple[int, int]:
+        """The documents and passages the scope may hold."""
+        if scope == OFFICE:
+            return self.limits.office_documents, self.limits.office_passages
+        return self.limits.person_documents, self.limits.person_passages
+
     def _room(self, scope: str, replacing: DocRow | None) -> int:
         """The passages the scope has room for; refused when it holds its most documents."""
-        docs, passages = self.store.count(scope)
-        office = scope == OFFICE
-        most = self.limits.office_documents if office else self.limits.person_documents
-        if replacing is None and docs >= most:
+        try:
+            docs, passages = self.store.count(scope)
+        except StoreError as e:
+            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
+        most_docs, most_passages = self._most(scope)
+        if replacing is None and docs >= most_docs:
             raise Conflict(f"the library holds {docs:,} documents here, the most it takes: delete one first",
                            code="library_full")
-        most_passages = self.limits.office_passages if office else self.limits.person_passages
         return most_passages - passages + (replacing.passages if replacing else 0)
 
     async def add(self, scope: str, added_by: str, name: str, content_type: str, data: bytes,
@@ -116,11 +123,9 @@ class Library:
                      replacing.added_at if replacing else self._clock(), added_by)
         if replacing is not None:
             self.vectors.drop(row.id)
-        office = scope == OFFICE
-        most = ((self.limits.office_documents, self.limits.office_passages) if office
-                else (self.limits.person_documents, self.limits.person_passages))
         try:
-            await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None, most)
+            await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None,
+                                    self._most(scope))
         except NoRoom as e:  # another upload to the scope came in while this one was read
             raise Conflict(f"the library has room for no more {e.what} here ({e.have:,} of {e.most:,})",
                            code="library_full") from None
