@@ -8,6 +8,7 @@ validated once here; a bad one stops start-up with a ConfigError naming the key.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import os
 import tomllib
@@ -369,8 +370,29 @@ def _read_cli(cli: Mapping[str, Any], values: dict[str, Any], sources: dict[str,
         sources[key] = "command line"
 
 
+# Keys that need an optional library (pyproject.toml's extras; the service installs the
+# runtime dependencies only): key -> (module, extra). Checked by load(), so a box set to use
+# PostgreSQL without psycopg says which extra to install instead of a traceback (issue 47).
+NEEDS_EXTRA = {"database_url": ("psycopg", "postgres")}
+
+
+def install_hint(extra: str) -> str:
+    return f"scripts/setup.sh bundled-model,{extra} (or .venv/bin/pip install '.[{extra}]' in the checkout)"
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a finder that refuses it outright (the suite's runtime-only check)
+        return False
+
+
 def _check_together(cfg: Config) -> None:
     """The rules between keys (each key's own rules are checked as it is read)."""
+    for key, (module, extra) in NEEDS_EXTRA.items():
+        if getattr(cfg, key) and not has_module(module):
+            raise ConfigError(f"config key '{key}' needs the optional library {module}, the '{extra}' extra: "
+                              f"install it with {install_hint(extra)}")
     for key, ok, why in (
         ("default_max_tokens", cfg.default_max_tokens <= cfg.max_tokens_limit, "must be <= max_tokens_limit"),
         ("kv_tokens", cfg.kv_tokens >= cfg.ctx_per_slot, "must be >= ctx_per_slot"),

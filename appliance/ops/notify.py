@@ -68,13 +68,15 @@ class Watchdog:
     """Says READY=1 once `ready()` holds, then pings systemd's watchdog for as long as
     `alive()` holds: the engine loop made progress within its stall limit. A decode that
     hangs stops the pings, and systemd kills and restarts the service WatchdogSec later.
+    `alive()` returning None means the engine stopped on purpose (SIGTERM): the pings end
+    with an info line, not an error (the engine stops a moment before the watchdog does).
 
     `ready()` returns None while starting, True once serving, False if start-up failed
     (then nothing is sent: the process exits non-zero and systemd sees the failure).
     `status()` is shown by `systemctl status` (STATUS=).
     """
 
-    def __init__(self, notifier: Notifier, ready: Callable[[], bool | None], alive: Callable[[], bool],
+    def __init__(self, notifier: Notifier, ready: Callable[[], bool | None], alive: Callable[[], bool | None],
                  status: Callable[[], str] = lambda: "") -> None:
         self.notifier = notifier
         self.ready = ready
@@ -107,7 +109,10 @@ class Watchdog:
         log.info("ready%s", f" (systemd watchdog {self.notifier.watchdog_s:g} s)" if self.notifier.watchdog_s else "")
         stalled = False
         while not self._stop.wait(self.tick_s):
-            if self.alive():
+            if (live := self.alive()) is None:
+                log.info("engine stopped; watchdog pings end")
+                return
+            if live:
                 if stalled:
                     stalled = False
                     log.warning("engine making progress again; watchdog pings resume")

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 FILE_NAME = "people.sqlite3"
 T = TypeVar("T")
 Params = Sequence[Any]
+# pg_advisory_xact_lock's key ("app1") under which PostgreSQL's migrations run: here, not in
+# postgres.py, so the usage table's code can name it without importing psycopg (issue 47).
+MIGRATION_LOCK = 0x61707031
 
 
 class StoreError(Exception):

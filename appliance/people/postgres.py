@@ -16,15 +16,19 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import psycopg
-import psycopg.errors
+try:
+    import psycopg
+    import psycopg.errors
+except ModuleNotFoundError as e:  # config.load says so first for `appliance serve`
+    from appliance.config import install_hint
+    raise ModuleNotFoundError(f"{e}: database_url needs the postgres extra: {install_hint('postgres')}",
+                              name=e.name) from e
 
-from appliance.people.db import Params, StoreConflict, StoreError
+from appliance.people.db import MIGRATION_LOCK, Params, StoreConflict, StoreError
 from appliance.people.schema import MIGRATIONS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-MIGRATION_LOCK = 0x61707031  # pg_advisory_xact_lock's key: "app1"
 CONNECT_TIMEOUT_S = 5
 
 

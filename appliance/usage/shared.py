@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from appliance.people.db import Store, Tx
-from appliance.people.postgres import MIGRATION_LOCK
+from appliance.people.db import MIGRATION_LOCK, Store, Tx
 from appliance.usage.store import ADD_SQL, COLUMNS, Row, Tally
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS usage (

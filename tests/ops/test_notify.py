@@ -5,6 +5,7 @@ over the fake model in-process (tests/live/test_watchdog_live.py does it on the 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -220,3 +221,36 @@ def test_a_failing_decode_fails_its_request_and_the_server_carries_on() -> None:
         r = client.post("/v1/chat/completions", json={"messages": USER})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hello"
         assert client.get("/health").json()["status"] == "ok"
+
+
+def test_an_ordinary_stop_ends_the_pings_without_an_error(systemd: FakeSystemd, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 47: a SIGTERM stops the engine a moment before the watchdog; that was logged as
+    # "ERROR ... watchdog pings stopped" in 2 of 8 stops.
+    state: dict[str, bool | None] = {"alive": True}
+    dog = Watchdog(Notifier.from_env(systemd.env(watchdog_s=0.2)), lambda: True, lambda: state["alive"], lambda: "ok")
+    with caplog.at_level(logging.INFO, logger="appliance.ops.notify"):
+        dog.start()
+        try:
+            wait_until(lambda: len(systemd.pings()) >= 2)
+            state["alive"] = None  # the engine is STOPPED
+            dog._thread.join(5)
+            assert not dog._thread.is_alive()
+        finally:
+            dog.stop()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("watchdog pings end" in r.getMessage() for r in caplog.records)
+    assert not any("STATUS=stalled" in m for m in systemd.messages())
+
+
+def test_supervise_takes_a_stopped_engine_as_an_ordinary_stop(systemd: FakeSystemd, caplog: pytest.LogCaptureFixture) -> None:
+    notifier = Notifier.from_env(systemd.env(watchdog_s=0.2))
+    with caplog.at_level(logging.INFO, logger="appliance.ops.notify"):
+        with app_with(None, stall_s=1.0, notifier=notifier) as (_client, engine, dog):
+            assert dog is not None
+            t_ready = systemd.wait_for("READY=1", 5)
+            wait_until(lambda: len([t for t in systemd.pings() if t > t_ready]) >= 2)
+            engine.stop()  # as _Server._drain does, before the watchdog is stopped
+            dog._thread.join(5)
+            assert not dog._thread.is_alive()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("watchdog pings end" in r.getMessage() for r in caplog.records)

@@ -32,7 +32,7 @@ UNIT = ROOT / "systemd" / "appliance.service"
 INSTALL = ROOT / "scripts" / "install-service.sh"
 UNINSTALL = ROOT / "scripts" / "uninstall-service.sh"
 SETUP = ROOT / "scripts" / "setup.sh"
-SCRIPTS = [INSTALL, UNINSTALL, SETUP]
+SCRIPTS = [INSTALL, UNINSTALL, SETUP, ROOT / ".ci" / "fresh-start.sh", ROOT / ".ci" / "run"]
 PREFIX = "/opt/appliance"
 STATE = "/var/lib/appliance"
 
