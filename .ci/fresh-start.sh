@@ -10,6 +10,10 @@
 #
 #   .ci/fresh-start.sh          from any checkout; what it tests is the committed HEAD
 set -euo pipefail
+if [ $# -gt 0 ]; then
+  echo "fresh-start: unknown argument: $1 (usage: .ci/fresh-start.sh)" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/appliance-fresh.XXXXXX")
 pid=
