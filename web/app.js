@@ -8,7 +8,8 @@ import { checkHealth } from './js/health.js';
 import { openEdit } from './js/messages.js';
 import { copyFrom, els, finePointer, narrow, page, toast } from './js/page.js';
 import { applyTheme, settings } from './js/settings.js';
-import { fragment, people, peopleModule, whoAmI } from './js/who.js';
+import { peopleModule } from './js/people-load.js';
+import { fragment, people, whoAmI } from './js/who.js';
 import { newChat, openStore, settle } from './js/store.js';
 
 els.messages.addEventListener('click', (e) => {

@@ -4,7 +4,8 @@ import { apiFetch } from './api.js';
 import { fileName, parseImport, toJSON, toMarkdown } from './chatfile.js';
 import { closeEdit, renderMessages, updateControls } from './messages.js';
 import { askUser, download, el, els, narrow, page, say, toast } from './page.js';
-import { people, peopleModule } from './who.js';
+import { peopleModule } from './people-load.js';
+import { people } from './who.js';
 import { newChat } from './store.js';
 
 // On the box (people mode) a search looks through the chats' text too: the server's answer

@@ -5,7 +5,6 @@
 import { apiFetch, readError, setCsrf } from './api.js';
 import { shelf } from './library.js';
 import { askUser, el, els, toast } from './page.js';
-import { askKey } from './settings.js';
 import { fragment, people } from './who.js';
 
 function dropFragment(name) {
@@ -66,6 +65,14 @@ export async function signIn(why = '') {
   });
 }
 
+let again = null;
+// After a 401 (signed out elsewhere, or disabled): the sign-in form again, one at a time;
+// resolves true once signed in, as settings.js's askKey does with a key.
+export function signInAgain() {
+  again = again || signIn('Your sign-in has ended. Sign in again to go on.').then(() => { again = null; return true; });
+  return again;
+}
+
 async function submitSignIn(invite) {
   const password = els.signinPassword.value;
   const res = await fetch(invite ? 'auth/invite/accept' : 'auth/signin', {
@@ -95,7 +102,7 @@ export function showAccount() {
 // My documents: the person's own part of the library (the office's is the operator's, in /admin).
 const mine = shelf({
   base: 'v1/library', list: els.docList, empty: els.docsEmpty, error: els.docError, input: els.docFile,
-  keep: (d) => d.scope === 'own', askKey,
+  keep: (d) => d.scope === 'own', askKey: signInAgain,
   confirm: (text) => askUser({ title: 'Delete this document?', text, type: null, ok: 'Delete', danger: true }),
 });
 els.addDoc.addEventListener('click', () => els.docFile.click());

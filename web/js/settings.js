@@ -1,7 +1,8 @@
 // Settings kept in this browser, the theme, and the API key asked for after a 401.
 import { apiKey } from './api.js';
 import { askUser, el, els } from './page.js';
-import { people, peopleModule } from './who.js';
+import { peopleModule } from './people-load.js';
+import { people } from './who.js';
 
 const SETTINGS_KEY = 'chat.settings.v1';
 let presets = new Map(); // name -> text, from GET /v1/system_prompts
@@ -77,11 +78,7 @@ els.themeSelect.addEventListener('change', () => applyTheme(els.themeSelect.valu
 let keyPrompt = null;
 // Asks for a key after a 401; resolves true when one was entered. One question at a time.
 export function askKey() {
-  if (people.mode === 'people') { // signed out meanwhile (elsewhere, or disabled): sign in again
-    keyPrompt = keyPrompt || peopleModule().then((m) => m.signIn('Your sign-in has ended. Sign in again to go on.'))
-      .then(() => { keyPrompt = null; return true; });
-    return keyPrompt;
-  }
+  if (people.mode === 'people') return peopleModule().then((m) => m.signInAgain());
   if (!keyPrompt) {
     const had = apiKey.get();
     keyPrompt = askUser({

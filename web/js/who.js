@@ -1,6 +1,7 @@
 // Who is at the keyboard, as the server says (GET auth/me): open mode, or people mode and the
-// person signed in. Small and always loaded; people.js (sign-in, account, sharing) and
-// serverstore.js are loaded only in people mode, so open mode's page weighs what it did.
+// person signed in. Small and always loaded; people.js (sign-in, account, sharing; through
+// people-load.js) and serverstore.js are loaded only in people mode, so open mode's page weighs
+// what it did.
 import { setCsrf } from './api.js';
 
 export const people = { mode: 'open', person: null, saving: true };
@@ -16,6 +17,3 @@ export async function whoAmI() {
 }
 
 export const fragment = (name) => new URLSearchParams(location.hash.slice(1)).get(name);
-
-// people.js, loaded on first use (people mode only).
-export const peopleModule = () => import('./people.js');
