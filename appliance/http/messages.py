@@ -36,6 +36,18 @@ def message_chars(messages: list[dict[str, Any]]) -> int:
     return sum(len(m["content"]) + _calls_chars(m.get("tool_calls", [])) for m in messages)
 
 
+def text_parts(parts: list[Any], param: str, kinds: tuple[str, ...], expected: str) -> list[str]:
+    """The texts of a message's content parts, each {"type": one of kinds, "text": a string}
+    (chat's, the Responses API's and Anthropic's text blocks alike); any other part (an image,
+    a file) is a 400 naming it and saying what was `expected`."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
+            raise BadRequest(f"'{param}[{j}]' must be {expected}", param=param)
+        texts.append(part["text"])
+    return texts
+
+
 def _content(msg: dict[str, Any], i: int) -> str:
     param = f"messages[{i}].content"
     c = msg.get("content")
@@ -48,12 +60,7 @@ def _content(msg: dict[str, Any], i: int) -> str:
     if isinstance(c, list):  # content parts: only text is supported
         if len(c) > MAX_PARTS:
             raise BadRequest(f"'{param}' may have at most {MAX_PARTS} parts", param=param)
-        texts = []
-        for j, part in enumerate(c):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(f"'{param}[{j}]' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
-                                 "this model reads text only", param=param)
-            texts.append(part["text"])
+        texts = text_parts(c, param, ("text",), 'a text part ({"type": "text", "text": ...}); this model reads text only')
         return text("".join(texts), param)
     raise BadRequest(f"'{param}' must be a string or a list of text parts", param=param)
 

@@ -129,14 +129,21 @@ def json_chars(value: Any, param: str) -> int:
     return len(text(json.dumps(value, ensure_ascii=False), param))
 
 
+def logprob_count(data: dict[str, Any], key: str) -> int | None:
+    """How many alternatives per token a field asks for (OpenAI's top_logprobs and completions'
+    logprobs, llama-server's n_probs): an integer from 0 to MAX_TOP_LOGPROBS, or None."""
+    count = integer(data, key)
+    if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'{key}' must be between 0 and {MAX_TOP_LOGPROBS}", param=key)
+    return count
+
+
 def parse_choices(data: dict[str, Any]) -> tuple[int, int | None]:
     """n, and logprobs -> how many alternatives to report per token (None: no logprobs)."""
     n = integer(data, "n")
     if n is not None and not 1 <= n <= MAX_N:
         raise BadRequest(f"'n' must be between 1 and {MAX_N}", param="n")
-    top = integer(data, "top_logprobs")
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise BadRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    top = logprob_count(data, "top_logprobs")
     if boolean(data, "logprobs"):
         return n or 1, top or 0
     if top is not None:

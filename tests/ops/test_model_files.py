@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.model import bundled, gguf, hub
+from appliance.model import bundled, gguf, hub, wheels
 from appliance.model import files as mf
 from appliance.model.gguf import ModelFileError
 
@@ -250,8 +250,8 @@ def make_part_wheel(directory: Path, i: int, data: bytes, extra: dict[str, bytes
     return path
 
 
-def pin(i: int, wheel: Path, data: bytes) -> bundled.Wheel:
-    return bundled.Wheel(f"appliance-test-part{i}", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(),
+def pin(i: int, wheel: Path, data: bytes) -> wheels.Wheel:
+    return wheels.Wheel(f"appliance-test-part{i}", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(),
                     f"appliance_test_part{i}/data/part{i:02d}.bin", len(data), hashlib.sha256(data).hexdigest())
 
 
@@ -356,7 +356,7 @@ def test_fetch_refuses_a_pinned_wheel_with_an_unexpected_member(tmp_path: Path, 
     wheel = make_part_wheel(ix.dir, 1, data, **kw)  # type: ignore[arg-type]
     pinned = pin(1, wheel, ix.data[0])
     if bad == "other-bytes":
-        pinned = bundled.Wheel(pinned.dist, pinned.version, pinned.sha256, pinned.member, pinned.size, "0" * 64)
+        pinned = wheels.Wheel(pinned.dist, pinned.version, pinned.sha256, pinned.member, pinned.size, "0" * 64)
     ix.wheels[0] = pinned
     ix.seed_cache()  # pip is tested above; here only what we take out of a wheel
     with pytest.raises(ModelFileError) as e:

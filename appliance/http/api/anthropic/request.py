@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from appliance.errors import BadRequest
+from appliance.http.messages import text_parts
 
 ROLES = ("user", "assistant")
 
@@ -56,12 +57,7 @@ def _text_blocks(blocks: Any, where: str) -> str:
         return blocks
     if not isinstance(blocks, list):
         raise BadRequest(f"'{where}' must be a string or a list of text blocks", param=where)
-    parts = []
-    for j, b in enumerate(blocks):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise BadRequest(f"'{where}[{j}]' must be a text block {{\"type\": \"text\", \"text\": ...}}", param=where)
-        parts.append(b["text"])
-    return "\n\n".join(parts)
+    return "\n\n".join(text_parts(blocks, where, ("text",), 'a text block {"type": "text", "text": ...}'))
 
 
 def _system(system: Any) -> list[dict[str, Any]]:

@@ -17,21 +17,19 @@ from appliance.engine.events import Delta, Done, TokenLogprob
 from appliance.errors import BadRequest
 from appliance.http import wire
 from appliance.http.api.llama.infill import LLAMA_UNSUPPORTED, InfillShape, n_predict
+from appliance.http.completion import RawRequest, parse_raw
 from appliance.http.guard import caller_of
 from appliance.http.intake import intake
 from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Raw, prepare
 from appliance.http.state import App
-from appliance.http.telemetry import Telemetry, parse_telemetry
 from appliance.http.validate import (
-    MAX_TOP_LOGPROBS,
-    Biases,
     RequestBounds,
     boolean,
     check_chars,
     integer,
+    logprob_count,
     parse_constraint,
-    parse_logit_bias,
     parse_prompt,
     refuse_changed,
     sampling_as,
@@ -39,18 +37,12 @@ from appliance.http.validate import (
 from appliance.sampling import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class NativeRequest:
-    prompt: str | list[int]
-    params: SamplingParams
-    stream: bool
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NativeRequest(RawRequest):
     warm_only: bool  # n_predict 0: compute the prompt into the cache, answer nothing
     fields: list[str]  # response_fields, as /infill reads them
-    bias: Biases = ()  # logit_bias, resolved to token ids after intake (prompting.biased)
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
-    ignore_eos: bool = False
     post_probs: int = 0  # post_sampling_probs: this many alternatives, as the sampler saw them
-    telemetry: Telemetry = Telemetry()  # timings_per_token, return_progress
     return_tokens: bool = False  # the whole answer's token ids in `tokens` (a stream's events always carry theirs)
 
 
@@ -60,13 +52,6 @@ NATIVE_UNSUPPORTED = {k: v for k, v in LLAMA_UNSUPPORTED.items() if k not in ("n
 # post_sampling_probs rebuilds the sampler's distribution from this many raw alternatives:
 # top_k's default 40 and then some (min_p's 0.05 already keeps far fewer).
 POST_SAMPLING_K = 64
-
-
-def parse_n_probs(data: dict[str, Any]) -> int | None:
-    n = integer(data, "n_probs")
-    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
-        raise BadRequest(f"'n_probs' must be between 0 and {MAX_TOP_LOGPROBS}", param="n_probs")
-    return n or None
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -100,13 +85,12 @@ def parse_native_request(data: dict[str, Any], bounds: RequestBounds, slots: int
         raise BadRequest("'response_fields' must be an array of strings", param="response_fields")
     sampling, warm_only = n_predict(data, bounds)
     grammar, grammar_param = parse_constraint(data)
-    n_probs = parse_n_probs(data)
+    n_probs = logprob_count(data, "n_probs") or None
     post = n_probs if n_probs and boolean(data, "post_sampling_probs") else 0
     params = dataclasses.replace(sampling_as(sampling, bounds, {"n_predict": "max_tokens"}), grammar=grammar,
                                  logprobs=POST_SAMPLING_K if post else n_probs)
-    return NativeRequest(prompt, params, boolean(data, "stream"), warm_only, fields,
-                         parse_logit_bias(data.get("logit_bias")), grammar_param, boolean(data, "ignore_eos"), post,
-                         parse_telemetry(data), boolean(data, "return_tokens"))
+    return parse_raw(NativeRequest, data, prompt, params, boolean(data, "stream"), warm_only=warm_only, fields=fields,
+                     grammar_param=grammar_param, post_probs=post, return_tokens=boolean(data, "return_tokens"))
 
 
 # -- responses -------------------------------------------------------------------------------

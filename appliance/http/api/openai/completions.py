@@ -15,20 +15,19 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest
+from appliance.http.completion import RawRequest, parse_raw
 from appliance.http.intake import intake
 from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Infill, Raw, prepare
 from appliance.http.state import App
-from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
+from appliance.http.telemetry import Meter, timings
 from appliance.http.validate import (
-    MAX_TOP_LOGPROBS,
-    Biases,
     RequestBounds,
     boolean,
     check_chars,
     integer,
+    logprob_count,
     parse_gbnf,
-    parse_logit_bias,
     parse_model,
     parse_prompt,
     parse_sampling,
@@ -36,21 +35,14 @@ from appliance.http.validate import (
     text,
 )
 from appliance.http.wire import SSE, SSE_HEADERS, openai_error, sse, sse_error, usage
-from appliance.sampling import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionRequest:
-    prompt: str | list[int]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest(RawRequest):
     suffix: str  # "" = a plain completion; else fill in the middle between prompt and suffix
-    params: SamplingParams
-    stream: bool
     include_usage: bool
     echo: bool
     model: str | None
-    bias: Biases = ()  # logit_bias, resolved to token ids after intake (prompting.biased)
-    ignore_eos: bool = False  # llama-server's: answer up to max_tokens
-    telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -75,18 +67,15 @@ def parse_completion_request(data: dict[str, Any], bounds: RequestBounds) -> Com
     echo = boolean(data, "echo")
     if echo and suffix:
         raise BadRequest("'echo' cannot be combined with 'suffix'", param="echo")
-    logprobs = integer(data, "logprobs")  # completions': how many alternatives per token
-    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-        raise BadRequest(f"'logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+    logprobs = logprob_count(data, "logprobs")  # completions': how many alternatives per token
     if logprobs is not None and echo:
         raise BadRequest("'logprobs' with 'echo' would need the prompt's log-probabilities, which are not computed",
                          param="logprobs")
     grammar = parse_gbnf(data.get("grammar"))  # llama-server's raw GBNF, here too
     params = dataclasses.replace(parse_sampling(data, bounds), logprobs=logprobs, grammar=grammar)
     stream, include_usage = parse_stream(data)
-    return CompletionRequest(prompt, suffix, params, stream, include_usage, echo, parse_model(data),
-                             parse_logit_bias(data.get("logit_bias")), boolean(data, "ignore_eos"),
-                             parse_telemetry(data))
+    return parse_raw(CompletionRequest, data, prompt, params, stream, suffix=suffix, include_usage=include_usage,
+                     echo=echo, model=parse_model(data))
 
 
 def completion_ask(req: CompletionRequest) -> Ask:

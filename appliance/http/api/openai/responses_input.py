@@ -11,7 +11,7 @@ from typing import Any
 
 from appliance.errors import BadRequest
 from appliance.http.api.openai.formats import parse_response_format
-from appliance.http.messages import message_chars, parse_messages, parse_tools
+from appliance.http.messages import message_chars, parse_messages, parse_tools, text_parts
 from appliance.http.telemetry import Telemetry, parse_telemetry
 from appliance.http.validate import RequestBounds, boolean, parse_model, sampling_as
 from appliance.sampling import SamplingParams
@@ -42,13 +42,8 @@ def _content(raw: Any, param: str) -> str | list[dict[str, Any]]:
         return raw
     if not isinstance(raw, list):
         raise BadRequest(f"'{param}' must be a string or a list of text parts", param=param)
-    parts = []
-    for j, part in enumerate(raw):
-        if not isinstance(part, dict) or part.get("type") not in PART_TYPES or not isinstance(part.get("text"), str):
-            raise BadRequest(f"'{param}[{j}]' must be a text part ({{\"type\": \"input_text\", \"text\": ...}}); "
-                             "this model reads text only", param=param)
-        parts.append({"type": "text", "text": part["text"]})
-    return parts
+    texts = text_parts(raw, param, PART_TYPES, 'a text part ({"type": "input_text", "text": ...}); this model reads text only')
+    return [{"type": "text", "text": t} for t in texts]
 
 
 def _call(item: dict[str, Any], param: str) -> dict[str, Any]:
