@@ -5,6 +5,7 @@ to the client to show."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from appliance.library.store import Found
@@ -31,8 +32,8 @@ def block(n: int, f: Found) -> str:
     return f"[{n}] {label(f)}:\n{f.text}"
 
 
-# What the sources add to the question besides their blocks (and a "\n\n" between blocks).
-FRAME = f"{INSTRUCTION}\n\n\n\nQuestion: "
+# What the sources add to the question besides their blocks, each block followed by "\n\n".
+FRAME = f"{INSTRUCTION}\n\nQuestion: "
 
 
 def with_sources(messages: list[dict[str, Any]], found: list[Found]) -> list[dict[str, Any]]:
@@ -45,10 +46,10 @@ def with_sources(messages: list[dict[str, Any]], found: list[Found]) -> list[dic
     return [*messages[:-1], {**messages[-1], "content": content}]
 
 
-def keep(found: list[Found], costs: list[int], top_k: int, budget: int, room: int) -> list[Found]:
-    """The passages a chat is given, best first: at most top_k, `budget` tokens of them (the
-    best one even beyond it, as the library's search keeps it) and never beyond `room`, the
-    context the conversation leaves. One that would go over is passed for a shorter one after it."""
+def keep(found: list[Found], costs: list[int], top_k: int, budget: int, room: int = sys.maxsize) -> list[Found]:
+    """The passages a chat is given, best first: at most top_k and `budget` tokens of them
+    (the best one even beyond it), never beyond `room` (the context the conversation leaves).
+    One that would go over is passed for a shorter one after it."""
     kept: list[Found] = []
     spent = 0
     for f, cost in zip(found, costs):
