@@ -1,8 +1,8 @@
 """The one place a job becomes a prompt: chat messages, a raw prompt (text or token ids) or
 a fill-in-the-middle request in; the token prompt, its sampling with logit_bias resolved, and
-its grammar checked out, in one order for every front-end: biases, grammar, prompt, room.
-All of it happens before anything is queued, so a refusal is a 400 (or 413) and no slot
-is spent on it.
+its grammar checked out, in one order for every front-end: biases, grammar, prompt (with the
+library's sources when a chat asks for them: retrieval.py), room. All of it happens before
+anything is queued, so a refusal is a 400 (or 413) and no slot is spent on it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from appliance.engine.engine import Engine
 from appliance.errors import BadRequest, ContextLengthExceeded
+from appliance.http.retrieval import Cite, cited
 from appliance.http.validate import Biases, check_tokens
 from appliance.model.prompt import Prompt
 from appliance.sampling import SamplingParams
@@ -64,6 +65,7 @@ class Ask:
     grammar_param: str | None = None  # the client's own raw GBNF field, named in a refusal
     context: list[int] | None = None  # Ollama's memory: tokens put first; the prompt is then plain tokens
     length_param: str = "max_tokens"  # the answer-length field a too-long prompt's refusal names
+    cite: Cite | None = None  # a chat's `"library": true`: the scopes its sources may come from (retrieval.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ class Prepared:
     prompt: list[int] | Prompt
     params: SamplingParams
     truncated: bool = False  # a fill-in-the-middle prompt was cut to fit
+    sources: list[dict[str, Any]] | None = None  # the library's passages in the prompt (None: not asked for)
 
     @property
     def tokens(self) -> list[int]:
@@ -93,8 +96,12 @@ async def prepare(engine: Engine, ask: Ask) -> Prepared:
     check_tokens(context, engine.n_vocab, "context")
     limit = engine.prompt_limit(params.max_tokens)
     src = ask.source
+    found: list[dict[str, Any]] | None = None
     if isinstance(src, Messages):
-        prompt: list[int] | Prompt = await engine.prepare(src.messages, params.max_tokens, src.tools)
+        chat = await engine.prepare(src.messages, params.max_tokens, src.tools)
+        if ask.cite is not None:
+            chat, found = await cited(engine, ask.cite, src.messages, src.tools, params.max_tokens, chat)
+        prompt: list[int] | Prompt = chat
         truncated = False
         if src.tools and params.grammar is None and (calls := answered(src.messages)):
             params = await guarded(engine, src, params, calls, engine.prompt_limit(params.max_tokens))
@@ -104,8 +111,8 @@ async def prepare(engine: Engine, ask: Ask) -> Prepared:
         prompt, truncated = await infill(engine, src, limit - len(context))
     fitted = fit(prompt, limit, context, ask.length_param)
     if ask.context is None:
-        return Prepared(fitted, params, truncated)
-    return Prepared(context + (fitted.tokens if isinstance(fitted, Prompt) else fitted), params, truncated)
+        return Prepared(fitted, params, truncated, found)
+    return Prepared(context + (fitted.tokens if isinstance(fitted, Prompt) else fitted), params, truncated, found)
 
 
 # After a tool's result, the request the 0.5B model answers from: with it, 4 of 4 round

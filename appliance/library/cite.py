@@ -1,9 +1,11 @@
 """Sources in a chat: the found passages put before the person's question, numbered, in the
 last user message only (never the system prompt: nothing from the library may reach a
-prefix that is shared between people), and the same list sent to the client to show."""
+prefix that is shared between people), as many as the room allows, and the same list sent
+to the client to show."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from appliance.library.store import Found
@@ -25,14 +27,39 @@ def label(f: Found) -> str:
     return f"{f.title}, page {f.page}" if f.page is not None else f.title
 
 
+def block(n: int, f: Found) -> str:
+    """Source n as the prompt shows it."""
+    return f"[{n}] {label(f)}:\n{f.text}"
+
+
+# What the sources add to the question besides their blocks, each block followed by "\n\n".
+FRAME = f"{INSTRUCTION}\n\nQuestion: "
+
+
 def with_sources(messages: list[dict[str, Any]], found: list[Found]) -> list[dict[str, Any]]:
     """The messages with the sources and the instruction before the last user message's text."""
     if not found:
         return messages
     question = str(messages[-1]["content"])
-    blocks = "\n\n".join(f"[{n}] {label(f)}:\n{f.text}" for n, f in enumerate(found, 1))
+    blocks = "\n\n".join(block(n, f) for n, f in enumerate(found, 1))
     content = f"{INSTRUCTION}\n\n{blocks}\n\nQuestion: {question}"
     return [*messages[:-1], {**messages[-1], "content": content}]
+
+
+def keep(found: list[Found], costs: list[int], top_k: int, budget: int, room: int = sys.maxsize) -> list[Found]:
+    """The passages a chat is given, best first: at most top_k and `budget` tokens of them
+    (the best one even beyond it), never beyond `room` (the context the conversation leaves).
+    One that would go over is passed for a shorter one after it."""
+    kept: list[Found] = []
+    spent = 0
+    for f, cost in zip(found, costs):
+        if spent + cost > room or (kept and spent + cost > budget):
+            continue
+        kept.append(f)
+        spent += cost
+        if len(kept) == top_k:
+            break
+    return kept
 
 
 def sources(found: list[Found]) -> list[dict[str, Any]]:

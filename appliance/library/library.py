@@ -18,6 +18,7 @@ import numpy as np
 from appliance.documents.document import Document
 from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, PayloadTooLarge, Unavailable, UnprocessableEntity
+from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, estimate_tokens, html_text, split, terms
@@ -183,20 +184,8 @@ class Library:
                 log.warning("library: the embedding model is busy or stopping; searched by words only")
         ranked = fuse(lists, weights)
         found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
-        kept: list[Found] = []
-        spent = 0
-        for pid in ranked:
-            f = found.get(pid)
-            if f is None:
-                continue
-            cost = estimate_tokens(f.text)
-            if kept and spent + cost > budget:
-                continue
-            kept.append(f)
-            spent += cost
-            if len(kept) == top_k:
-                break
-        return kept
+        best = [found[pid] for pid in ranked if pid in found]
+        return keep(best, [estimate_tokens(f.text) for f in best], top_k, budget)
 
 
 def fuse(lists: list[list[int]], weights: list[float] | None = None) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers.fakes import FakeModel
-from helpers.inprocess import CHAT, error_of, serving
+from helpers.inprocess import CHAT, dicts, error_of, events_of, is_idle, serving, user, wait_health
 from starlette.testclient import TestClient
 
 from appliance.documents.reader import DocumentReader
@@ -208,3 +208,138 @@ def test_open_mode_has_no_documents_of_ones_own(client: TestClient) -> None:
     err = error_of(upload(client, "/v1/library", "a.txt", b"hello"), 403)
     assert err["code"] == "library_own_needs_people"
     assert error_of(upload(client, "/admin/library", "a.txt", b"hello", {"x-test-client": "10.0.0.7"}), 403)
+
+
+# -- every chat API, the same way -----------------------------------------------------------------
+QUESTION = "Where is the spare key kept?"
+KEY_DOC = "The spare key is kept in the blue flowerpot by the back door."
+ASK = [{"role": "user", "content": QUESTION}]
+APIS = {  # each chat API's path and a body that asks QUESTION in it
+    "openai": (CHAT, {"messages": ASK}),
+    "responses": ("/v1/responses", {"input": QUESTION}),
+    "ollama": ("/api/chat", {"model": "m", "messages": ASK}),
+    "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 16, "messages": ASK}),
+}
+
+
+@pytest.fixture(scope="module")
+def apis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, FakeModel, Library, str]]:
+    """Open mode, a library of one document (its one passage); the fake model to read what it was given."""
+    service = FakeEmbedService()
+    model = FakeModel(reply="See [1].")
+    library = _library(tmp_path_factory.mktemp("library"), service)
+    with serving(lambda: model, embedder=service, ctx=2048, library=library) as c:
+        doc = upload(c, "/admin/library", "key.txt", KEY_DOC.encode()).json()["id"]
+        ready(c, "/admin/library")
+        yield c, model, library, doc
+
+
+def streamed_sources(api: str, r: Any) -> Any:
+    """The sources where each API's stream carries them: chat's first chunk, the response
+    object of the Responses events, Ollama's last line, the message of Anthropic's message_start."""
+    if api == "ollama":
+        return json.loads(r.text.strip().splitlines()[-1])["sources"]
+    events = dicts(events_of(r))
+    if api == "openai":
+        return events[0]["sources"]
+    if api == "anthropic":
+        assert events[0]["type"] == "message_start"
+        return events[0]["message"]["sources"]
+    created, done = events[0], events[-1]
+    assert (created["type"], done["type"]) == ("response.created", "response.completed")
+    assert created["response"]["sources"] == done["response"]["sources"]
+    return done["response"]["sources"]
+
+
+def decoded_since(model: FakeModel, since: int) -> str:
+    """What the fake model was given to read since its call `since` (the fake's token is a character)."""
+    return "".join(chr(t) for tokens, *_ in model.calls[since:] for t in tokens if t)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_every_chat_api_cites_the_library_the_same_way(apis: tuple[TestClient, FakeModel, Library, str],
+                                                       api: str) -> None:
+    client, model, _, doc = apis
+    path, body = APIS[api]
+    want = [{"n": 1, "document": doc, "title": "key", "page": None, "text": KEY_DOC}]
+    wait_health(client.get, is_idle)
+    since = len(model.calls)
+    # A user of its own per API: the same conversation is cached per user, and would not be read again.
+    whole = client.post(path, json={**body, "library": True, "stream": False}, headers=user(20 + list(APIS).index(api)))
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["sources"] == want
+    read = decoded_since(model, since)
+    assert f"[1] key:\n{KEY_DOC}\n\nQuestion: {QUESTION}" in read and read.count("[1] key:") == 1
+    assert streamed_sources(api, client.post(path, json={**body, "library": True, "stream": True})) == want
+    # Without the switch (or with it off), nothing of the library: the answer as it was.
+    for off in ({}, {"library": False}):
+        plain = client.post(path, json={**body, **off, "stream": False})
+        assert plain.status_code == 200 and "sources" not in plain.json()
+        assert "sources" not in client.post(path, json={**body, **off, "stream": True}).text
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_every_chat_api_refuses_a_library_that_is_not_a_boolean_or_is_off(
+        apis: tuple[TestClient, FakeModel, Library, str], api: str) -> None:
+    client = apis[0]
+    path, body = APIS[api]
+    for bad in ("yes", 1, [], {}):
+        r = client.post(path, json={**body, "library": bad})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        message = err if api == "ollama" else err["message"]
+        assert "'library' must be true or false" in message
+        if api == "anthropic":
+            assert r.json()["type"] == "error" and err["type"] == "invalid_request_error"
+        elif api != "ollama":
+            assert err["param"] == "library"
+    with serving() as off:
+        r = off.post(path, json={**body, "library": True, "stream": False})
+        assert r.status_code == 404 and "the library is off" in r.text
+        assert off.post(path, json={**body, "library": False, "stream": False}).status_code == 200
+
+
+def test_the_library_is_searched_once_and_its_sources_fit_the_room_by_the_models_tokens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two passages of one length, and a question that leaves room for one of them: the
+    model's own tokens decide (the fake's token is a character), so exactly one is given,
+    and no turn of the conversation is pushed out for it."""
+    from appliance.http.retrieval import SLACK
+    from appliance.library.cite import FRAME, block
+    from appliance.library.store import Found
+
+    service = FakeEmbedService()
+    library = _library(tmp_path, service)
+    searches: list[str] = []
+    search = library.search
+
+    async def counted(scopes: list[str], question: str, *args: Any, **kw: Any) -> Any:
+        searches.append(question)
+        return await search(scopes, question, *args, **kw)
+
+    monkeypatch.setattr(library, "search", counted)
+    text = "The {} code of the spare key box is 7777." + " Keep it to yourself." * 8
+    with serving(lambda: FakeModel(reply="See [1]."), embedder=service, ctx=2048, library=library) as client:
+        for name in ("alpha", "bravo"):
+            assert upload(client, "/admin/library", f"{name}.txt", text.format(name).encode()).status_code == 202
+        ready(client, "/admin/library")
+        ask = "alpha bravo spare key box code"
+        cost = len(block(1, Found(0, "", "alpha", None, text.format("alpha"))) + "\n\n")  # either passage's
+        limit = 2048 - 32  # the prompt's room: the context less the default answer
+        history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+        plain = client.post(f"{CHAT}/input_tokens", json={"messages": [*history, {"role": "user", "content": ask}]})
+        pad = limit - plain.json()["input_tokens"] - len(FRAME) - SLACK - cost - cost // 2
+        messages = [*history, {"role": "user", "content": ask + "?" * pad}]
+        r = client.post(CHAT, json={"messages": messages, "library": True})
+        assert r.status_code == 200, r.text
+        assert searches == [ask + "?" * pad]
+        assert [s["title"] for s in r.json()["sources"]] in (["alpha"], ["bravo"])
+        assert "dropped_messages" not in r.json()
+        # To the token: room for one exactly, and one token short of it.
+        for extra, given in ((cost // 2, 1), (cost // 2 + 1, 0)):
+            messages = [*history, {"role": "user", "content": ask + "?" * (pad + extra)}]
+            assert len(client.post(CHAT, json={"messages": messages, "library": True}).json()["sources"]) == given
+        searches.clear()
+        # Room for both (a shorter question): both, from one search again.
+        r = client.post(CHAT, json={"messages": [*history, {"role": "user", "content": ask}], "library": True})
+        assert sorted(s["title"] for s in r.json()["sources"]) == ["alpha", "bravo"] and len(searches) == 1

@@ -194,3 +194,28 @@ def test_no_test_module_imports_another() -> None:
             offenders += [f"{path.relative_to(tests)} imports {t}" for t in targets
                           if t.split(".")[-1] in names or t.startswith("tests.")]
     assert not offenders, "\n".join(offenders)
+
+
+def _calls_library_search(tree: ast.Module) -> bool:
+    """Whether the code calls a library's search: `<something naming a library>.search(...)`."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "search"
+               and "lib" in ast.unparse(node.func.value).lower() for node in ast.walk(tree))
+
+
+def test_only_the_prompt_builder_searches_the_library() -> None:
+    # Retrieval is a step of the one prompt builder (http/retrieval.py, called by
+    # http/prompting.prepare): no other module outside library/ searches the library or
+    # puts its passages in a prompt (library/cite.py), so every chat API cites the same way.
+    builder = {"appliance.http.prompting", "appliance.http.retrieval"}
+
+    def outside(name: str) -> bool:
+        return not _in(name, "appliance.library") and name not in builder
+
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("appliance.library.cite",))
+                        if outside(name)}
+                       | {f"{name} calls a library's search" for name, tree in TREES.items()
+                          if outside(name) and _calls_library_search(tree)})
+    assert not offenders, "\n".join(offenders)
+    # The check itself: the wrapper retrieval replaced (http/sources.py) is seen, a regex's search is not.
+    assert _calls_library_search(ast.parse("async def consult(app):\n    return await library_of(app).search(s, q)"))
+    assert not _calls_library_search(ast.parse("_QUANT.search(model_id)"))

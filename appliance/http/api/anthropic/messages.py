@@ -17,6 +17,7 @@ from appliance.http.intake import intake
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Job, respond
 from appliance.http.prompting import Ask, Messages, prepare
+from appliance.http.retrieval import citing
 from appliance.http.state import App
 from appliance.http.validate import SESSION_RULE, RequestBounds, boolean, new_session_id, parse_sampling, valid_session_id
 from appliance.sampling import SamplingParams
@@ -30,6 +31,7 @@ class MessagesRequest:
     params: SamplingParams
     stream: bool
     session_id: str | None
+    library: bool = False  # ours, as on chat completions: answer from the library, with `sources`
 
 
 def parse(data: dict[str, Any], bounds: RequestBounds, session: str | None, count_only: bool = False) -> MessagesRequest:
@@ -41,17 +43,19 @@ def parse(data: dict[str, Any], bounds: RequestBounds, session: str | None, coun
     params = dataclasses.replace(parse_sampling(chat, bounds), grammar=forced)
     if session is not None and not valid_session_id(session):
         raise BadRequest(SESSION_RULE, param="session_id")
-    return MessagesRequest(messages, tools, names, params, boolean(chat, "stream"), session)
+    return MessagesRequest(messages, tools, names, params, boolean(chat, "stream"), session, boolean(data, "library"))
 
 
 async def create(app: App, request: Request) -> Response:
     """Anthropic's POST /v1/messages."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse(data, app.bounds, header)) as (caller, req):
-        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params))
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params,
+                                              cite=citing(app, caller, req.library)))
     job = Job(caller, ready.prompt, (ready.params,), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None)
-    return await respond(app, request, job, MessageShape(app.model_id, req.tool_names, len(ready.tokens), job.session))
+    shape = MessageShape(app.model_id, req.tool_names, len(ready.tokens), job.session, ready.sources)
+    return await respond(app, request, job, shape)
 
 
 async def count_tokens(app: App, request: Request) -> Response:

@@ -46,8 +46,11 @@ class MessageShape:
     media_type = SSE
     notes = True  # SSE comments: Anthropic's SDK skips them as SSE says
 
-    def __init__(self, model: str, tool_names: frozenset[str], prompt_tokens: int, session: str) -> None:
+    def __init__(self, model: str, tool_names: frozenset[str], prompt_tokens: int, session: str,
+                 sources: list[dict[str, Any]] | None = None) -> None:
         self.model, self.prompt_tokens = model, prompt_tokens
+        # Ours, with "library": true: on the message object (message_start's, and a whole answer).
+        self.cited = {"sources": sources} if sources is not None else {}
         self.id = "msg_" + secrets.token_hex(12)
         self.choice = Choice(0, tool_names)
         self._headers = {"X-Session-Id": session}
@@ -59,7 +62,7 @@ class MessageShape:
 
     def _message(self, content: list[dict[str, Any]], reason: str | None, use: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": reason, "stop_sequence": None, "usage": use}
+                "stop_reason": reason, "stop_sequence": None, "usage": use, **self.cited}
 
     def start(self) -> list[bytes]:
         return [event("message_start", {"type": "message_start",

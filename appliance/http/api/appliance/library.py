@@ -12,13 +12,13 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from appliance.errors import BadRequest, Forbidden, NotFound
+from appliance.errors import BadRequest, NotFound
 from appliance.http.api.appliance.documents import file_name, upload_reader
 from appliance.http.guard import Caller, caller_of
 from appliance.http.intake import gated
-from appliance.http.sources import library_of, scopes_of
 from appliance.http.state import App
-from appliance.library.store import OFFICE, DocRow, person_scope
+from appliance.library.scopes import own, readable, required
+from appliance.library.store import OFFICE, DocRow
 
 MAX_TITLE = 200
 
@@ -31,11 +31,9 @@ def added_by(caller: Caller) -> str:
     return "the operator"
 
 
-def _own_scope(caller: Caller) -> str:
-    if caller.account is None:
-        raise Forbidden("a document of one's own needs people mode and a signed-in person; the office's "
-                        "documents are added in /admin", code="library_own_needs_people")
-    return person_scope(caller.account.id)
+def _person(caller: Caller) -> str | None:
+    """The signed-in person's id, whose scopes library/scopes.py decides (None: nobody)."""
+    return caller.account.id if caller.account is not None else None
 
 
 def _title(request: Request) -> str:
@@ -50,7 +48,7 @@ def _listing(rows: list[DocRow]) -> JSONResponse:
 
 
 async def _add(app: App, request: Request, scope: str, replacing: DocRow | None) -> Response:
-    library = library_of(app)
+    library = required(app.library)
     name, title = file_name(request), _title(request)
     if not name:
         raise BadRequest("name the file: an X-File-Name header or ?name=", param="name")
@@ -63,7 +61,7 @@ async def _add(app: App, request: Request, scope: str, replacing: DocRow | None)
 
 
 async def _one(app: App, request: Request, scope: str) -> Response:
-    library = library_of(app)
+    library = required(app.library)
     row = await asyncio.to_thread(library.document, request.path_params["doc"], scope)
     if row is None:
         raise NotFound("no such document in this library", code="document_not_found")
@@ -79,26 +77,26 @@ async def collection(app: App, request: Request) -> Response:
     """GET /v1/library: the documents the caller may read; POST: a person's own document."""
     caller = caller_of(request.scope["state"])
     if request.method == "GET":
-        return _listing(await asyncio.to_thread(library_of(app).documents, scopes_of(caller)))
-    return await _add(app, request, _own_scope(caller), None)
+        return _listing(await asyncio.to_thread(required(app.library).documents, readable(_person(caller))))
+    return await _add(app, request, own(_person(caller)), None)
 
 
 async def one(app: App, request: Request) -> Response:
     """GET, PUT (a new file, indexed again) or DELETE one of the caller's own documents."""
     caller = caller_of(request.scope["state"])
     if request.method == "GET":  # an office document too, as the caller reads it
-        for scope in scopes_of(caller):
-            row = await asyncio.to_thread(library_of(app).document, request.path_params["doc"], scope)
+        for scope in readable(_person(caller)):
+            row = await asyncio.to_thread(required(app.library).document, request.path_params["doc"], scope)
             if row is not None:
                 return JSONResponse(row.to_json())
         raise NotFound("no such document in this library", code="document_not_found")
-    return await _one(app, request, _own_scope(caller))
+    return await _one(app, request, own(_person(caller)))
 
 
 async def office(app: App, request: Request) -> Response:
     """GET /admin/library: the office's documents; POST: add one."""
     if request.method == "GET":
-        return _listing(await asyncio.to_thread(library_of(app).documents, [OFFICE]))
+        return _listing(await asyncio.to_thread(required(app.library).documents, [OFFICE]))
     return await _add(app, request, OFFICE, None)
 
 

@@ -22,7 +22,7 @@ from appliance.http.intake import intake
 from appliance.http.messages import parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, respond
 from appliance.http.prompting import Ask, Infill, Messages, Raw, Source, prepare
-from appliance.http.sources import prepare_cited
+from appliance.http.retrieval import citing
 from appliance.http.state import App
 from appliance.http.validate import (
     RequestBounds,
@@ -330,9 +330,10 @@ async def chat(app: App, request: Request) -> Response:
         common = req.common
         if not req.messages:
             return _loaded(app.engine, common, chat_part(common.model, "", True))
-        ready, cited = await prepare_cited(app, caller, req.messages, library,
-                                           lambda messages: Ask(Messages(messages, req.tools), common.params))
-    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream), ChatShape(req, cited))
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), common.params,
+                                              cite=citing(app, caller, library)))
+    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream),
+                         ChatShape(req, ready.sources))
 
 
 async def generate(app: App, request: Request) -> Response:

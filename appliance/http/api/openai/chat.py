@@ -21,7 +21,7 @@ from appliance.http.intake import intake
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, choices, respond
 from appliance.http.prompting import Ask, Messages, prepare
-from appliance.http.sources import prepare_cited
+from appliance.http.retrieval import citing
 from appliance.http.state import App
 from appliance.http.telemetry import Meter, Telemetry, parse_telemetry, timings
 from appliance.http.validate import (
@@ -57,7 +57,7 @@ class ChatRequest:
     grammar_param: str | None = None  # "grammar": the client's own GBNF, named in a refusal
     ignore_eos: bool = False  # llama-server's: answer up to max_tokens
     telemetry: Telemetry = Telemetry()  # llama-server's timings_per_token, return_progress
-    library: bool = False  # ours: answer from the office library, with `sources` (api/appliance/library.py)
+    library: bool = False  # ours: answer from the office library, with `sources` (http/retrieval.py)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -213,13 +213,13 @@ async def chat(app: App, request: Request) -> Response:
     """OpenAI's /v1/chat/completions."""
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
-        ready, cited = await prepare_cited(app, caller, req.messages, req.library, lambda messages: Ask(
-            Messages(messages, req.tools), req.params, req.bias, req.ignore_eos, req.grammar_param))
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params, req.bias, req.ignore_eos,
+                                              req.grammar_param, cite=citing(app, caller, req.library)))
     job = Job(caller, ready.prompt, choices(ready.params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None, report=req.telemetry.report)
     shape = ChatShape(app, req, job.session, ready.dropped)
-    if cited is not None:  # in the first chunk, and in a whole answer's body
-        shape.extra["sources"] = cited
+    if ready.sources is not None:  # in the first chunk, and in a whole answer's body
+        shape.extra["sources"] = ready.sources
     return await respond(app, request, job, shape)
 
 

@@ -21,8 +21,9 @@ from appliance.http.guard import caller_of
 from appliance.http.intake import intake
 from appliance.http.pipeline import Job, respond
 from appliance.http.prompting import Ask, Messages, prepare
+from appliance.http.retrieval import citing
 from appliance.http.state import App
-from appliance.http.validate import RequestBounds, new_session_id
+from appliance.http.validate import RequestBounds, boolean, new_session_id
 
 
 def _prior(store: ResponseStore, client: str, data: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
@@ -39,26 +40,31 @@ def _prior(store: ResponseStore, client: str, data: dict[str, Any]) -> tuple[str
 # -- the routes ------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Asked:
-    """A request as parsed, and the session of the response it continues (None: a new one)."""
+    """A request as parsed, the session of the response it continues (None: a new one), and
+    whether it asks for the library (ours, as on chat completions)."""
 
     client: str
     session: str | None = None
+    library: bool = False
 
     def parse(self, store: ResponseStore, bounds: RequestBounds, data: dict[str, Any]) -> ResponsesRequest:
         self.session, prior = _prior(store, self.client, data)
-        return parse_responses_request(data, bounds, prior)
+        req = parse_responses_request(data, bounds, prior)
+        self.library = boolean(data, "library")
+        return req
 
 
 async def create(store: ResponseStore, app: App, request: Request) -> Response:
     """OpenAI's POST /v1/responses."""
     asked = Asked(caller_of(request.scope["state"]).client)
     async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (caller, req):
-        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params))
+        ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params,
+                                              cite=citing(app, caller, asked.library)))
     # The conversation continues in its own session, so the next turn finds its KV cells; the
     # id is the server's, never the client's, so it is not kept on disk (named=False).
     job = Job(caller, ready.prompt, (ready.params,), req.stream, asked.session or new_session_id(),
               report=req.telemetry.report)
-    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session)
+    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session, ready.sources)
     return await respond(app, request, job, shape)
 
 

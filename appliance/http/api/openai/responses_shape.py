@@ -46,8 +46,11 @@ class ResponseShape:
     media_type = wire.SSE
     notes = True  # SSE comments: the SDK's decoder skips them
 
-    def __init__(self, app: App, req: ResponsesRequest, store: ResponseStore | None, client: str, session: str) -> None:
+    def __init__(self, app: App, req: ResponsesRequest, store: ResponseStore | None, client: str, session: str,
+                 sources: list[dict[str, Any]] | None = None) -> None:
         self.model, self.req, self.store, self.client, self.session = app.model_id, req, store, client, session
+        # Ours, with "library": true: on the response object, so in every event that carries it.
+        self.cited = {"sources": sources} if sources is not None else {}
         self.id, self.created = new_id("resp"), int(time.time())
         self.calls: CallStream[None] = CallStream(req.tool_names)
         self.output: list[dict[str, Any]] = []
@@ -65,7 +68,8 @@ class ResponseShape:
                 "parallel_tool_calls": echo.get("parallel_tool_calls", True), "previous_response_id": self.req.previous,
                 "temperature": p.temperature, "top_p": p.top_p, "tool_choice": echo.get("tool_choice", "auto"),
                 "tools": echo.get("tools", []), "text": echo.get("text", {"format": {"type": "text"}}),
-                "store": self.store is not None, "metadata": echo.get("metadata", {}), "usage": response_usage(done)}
+                "store": self.store is not None, "metadata": echo.get("metadata", {}), "usage": response_usage(done),
+                **self.cited}
 
     def event(self, kind: str, **fields: Any) -> bytes:
         obj = {"type": kind, "sequence_number": self.seq, **fields}
