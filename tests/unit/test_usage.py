@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import sqlite3
 import stat
 import threading
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from appliance.usage.ledger import Ledger, local_day, next_midnight
 from appliance.usage.minutes import Minutes, TokenRate, percentile
+from appliance.store.errors import StoreError
 from appliance.usage.store import FILE_NAME, Tally, UsageStore
 
 NOON = dt.datetime(2026, 12, 3, 12, 0).timestamp()  # local time
@@ -214,7 +214,7 @@ class Failing:
 
         def failing(store: object, *args: object) -> object:
             if self.on:
-                raise sqlite3.OperationalError("attempt to write a readonly database")
+                raise StoreError("attempt to write a readonly database")
             return real(store, *args)
         monkeypatch.setattr(UsageStore, what, failing)
 
