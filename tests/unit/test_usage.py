@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.store.errors import StoreError
 from appliance.usage.ledger import Ledger, local_day, next_midnight
 from appliance.usage.minutes import Minutes, TokenRate, percentile
-from appliance.store.errors import StoreError
 from appliance.usage.store import FILE_NAME, Tally, UsageStore
 
 NOON = dt.datetime(2026, 12, 3, 12, 0).timestamp()  # local time
