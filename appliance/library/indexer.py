@@ -15,7 +15,7 @@ import numpy as np
 
 from appliance.library.store import LibraryStore
 from appliance.library.vectors import Vectors
-from appliance.people.db import StoreError
+from appliance.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 BATCH = 16  # passages an embedding call while the chats rest: ~0.9 s of one core (16 x ~58 ms)

@@ -24,7 +24,6 @@ from appliance.library.indexer import Indexer
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, estimate_tokens, html_text, split, terms
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.vectors import Vectors
-from appliance.people.db import StoreError
 
 log = logging.getLogger(__name__)
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009): a rank counts 1 / (60 + rank)
@@ -72,17 +71,11 @@ class Library:
 
     # -- documents ----------------------------------------------------------------------
     def documents(self, scopes: list[str]) -> list[DocRow]:
-        try:
-            return self.store.docs(scopes)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
+        return self.store.docs(scopes)  # a StoreError is the route's 503 as it is
 
     def document(self, doc_id: str, scope: str) -> DocRow | None:
         """The document if it is in `scope` (None otherwise, as if it did not exist)."""
-        try:
-            row = self.store.doc(doc_id)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
+        row = self.store.doc(doc_id)
         return row if row is not None and row.scope == scope else None
 
     def _most(self, scope: str) -> tuple[int, int]:
@@ -93,10 +86,7 @@ class Library:
 
     def _room(self, scope: str, replacing: DocRow | None) -> int:
         """The passages the scope has room for; refused when it holds its most documents."""
-        try:
-            docs, passages = self.store.count(scope)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be read now: {e}", code="library_unavailable") from None
+        docs, passages = self.store.count(scope)
         most_docs, most_passages = self._most(scope)
         if replacing is None and docs >= most_docs:
             raise Conflict(f"the library holds {docs:,} documents here, the most it takes: delete one first",
@@ -125,35 +115,22 @@ class Library:
         if replacing is not None:
             self.vectors.drop(row.id)
         try:
-            await asyncio.to_thread(self._write, self.store.add, row, passages, replacing is not None,
-                                    self._most(scope))
+            await asyncio.to_thread(self.store.add, row, passages, replacing is not None, self._most(scope))
         except NoRoom as e:  # another upload to the scope came in while this one was read
             raise Conflict(f"the library has room for no more {e.what} here ({e.have:,} of {e.most:,})",
                            code="library_full") from None
         self.indexer.submit(row.id)
         return row
 
-    def _write(self, fn: Callable[..., object], *args: object) -> object:
-        try:
-            return fn(*args)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be changed now: {e}", code="library_not_writable") from None
-
     async def delete(self, row: DocRow) -> None:
-        await asyncio.to_thread(self._write, self.store.delete, row)
+        await asyncio.to_thread(self.store.delete, row)
         self.vectors.drop(row.id)
 
     def _keyword(self, scope: str, words: list[str]) -> list[int]:
-        try:
-            return self.store.keyword(scope, words, self.limits.candidates)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be searched now: {e}", code="library_unavailable") from None
+        return self.store.keyword(scope, words, self.limits.candidates)
 
     def _found(self, ids: list[int], scopes: list[str]) -> dict[int, Found]:
-        try:
-            return self.store.found(ids, scopes)
-        except StoreError as e:
-            raise Unavailable(f"the library cannot be searched now: {e}", code="library_unavailable") from None
+        return self.store.found(ids, scopes)
 
     def _readable(self, question: str, ways: tuple[str, ...]) -> bool:
         """Whether the embedding model can read the question (the evaluation's "meaning" alone

@@ -1,8 +1,8 @@
 """The library's database: documents, their passages, and each passage's embedding, in one
-SQLite file in state_dir (library.sqlite3: WAL, 0600, migrated on open; people/db.py's
-Database). Words are searched with FTS5, in one table per scope (the office's, and each
-person's own), so that one person's documents never weigh in another's ranking: bm25's
-word weights are counted per table."""
+SQLite file in state_dir (library.sqlite3: WAL, 0600, migrated on open; store/sqlite.py).
+Words are searched with FTS5, in one table per scope (the office's, and each person's own),
+so that one person's documents never weigh in another's ranking: bm25's word weights are
+counted per table."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance.library.passages import Passage, terms
-from appliance.people.db import Database, Tx
+from appliance.store.database import Naming, Tx
+from appliance.store.migrations import Migrations
+from appliance.store.sqlite import SqliteDatabase
 
 FILE_NAME = "library.sqlite3"
 OFFICE = "office"  # the scope of documents the operator adds for everyone
-MIGRATIONS: list[list[str]] = [[
+MIGRATIONS = Migrations("library", ((
     """CREATE TABLE documents (id TEXT PRIMARY KEY, scope TEXT NOT NULL, title TEXT NOT NULL, name TEXT NOT NULL,
        kind TEXT NOT NULL, size INTEGER NOT NULL, pages INTEGER, chars INTEGER NOT NULL, truncated INTEGER NOT NULL,
        passages INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, error TEXT,
@@ -28,7 +30,9 @@ MIGRATIONS: list[list[str]] = [[
     """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, doc TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
        seq INTEGER NOT NULL, page INTEGER, text TEXT NOT NULL, vec BLOB)""",
     "CREATE INDEX passages_doc ON passages (doc, seq)",
-]]
+),))
+# A failed read and a failed write, as the routes answer them (a 503 either way).
+NAMING = Naming("library", read_code="library_unavailable", write_code="library_not_writable")
 _COLUMNS = "id, scope, title, name, kind, size, pages, chars, truncated, passages, indexed, status, error, added_at, added_by"
 
 
@@ -104,7 +108,7 @@ class LibraryStore:
     """Every read and write of the library's file, each one transaction."""
 
     def __init__(self, state_dir: Path | None) -> None:
-        self.db = Database(state_dir, FILE_NAME, MIGRATIONS, "library")
+        self.db = SqliteDatabase(state_dir, FILE_NAME, MIGRATIONS, NAMING)
 
     @property
     def trouble(self) -> str:

@@ -1,4 +1,4 @@
-"""People, their sign-in sessions, invites and API keys, in the store (db.py).
+"""People, their sign-in sessions, invites and API keys, in the store (db.py, over store.Database).
 
 Secrets (session tokens, invite links, API keys) are 256 random bits, shown once and held only
 as SHA-256 digests. A session is issued at sign-in only (never one the browser brings:
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from appliance.people.db import Store, StoreError, Tx
 from appliance.people.passwords import Hasher, check_new
+from appliance.store.database import Database, Tx
+from appliance.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "ap-"  # a person's API key, as shown once: recognisable in a leaked config
@@ -89,7 +90,7 @@ def _account(row: tuple[Any, ...]) -> Account:
 
 
 class Accounts:
-    def __init__(self, db: Store, *, clock: Callable[[], float] = time.time, hasher: Hasher | None = None,
+    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time, hasher: Hasher | None = None,
                  session_days: float = 30, invite_days: float = 7, cache_s: float = 2.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.db = db

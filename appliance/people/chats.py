@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.people.accounts import AccountError, digest
-from appliance.people.db import Store, Tx
+from appliance.store.database import Database, Tx
 
 ROLES = frozenset({"user", "assistant", "system"})
 MAX_CHATS = 2000  # per person: the list the page loads is all of them (~200 KB of titles)
@@ -76,7 +76,7 @@ def _like(query: str) -> str:
 
 
 class Chats:
-    def __init__(self, db: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self._clock = clock
 

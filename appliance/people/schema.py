@@ -1,11 +1,15 @@
-"""The people store's tables, as numbered migrations: a store is at version len(MIGRATIONS)
-once opened, each migration applied once, in one transaction with its version number.
+"""The people store's tables, as numbered migrations (store/migrations.py): a store is at
+version len(MIGRATIONS) once opened, each migration applied once, in one transaction with its
+version number. Chats' tables are here too: they share people's file and foreign keys, and
+version 1 made both, so their history is one.
 
 Portable SQL (SQLite and PostgreSQL): TEXT ids and hex digests, DOUBLE PRECISION Unix times,
 INTEGER flags; no engine-specific types.
 """
 
 from __future__ import annotations
+
+from appliance.store.migrations import Migrations
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1: people, invites, sessions, their keys; chats, messages, shares
@@ -39,3 +43,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             FOREIGN KEY (person, chat) REFERENCES chats (person, id) ON DELETE CASCADE)""",
     ),
 )
+
+# schema_version: PostgreSQL's table for people's number, named before owners had their own.
+PEOPLE = Migrations("people", MIGRATIONS, version_table="schema_version")

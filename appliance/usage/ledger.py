@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from appliance.people.db import StoreError
+from appliance.store.errors import StoreError
 from appliance.usage.shared import SharedUsageStore
-from appliance.usage.store import Row, Tally, UsageStore
+from appliance.usage.store import Row, Tally, UsageStore, UsageTable
 
 log = logging.getLogger(__name__)
 RETRY_S = 60.0  # a failing file is tried again this often (each try opens it anew)
@@ -68,7 +67,7 @@ class Ledger:
         self._loaded = False  # the file's earlier days are in _days
         self._failed_at: float | None = None  # monotonic time of the last failure, while failing
         self.trouble = ""  # what is wrong with the file now, "" while it is fine
-        self._store: UsageStore | SharedUsageStore | None = self._connect() if self._dir is not None else None
+        self._store: UsageTable | None = self._connect() if self._dir is not None else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -82,7 +81,7 @@ class Ledger:
         """The file is open and taking the counts right now."""
         return self._store is not None
 
-    def _connect(self) -> UsageStore | SharedUsageStore | None:
+    def _connect(self) -> UsageTable | None:
         """Open the file (the first time, with its earlier days); None, logged once a failure, if it cannot be used."""
         assert self._dir is not None
         try:
@@ -93,7 +92,7 @@ class Ledger:
             except BaseException:
                 store.close()
                 raise
-        except (sqlite3.Error, OSError, StoreError) as e:
+        except StoreError as e:
             self._failed(f"state directory not usable: usage database in {self._dir} cannot be used ({e})")
             return None
         if rows is not None:
@@ -155,7 +154,7 @@ class Ledger:
             store.prune(cutoff)
             if self._shared is not None:
                 self._read_back(store)
-        except (sqlite3.Error, OSError, StoreError) as e:
+        except StoreError as e:
             with self._lock:  # the transaction was rolled back: these counts are still to write
                 for key, t in pending.items():
                     self._pending.setdefault(key, Tally()).add(t)
@@ -167,7 +166,7 @@ class Ledger:
             log.warning("usage database %s writable again: the counts held in memory are written", store.path)
             self._failed_at, self.trouble = None, ""
 
-    def _read_back(self, store: UsageStore | SharedUsageStore) -> None:
+    def _read_back(self, store: UsageTable) -> None:
         """Today's counts as every box wrote them, plus this box's not yet written."""
         today = local_day(self._clock())
         rows = store.rows(since=today)

@@ -1,29 +1,32 @@
-"""The daily usage table in SQLite (the standard library's sqlite3) under state_dir: one row
-per (local day, identity) with counts only, added to in small transactions, old days pruned.
+"""The daily usage table: one row per (local day, identity) with counts only, added to in
+small transactions, old days pruned. One definition for both engines: usage.sqlite3 in
+state_dir on one box (UsageStore), or the PostgreSQL database several boxes share
+(shared.py), where every box adds to the same rows.
 
-The file is private like the session files: statedir.private_file checks the directory and
-makes it 0700 (a symlink or another user's directory is refused) and creates the file 0600
-without following a symlink; SQLite gives its journal the file's mode.
+The SQLite file is private like the session files (store/sqlite.py: statedir.private_file
+makes the directory 0700 and the file 0600, refusing a symlink).
 """
 
 from __future__ import annotations
 
-import logging
-import sqlite3
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-from appliance.statedir import private_file
+from appliance.store.database import Database, Naming, Tx
+from appliance.store.migrations import Migrations
+from appliance.store.sqlite import SqliteDatabase
 
-log = logging.getLogger(__name__)
 FILE_NAME = "usage.sqlite3"
-_SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
+# IF NOT EXISTS: the table is older than its migrations (a usage.sqlite3 at user_version 0, a
+# shared database without usage_schema_version hold it already). BIGINT: SQLite's INTEGER.
+USAGE = Migrations("usage", ((
+    """CREATE TABLE IF NOT EXISTS usage (
     day TEXT NOT NULL, who TEXT NOT NULL,
-    requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0, generated_tokens INTEGER NOT NULL DEFAULT 0,
-    refusals INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (day, who))"""
+    requests BIGINT NOT NULL DEFAULT 0, prompt_tokens BIGINT NOT NULL DEFAULT 0,
+    cached_tokens BIGINT NOT NULL DEFAULT 0, generated_tokens BIGINT NOT NULL DEFAULT 0,
+    refusals BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (day, who))""",
+),))
 ADD_SQL = ("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, who) DO UPDATE SET "
         "requests = usage.requests + excluded.requests, prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens, "
         "cached_tokens = usage.cached_tokens + excluded.cached_tokens, "
@@ -50,51 +53,45 @@ class Tally:
 
 COLUMNS = tuple(f.name for f in fields(Tally))
 Row = tuple[str, str, Tally]  # (day as YYYY-MM-DD, identity, counts)
+NAMING = Naming("usage database", journal=False)  # the ledger says what it keeps in memory meanwhile
 
 
-class UsageStore:
-    """The SQLite file. Every method may raise sqlite3.Error or OSError: the caller decides
-    (the ledger logs one line and goes on counting in memory)."""
+class UsageTable:
+    """The table on a Database; every method may raise the store's StoreError: the caller
+    decides (the ledger logs one line and goes on counting in memory)."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = private_file(state_dir, FILE_NAME)
-        # One connection, used by the ledger's writer thread after this (check_same_thread off
-        # because it is created on the thread that builds the app).
-        self._db = sqlite3.connect(self.path, timeout=5, check_same_thread=False, isolation_level=None)
-        try:
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute(_SCHEMA)
-            self._db.execute("SELECT count(*) FROM usage").fetchone()  # a corrupt file fails here
-        except BaseException:
-            self._db.close()
-            raise
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.path = db.path
+        db.migrate(USAGE)
 
     def add(self, rows: Iterable[Row]) -> None:
         """Add counts to their days' rows, in one transaction."""
-        with self._transaction():
-            self._db.executemany(ADD_SQL, [(day, who, *astuple(t)) for day, who, t in rows])
+        params = [(day, who, *astuple(t)) for day, who, t in rows]
+
+        def add(tx: Tx) -> None:
+            for p in params:
+                tx.run(ADD_SQL, p)
+        self.db.write(add)
 
     def rows(self, since: str = "") -> list[Row]:
         """Every row from day `since` on (YYYY-MM-DD; "" = all), oldest first."""
-        cur = self._db.execute(f"SELECT day, who, {', '.join(COLUMNS)} FROM usage WHERE day >= ? ORDER BY day, who",
-                               (since,))
-        return [(day, who, Tally(*counts)) for day, who, *counts in cur.fetchall()]
+        got = self.db.read(lambda tx: tx.all(
+            f"SELECT day, who, {', '.join(COLUMNS)} FROM usage WHERE day >= ? ORDER BY day, who", (since,)))
+        return [(day, who, Tally(*(int(x) for x in counts))) for day, who, *counts in got]
 
     def prune(self, before: str) -> int:
         """Forget the days before `before` (YYYY-MM-DD); the rows removed."""
-        with self._transaction():
-            return self._db.execute("DELETE FROM usage WHERE day < ?", (before,)).rowcount
+        return self.db.write(lambda tx: tx.run("DELETE FROM usage WHERE day < ?", (before,)))
 
     def close(self) -> None:
-        self._db.close()
+        self.db.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        # The connection runs in autocommit mode: each batch is one explicit transaction.
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+
+class UsageStore(UsageTable):
+    """usage.sqlite3 in state_dir, this box's alone."""
+
+    def __init__(self, state_dir: Path) -> None:
+        # wal off: the file keeps its rollback journal, as before the store layer (one writer
+        # thread, no reader waiting on it; a file broken under it fails at the next write).
+        super().__init__(SqliteDatabase(state_dir, FILE_NAME, USAGE, NAMING, wal=False))

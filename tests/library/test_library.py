@@ -23,7 +23,7 @@ from appliance.library.cite import question_of, sources, with_sources
 from appliance.library.library import Library, LibraryLimits, fuse
 from appliance.library.passages import html_text, split, terms
 from appliance.library.store import OFFICE, LibraryStore, person_scope
-from appliance.people import db
+from appliance.store import sqlite as db
 
 DIM = 64
 

@@ -152,6 +152,19 @@ def test_only_the_model_package_imports_llama_cpp() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def test_only_the_store_imports_a_database_driver() -> None:
+    # One store layer below everything that keeps rows (issue 48): people, chats, usage and the
+    # library reach sqlite3 and psycopg through appliance.store, which itself sits at the
+    # bottom beside config, errors and statedir.
+    offenders = sorted({f"{name} imports {target}" for name, target in _importers_of(("sqlite3", "psycopg"))
+                        if not _in(name, "appliance.store")})
+    assert not offenders, "\n".join(offenders)
+    below = ("appliance.store", "appliance.config", "appliance.errors", "appliance.statedir")
+    upward = sorted({f"{name} imports {target}" for name, target in _importers_of(("appliance",))
+                     if _in(name, "appliance.store") and not any(_in(target, b) for b in below)})
+    assert not upward, "\n".join(upward)
+
+
 def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """Every function and method with its qualified name (Class.method, outer.inner)."""
     def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

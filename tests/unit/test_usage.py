@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import sqlite3
 import stat
 import threading
 from pathlib import Path
 
 import pytest
 
+from appliance.store.errors import StoreError
 from appliance.usage.ledger import Ledger, local_day, next_midnight
 from appliance.usage.minutes import Minutes, TokenRate, percentile
 from appliance.usage.store import FILE_NAME, Tally, UsageStore
@@ -214,7 +214,7 @@ class Failing:
 
         def failing(store: object, *args: object) -> object:
             if self.on:
-                raise sqlite3.OperationalError("attempt to write a readonly database")
+                raise StoreError("attempt to write a readonly database")
             return real(store, *args)
         monkeypatch.setattr(UsageStore, what, failing)
 

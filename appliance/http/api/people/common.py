@@ -1,5 +1,5 @@
 """What every people route needs: the people of this box (a 404 in open mode), the person
-asking, a JSON body read under the parse gate, and the store's errors as HTTP ones."""
+asking, a JSON body read under the parse gate, and an account's errors as HTTP ones."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from appliance.errors import BadRequest, Conflict, NotFound, QueueFull, Unauthorized, Unavailable
+from appliance.errors import BadRequest, NotFound, QueueFull, Unauthorized, Unavailable
 from appliance.http.guard import Caller, caller_of
 from appliance.http.intake import gated, read_body
 from appliance.http.people import HASH_QUEUE, People
@@ -19,7 +19,6 @@ from appliance.http.state import App
 from appliance.http.validate import parse_json
 from appliance.people.accounts import Account, AccountError, Accounts
 from appliance.people.chats import Chats, storable
-from appliance.people.db import StoreConflict, StoreError
 from appliance.people.passwords import PasswordRejected
 
 T = TypeVar("T")
@@ -71,16 +70,12 @@ def text(data: dict[str, Any], key: str, default: str | None = None, longest: in
 
 
 @contextmanager
-def store_errors() -> Any:
-    """AccountError -> 400 with its words, StoreError -> 503 (chats are not being saved)."""
+def account_errors() -> Any:
+    """AccountError -> 400 with its words (the store's own errors carry their status: 503, 409)."""
     try:
         yield
     except (AccountError, PasswordRejected) as e:
         raise BadRequest(str(e), code="invalid_value") from None
-    except StoreConflict:
-        raise Conflict("that changed meanwhile (two changes at once): try again", code="conflict") from None
-    except StoreError as e:
-        raise Unavailable(f"not saved: the people store cannot be written ({e})", code="store_unavailable") from None
 
 
 async def run_hash(app: App, fn: Callable[..., T], *args: Any) -> T:
@@ -91,7 +86,7 @@ async def run_hash(app: App, fn: Callable[..., T], *args: Any) -> T:
         raise QueueFull("sign-ins are busy right now: try again in a few seconds", retry_after=2, code="signin_busy")
     people.hash_waiting += 1
     try:
-        with store_errors():
+        with account_errors():
             return await asyncio.get_running_loop().run_in_executor(people.hash_pool, partial(fn, *args))
     finally:
         people.hash_waiting -= 1
@@ -99,5 +94,5 @@ async def run_hash(app: App, fn: Callable[..., T], *args: Any) -> T:
 
 async def run(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
     """fn on a worker thread (the store is a file, the hash takes 0.2 s), its errors as HTTP's."""
-    with store_errors():
+    with account_errors():
         return await asyncio.to_thread(fn, *args, **kw)
