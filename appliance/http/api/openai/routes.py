@@ -7,7 +7,7 @@ from functools import partial
 
 from appliance.http.api.openai import chat, completions, embeddings, responses
 from appliance.http.api.openai.response_store import ResponseStore
-from appliance.http.routing import POST, Api, Endpoint
+from appliance.http.routing import POST, Api, Endpoint, Handler
 from appliance.http.wire import openai_error
 
 API = Api("openai", openai_error)
@@ -17,7 +17,7 @@ def routes() -> list[Endpoint]:
     store = ResponseStore()  # previous_response_id -> the conversation, per caller
     # Each also without /v1 (the same handler) for clients configured for llama-server;
     # /completions without /v1 is llama-server's native format, as it routes it (api/llama).
-    both = [("/chat/completions", chat.chat), ("/chat/completions/input_tokens", chat.input_tokens),
+    both: list[tuple[str, Handler]] = [("/chat/completions", chat.chat), ("/chat/completions/input_tokens", chat.input_tokens),
             ("/responses", partial(responses.create, store)),
             ("/responses/input_tokens", partial(responses.input_tokens, store))]
     return [
