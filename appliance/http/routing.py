@@ -8,7 +8,7 @@ endpoint is one line in its API's folder, and a route cannot be left out of a ta
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -72,7 +72,7 @@ class Rule:
 class Endpoint:
     """A route as its API folder declares it, before app.py binds it to the App."""
     path: str
-    handler: Handler = field(compare=False)
+    handler: Handler
     methods: tuple[str, ...] | None
     rule: Rule
 
