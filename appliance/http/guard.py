@@ -7,6 +7,10 @@ an API key on the API when keys are on (401); operator routes (/metrics, /debug/
 /admin) only from this machine or with an admin key (403); the per-client request rate (429). Every
 response carries the page's security headers. The caller's identity is left in
 `scope["state"]["caller"]` for the routes.
+
+What a path needs is what its route declares (routing.Rule: access, body, rate limit, and the
+API whose error shape a refusal takes), read from the routes of the Starlette app the guard
+sits in: the guard holds no table of paths.
 """
 
 from __future__ import annotations
@@ -18,16 +22,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from appliance.errors import ApplianceError, Forbidden, MisdirectedRequest, QueueFull, Unauthorized, UnsupportedMediaType
 from appliance.http.identity import Network, client_identity, is_trusted
 from appliance.http.keys import Key, KeyRing, bearer
 from appliance.http.people import CHANGES, People, csrf_ok
+from appliance.http.routing import Access, Body, Rule, rule_for
 from appliance.http.throttle import RateLimiter
-from appliance.http.wire import ANTHROPIC_PATHS, anthropic_body
 from appliance.people.accounts import Account, Session
 
 SECURITY_HEADERS = {
@@ -35,21 +41,9 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-ADMIN_PATHS = ("/metrics", "/debug/", "/admin")
-# What needs a key when keys are on (and counts against the rate limit): the OpenAI and
-# Ollama APIs, llama-server's routes, and the OpenAI paths without /v1 (issue 28).
-API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/completion", "/chat/", "/models", "/responses",
-             "/props", "/slots")
-# Uploads whose body is a file, not JSON: a browser may send the file's own type, never one of
-# the "simple" types a cross-site form can send without a preflight.
-UPLOAD_PATHS = ("/v1/documents/", "/v1/library", "/admin/library")
+# What a browser may not send to a JSON route: the "simple" types a cross-site form sends
+# without a preflight (an upload may carry its file's type, never one of these).
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""})
-# Routes that make a new session (their Origin and JSON checks still apply): no CSRF token yet.
-FRESH_SESSION_PATHS = ("/auth/signin", "/auth/invite")
-# A share link asked for signed out is a 404 like a revoked one (the route's), not a 401 that
-# says there is something behind the sign-in.
-SHARED_PATHS = ("/v1/shared",)
-OLLAMA_PATHS = "/api/"  # where errors take Ollama's shape, {"error": "message"}
 _DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -223,10 +217,11 @@ class Guard:
         account, session = await self.policy.people.resolve(
             headers, None if key else token, is_trusted(peer, self.policy.trusted_proxies)) \
             if self.policy.people is not None else (None, None)
+        rule = rule_for(self._routes(scope), scope)
         try:
-            caller = self._check(scope, headers, origin, cors, Caller("", key, None, account, session))
+            caller = self._check(scope, headers, origin, cors, rule, Caller("", key, None, account, session))
         except ApplianceError as err:
-            await self._refuse(err, scope, receive, send, origin if cors else None)
+            await self._refuse(err, rule, scope, receive, send, origin if cors else None)
             return
         if cors and scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             await self._preflight(scope, receive, send, origin or "")
@@ -234,13 +229,31 @@ class Guard:
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, _with_headers(send, origin if cors else None))
 
-    def _check(self, scope: Scope, headers: Headers, origin: str | None, cors: bool, who: Caller) -> Caller:
+    @staticmethod
+    def _routes(scope: Scope) -> list[BaseRoute]:
+        # The routes of the Starlette app the guard is a middleware of (it sets scope["app"]).
+        app = scope.get("app")
+        assert isinstance(app, Starlette), "the Guard runs as a middleware of the Starlette app"
+        return app.routes
+
+    def _check(self, scope: Scope, headers: Headers, origin: str | None, cors: bool, rule: Rule,
+               who: Caller) -> Caller:
         p = self.policy
         peer = scope["client"][0] if scope.get("client") else ""
         proxied = is_trusted(peer, p.trusted_proxies)
+        self._check_site(scope, headers, origin, cors, rule, proxied)
+        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), who.key,
+                        forwarded_person(headers) if proxied and who.account is None else None, who.account, who.session)
+        self._check_caller(scope, headers, cors, rule, caller)
+        return caller
+
+    def _check_site(self, scope: Scope, headers: Headers, origin: str | None, cors: bool, rule: Rule,
+                    proxied: bool) -> None:
+        """The request is for this machine, from its own page (or an allowed origin), in a body
+        a cross-site form cannot send."""
         host_header = (headers.get("x-forwarded-host") if proxied else None) or headers.get("host", "")
         host, _ = split_host(host_header.split(",")[0])
-        if not host_allowed(host, p):
+        if not host_allowed(host, self.policy):
             raise self._no("bad_host", MisdirectedRequest(
                 "this server does not answer for that host name; an operator can add it to allowed_hosts",
                 code="host_not_allowed"))
@@ -250,37 +263,37 @@ class Guard:
                 raise self._no("bad_origin", Forbidden(
                     "cross-site requests are refused; an operator can add the origin to allowed_origins",
                     code="origin_not_allowed"))
-        method, path = scope["method"], scope["path"]
-        if origin is not None and method in ("POST", "PUT", "PATCH"):
+        if origin is not None and scope["method"] in ("POST", "PUT", "PATCH"):
             mime = headers.get("content-type", "").split(";")[0].strip().lower()
-            upload = path.startswith(UPLOAD_PATHS)
+            upload = rule.body is Body.UPLOAD
             if (mime in SIMPLE_TYPES) if upload else mime != "application/json":
                 want = "the file's own type (e.g. application/pdf), not a form's" if upload else "application/json"
                 raise self._no("bad_content_type", UnsupportedMediaType(
                     f"a request from a web page must send Content-Type: {want}", code="unsupported_media_type"))
-        caller = Caller(client_identity(peer, headers.get("x-forwarded-for"), p.trusted_proxies), who.key,
-                        forwarded_person(headers) if proxied and who.account is None else None, who.account, who.session)
+
+    def _check_caller(self, scope: Scope, headers: Headers, cors: bool, rule: Rule, caller: Caller) -> None:
+        """The caller may call this route (its key, its session's CSRF token, admin) at this rate."""
+        p, method = self.policy, scope["method"]
+        keyed = rule.access is Access.API or (rule.access is Access.SHARED and not p.people)
         preflight = method == "OPTIONS" and cors
-        if (p.keys.enabled or p.people) and path.startswith(API_PATHS) and caller.key is None \
-                and caller.account is None and not preflight and not (p.people and path.startswith(SHARED_PATHS)):
+        if (p.keys.enabled or p.people) and keyed and caller.key is None and caller.account is None and not preflight:
             raise self._no("no_key", Unauthorized(
                 "sign in first, or send `Authorization: Bearer KEY` (a key from your settings page)" if p.people
                 else "an API key is needed: send `Authorization: Bearer KEY`", code="invalid_api_key"))
-        if caller.session is not None and method in CHANGES and not path.startswith(FRESH_SESSION_PATHS) \
+        if caller.session is not None and method in CHANGES and not rule.fresh_session \
                 and not csrf_ok(caller.session, headers):
             raise self._no("csrf", Forbidden(
                 "this change needs the page's X-CSRF-Token (reload the page)", code="csrf_token"))
-        if path.startswith(ADMIN_PATHS) and not (caller.local or caller.admin):
+        if rule.access is Access.ADMIN and not (caller.local or caller.admin):
             raise self._no("admin_only", Forbidden(
                 "only from this machine, or with an admin API key", code="admin_only"))
-        if method in CHANGES and path.startswith(API_PATHS):  # a chat's PUT too, not only POSTs
+        if method in CHANGES and rule.limited:  # a chat's PUT too, not only POSTs
             wait = self.rate.check(caller.client)
             if wait is not None:
                 err = QueueFull(f"too many requests: at most {p.rate_limit_per_s:g} per second per client",
                                 retry_after=wait, code="rate_limited")
                 self.on_limited(caller, err)
                 raise self._no("rate_limited", err)
-        return caller
 
     @staticmethod
     def _token(headers: Headers) -> str:
@@ -291,14 +304,12 @@ class Guard:
         self.on_refuse(reason)
         return err
 
-    async def _refuse(self, err: ApplianceError, scope: Scope, receive: Receive, send: Send, origin: str | None) -> None:
-        headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
+    async def _refuse(self, err: ApplianceError, rule: Rule, scope: Scope, receive: Receive, send: Send,
+                      origin: str | None) -> None:
+        response = rule.api.error(err)  # in the shape of the API the route speaks
         if isinstance(err, Unauthorized):
-            headers["WWW-Authenticate"] = "Bearer"
-        path = scope["path"]
-        body = {"error": err.message} if path.startswith(OLLAMA_PATHS) else \
-            anthropic_body(err) if path.startswith(ANTHROPIC_PATHS) else err.body()
-        await JSONResponse(body, status_code=err.status, headers=headers)(scope, receive, _with_headers(send, origin))
+            response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, _with_headers(send, origin))
 
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
         response = Response(status_code=204, headers={

@@ -61,7 +61,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                     503: "overloaded_error"}
-ANTHROPIC_PATHS = "/v1/messages"  # where errors take Anthropic's shape (the guard's refusals too)
 
 
 def anthropic_body(err: ApplianceError) -> dict[str, Any]:

@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from appliance.http.api.ollama.routes import API as OLLAMA
 from appliance.http.guard import Guard, GuardPolicy, caller_of, host_allowed, machine_names, same_origin, split_host
 from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing
+from appliance.http.routing import Access, Api, DeclaredRoute, Rule
+from appliance.http.wire import openai_error
 
 USER_KEY, ADMIN_KEY = "user-key-" + "u" * 24, "admin-key-" + "a" * 24
 
@@ -27,9 +30,13 @@ def whoami(request: Request) -> Response:
     return JSONResponse({"client": c.client, "address": c.address, "admin": c.admin, "namespace": c.namespace})
 
 
-APP = Starlette(routes=[Route(p, whoami, methods=["GET", "POST", "DELETE"])
-                        for p in ("/", "/health", "/v1/x", "/metrics", "/debug/steps", "/api/chat",
-                                  "/tokenize", "/detokenize", "/infill")])
+OPENAI = Api("openai", openai_error)
+# What each path of the tiny app declares, as the real routes do (api/*/routes.py).
+RULES = {"/": Rule(OPENAI, Access.OPEN), "/health": Rule(OPENAI, Access.OPEN),
+         "/v1/x": Rule(OPENAI, Access.API, limited=True), "/api/chat": Rule(OLLAMA, Access.API, limited=True),
+         "/metrics": Rule(OPENAI, Access.ADMIN), "/debug/steps": Rule(OPENAI, Access.ADMIN),
+         **{p: Rule(OPENAI, Access.API, limited=True) for p in ("/tokenize", "/detokenize", "/infill")}}
+ROUTES = [DeclaredRoute(p, whoami, methods=["GET", "POST", "DELETE"], rule=rule) for p, rule in RULES.items()]
 
 
 @contextmanager
@@ -39,7 +46,8 @@ def guarded(address: str = "192.168.1.20", refusals: list[str] | None = None, cl
     proxies = parse_networks(policy.pop("trusted_proxies", ()))
     p = GuardPolicy.build(keys, proxies, **policy)
     kw = {"clock": clock} if clock else {}
-    app = Guard(APP, p, on_refuse=(refusals if refusals is not None else []).append, **kw)
+    app = Starlette(routes=ROUTES, middleware=[
+        Middleware(Guard, policy=p, on_refuse=(refusals if refusals is not None else []).append, **kw)])
     with TestClient(app, base_url="http://192.168.1.5:8080", client=(address, 4000)) as c:
         yield c
 

@@ -232,3 +232,19 @@ def test_only_the_prompt_builder_searches_the_library() -> None:
     # The check itself: the wrapper retrieval replaced (http/sources.py) is seen, a regex's search is not.
     assert _calls_library_search(ast.parse("async def consult(app):\n    return await library_of(app).search(s, q)"))
     assert not _calls_library_search(ast.parse("_QUANT.search(model_id)"))
+
+
+def test_the_guard_holds_no_path_table() -> None:
+    # What a path needs is declared by its route (http/routing.py) and read by the guard: a
+    # module-level path, or tuple/list/set of paths, in guard.py is a table beside the routes.
+    def is_path(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/")
+
+    offenders = []
+    for node in TREES["appliance.http.guard"].body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            value = node.value
+            items = value.elts if isinstance(value, (ast.Tuple, ast.List, ast.Set)) else [value]
+            if any(is_path(item) for item in items):
+                offenders.append(f"guard.py:{node.lineno} {ast.unparse(node)[:60]}")
+    assert not offenders, "\n".join(offenders)

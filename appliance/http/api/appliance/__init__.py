@@ -1,1 +1,1 @@
-"""The appliance's own routes: health, metrics, models, sessions, the page, admin, documents."""
+"""The appliance's own routes: health, metrics, models, sessions, the page, admin, documents, the library."""

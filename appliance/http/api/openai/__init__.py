@@ -1,1 +1,2 @@
-"""OpenAI's API: chat completions, completions and the Responses API."""
+"""OpenAI's API: chat completions, completions, the Responses API and embeddings (routes.py
+lists them with what each declares)."""
