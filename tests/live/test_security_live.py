@@ -265,7 +265,9 @@ def test_cross_site_and_rebinding_guards(keyed: tuple[Live, Path]) -> None:
 # -- rate limit -----------------------------------------------------------------------------------------
 def test_rate_limit_with_and_without_a_trusted_proxy(bundled_model: Path, tmp_path: Path) -> None:
     live = start(bundled_model, tmp_path, "--slots", "1", "--ctx-per-slot", "256", "--kv-tokens", "1024",
-                 "--rate-limit-per-s", "0.2", "--trusted-proxies", "127.0.0.1")
+                 # One request per 1,000 s: the bucket cannot refill between two requests however
+                 # slowly a loaded machine answers the first (at 0.2/s, a 6.6 s answer refilled it).
+                 "--rate-limit-per-s", "0.001", "--trusted-proxies", "127.0.0.1")
     try:
         live.wait_ready()
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
