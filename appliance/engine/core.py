@@ -52,7 +52,8 @@ class EngineCore(Postprocess):
         self.threads = cores.threads if cores else 0
         self.budget = KVBudget(limits.kv_tokens)  # the scheduler reserves, the KV side pins (kv/budget.py)
         self.sched = Scheduler(limits, clock, self.budget)
-        self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all, policy.park_bytes)
+        self.cache = SessionCache(range(policy.n_seq), clock, policy.ttl_s, policy.share_all,
+                                  policy.park_bytes)
         self.kv = KVStore(model, self.cache, policy, self.budget, self.sched, clock)
         self.sched.shares = self.kv.expected_share  # a pinned prefix's cells counted once at admission
         self.stats = Stats()
@@ -99,8 +100,10 @@ class EngineCore(Postprocess):
         n = self.kv.policy.common_prompts
         if n and not self.kv.policy.share_all:  # sharing everything already shares these
             first = self._next_public_id
-            policy = CommonsPolicy(max_public=n, max_front_tokens=self.limits.ctx_limit + self.limits.tools_tokens)
-            self.kv.commons = Commons(policy, range(first, first + n), self.model, self.cache, self.budget, self.sched,
+            front = self.limits.ctx_limit + self.limits.tools_tokens
+            policy = CommonsPolicy(max_public=n, max_front_tokens=front)
+            self.kv.commons = Commons(policy, range(first, first + n), self.model, self.cache, self.budget,
+                                      self.sched,
                                       self.clock)
 
     # -- commands ------------------------------------------------------------------------
@@ -155,7 +158,8 @@ class EngineCore(Postprocess):
         rows = self.limits.batch_tokens if len(parts) == 1 else FA_TILE_ROWS - 1
         start, admitted = t0, t1
         for part in parts:
-            batch = build(part, self.spec_budget, max(rows, part.n_tokens), self.ctx_cap, self.budget.total - self.budget.pinned)
+            batch = build(part, self.spec_budget, max(rows, part.n_tokens), self.ctx_cap,
+                          self.budget.total - self.budget.pinned)
             built = time.perf_counter()
             ok = self._decode(batch, part)
             decoded = time.perf_counter()
@@ -173,7 +177,8 @@ class EngineCore(Postprocess):
             return
         n = self.cores.update()
         if n != self.threads:
-            log.info("%d llama.cpp threads: others used %.2f of our %d cores", n, self.cores.others, self.cores.n_cpus)
+            log.info("%d llama.cpp threads: others used %.2f of our %d cores",
+                     n, self.cores.others, self.cores.n_cpus)
             self.model.set_threads(n)
             self.threads = n
 
@@ -194,7 +199,8 @@ class EngineCore(Postprocess):
                 self.kv.attach(turn)
                 turn.sampler = self.model.new_sampler(turn.params)
                 turn.text = TextStream(turn.params.stop)
-                turn.guard = repeat.CallGuard(frozenset(turn.params.answered)) if turn.params.answered else None
+                answered = turn.params.answered
+                turn.guard = repeat.CallGuard(frozenset(answered)) if answered else None
                 turn.drafts = self._new_drafts(turn)
                 if turn.progress is Report.EVERY:  # where its reading starts: what the cache held
                     self.events.append((turn.sink, turn.reading))
@@ -284,7 +290,8 @@ class EngineCore(Postprocess):
         handed out is never changed afterwards: a new one replaces it."""
         entries = self.cache.entries
         if self._sessions[0] != entries.version:
-            view = {s: SessionView(e.state, e.n_tokens, len(e.parked) if e.parked is not None else 0, e.last_used)
+            view = {s: SessionView(e.state, e.n_tokens, len(e.parked) if e.parked is not None else 0,
+                                   e.last_used)
                     for s, e in entries.items()}
             self._sessions = (entries.version, MappingProxyType(view), self.cache.parked_bytes)
         return self._sessions[1], self._sessions[2]

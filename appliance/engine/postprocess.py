@@ -94,7 +94,8 @@ class Postprocess:
         """What one turn's own parameters make fail (a grammar that allows no token here,
         the numerics of an odd temperature) ends that turn with an error, not the engine."""
         log.error("request %d: sampling failed: %s", t.rid, e)
-        self._finish(t, "error", e if isinstance(e, ApplianceError) else EngineFailure(f"sampling failed: {e}"))
+        err = e if isinstance(e, ApplianceError) else EngineFailure(f"sampling failed: {e}")
+        self._finish(t, "error", err)
 
     def _verify(self, t: Turn, row: int, draft: list[int], now: float) -> None:
         """Keep the drafts the model agrees with plus one token of its own; the rejected
@@ -124,7 +125,8 @@ class Postprocess:
             return None
         lp, top = self.model.logprobs(row, token, k)
         piece = self.model.tokenizer.piece
-        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top], token, tuple(x for x, _ in top))
+        return TokenLogprob(piece(token), lp, [(piece(x), v) for x, v in top], token,
+                            tuple(x for x, _ in top))
 
     def _accept(self, t: Turn, token: int, now: float, lp: TokenLogprob | None = None) -> bool:
         """Take one sampled token; False once the turn has finished."""
@@ -154,7 +156,8 @@ class Postprocess:
         elif (len(t.output) >= t.params.max_tokens
               # prompt + output, not n_cached: a verified run advances n_cached by all its
               # accepted drafts before their tokens are taken one by one here.
-              or t.n_prompt + len(t.output) >= min(self.ctx_cap + t.allowance, self.budget.total - self.budget.pinned + t.shared)
+              or t.n_prompt + len(t.output) >= min(self.ctx_cap + t.allowance,
+                                                   self.budget.total - self.budget.pinned + t.shared)
               or now - t.arrival > self.request_timeout_s):
             self._finish(t, "length")
         return t.state is not State.FINISHED
@@ -202,7 +205,8 @@ class Postprocess:
         if error is None or keep:
             held = t.guard.release() if t.guard is not None else []  # an opening held (repeat.py): text
             tail = "".join(t.text.push(p) for p in held) + t.text.flush() if t.text is not None else ""
-            if tail or t.logprobs or t.n_sent < len(t.output):  # held-back text, or tokens a stop string swallowed
+            # Held-back text, or tokens a stop string swallowed.
+            if tail or t.logprobs or t.n_sent < len(t.output):
                 self.events.append((t.sink, Delta(tail, t.logprobs, t.unsent())))
                 t.logprobs = []
         if error is not None:

@@ -82,7 +82,8 @@ class Scheduler:
         people = [t for t in self.waiting if not t.background]
         if len(people) == len(self.waiting):
             return fair(people, self.running, now)
-        return fair(people, self.running, now) + fair([t for t in self.waiting if t.background], self.running, now)
+        background = [t for t in self.waiting if t.background]
+        return fair(people, self.running, now) + fair(background, self.running, now)
 
     def admit(self) -> list[Turn]:
         """Move waiting sequences into free slots, in admission order (`order`), while the
