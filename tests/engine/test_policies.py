@@ -8,12 +8,12 @@ from itertools import count
 
 from helpers.fakes import FakeClock
 
+from appliance.engine.events import Report
 from appliance.engine.plan import Limits, Step
 from appliance.engine.policy.admission import Window
 from appliance.engine.policy.chunking import Chunking
 from appliance.engine.policy.fairness import Fairness
 from appliance.engine.policy.lanes import BACKGROUND_ALONE_ROWS, Lanes
-from appliance.engine.events import Report
 from appliance.engine.turn import Lane, State, Turn
 from appliance.sampling import SamplingParams
 
