@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from appliance.engine.scheduler import Step
+from appliance.engine.plan import Step
 from appliance.engine.spec import ROW_TILE, allocate, fit_tile, step_budget
 from appliance.engine.turn import Turn
 

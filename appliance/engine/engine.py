@@ -13,16 +13,17 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from itertools import count
 from typing import Any
 
 from appliance.engine.core import EngineCore, Events
-from appliance.engine.events import End, Event, Report
+from appliance.engine.events import Event, Report
 from appliance.engine.faults import Fault, inject
-from appliance.engine.inbox import Cancel, DeleteSession, Inbox
+from appliance.engine.handle import Handle
+from appliance.engine.inbox import DeleteSession, Inbox
 from appliance.engine.kv.cache import SAVED
 from appliance.engine.kv.store import CachePolicy
 from appliance.engine.model_api import Model
@@ -37,6 +38,7 @@ from appliance.model.prompt import ChatTemplate, Prompt, Tokenize, public_prefix
 from appliance.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+__all__ = ["Engine", "EngineOptions", "EngineState", "Handle"]  # Handle lives in handle.py
 
 
 class EngineState(Enum):
@@ -45,52 +47,6 @@ class EngineState(Enum):
     DRAINING = "draining"
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-class Handle:
-    """The HTTP side of one request: an async stream of Delta, then Done or Failed (with
-    Progress before the first Delta if submitted with progress=True); its place in the
-    queue, read from the published snapshot; and a cancel. It holds the request's id and
-    its event queue, never the engine's Turn."""
-
-    def __init__(self, rid: int, queue: asyncio.Queue[Event], inbox: Inbox, snapshot: Callable[[], Snapshot],
-                 lane: Lane = Lane.PEOPLE) -> None:
-        self.lane = lane  # a background request's queue note says it waits behind people
-        self.rid = rid
-        self._queue = queue  # the engine's events, put on the loop thread (Engine._emit)
-        self._inbox = inbox
-        self._snapshot = snapshot
-        self._ended = False  # saw Done or Failed: nothing left to cancel
-
-    async def _get(self) -> Event:
-        ev = await self._queue.get()
-        if isinstance(ev, End):
-            self._ended = True
-        return ev
-
-    async def events(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await self._get()
-            yield ev
-            if isinstance(ev, End):
-                return
-
-    async def next(self, timeout: float) -> Event | None:
-        """The next event, or None after `timeout` seconds (cancelling a queue get is safe)."""
-        try:
-            return await asyncio.wait_for(self._get(), timeout)
-        except TimeoutError:
-            return None
-
-    @property
-    def position(self) -> int:
-        """1-based place in the queue, 0 once running (from the last snapshot)."""
-        return self._snapshot().position(self.rid)
-
-    def cancel(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._inbox.put(Cancel(self.rid))
 
 
 def _nothing() -> None:
@@ -235,8 +191,9 @@ class Engine:
         # The turn goes to the engine thread through the inbox; the handle keeps only its id.
         turn = Turn(rid=rid, prompt=p.tokens, params=params, arrival=self._clock(), sink=queue.put_nowait,
                     client=client, session=session or f"{self._anon}{rid}", public_len=p.public_len,
-                    system_len=p.system_len, allowance=p.allowance, front_end=front_end, block_public=p.block_public,
-                    named=named and bool(session), progress=Report(int(progress)), lane=lane)
+                    system_len=p.system_len, allowance=p.allowance, front_end=front_end,
+                    block_public=p.block_public, named=named and bool(session),
+                    progress=Report(int(progress)), lane=lane)
         self._inbox.submit(turn)  # a refusal (QueueFull) is counted where every refusal is: http/
         return Handle(rid, queue, self._inbox, lambda: self.snapshot, lane)
 
@@ -247,8 +204,9 @@ class Engine:
         view: SessionView | None = snap.sessions.get(session) or snap.sessions.get(SAVED + saved_key(session))
         if view is None:
             return None
+        idle_s = round(max(0.0, snap.taken_at - view.last_used), 3)
         return {"id": session, "state": view.state, "cached_tokens": view.cached_tokens,
-                "parked_bytes": view.parked_bytes, "idle_s": round(max(0.0, snap.taken_at - view.last_used), 3)}
+                "parked_bytes": view.parked_bytes, "idle_s": idle_s}
 
     async def delete_session(self, session: str) -> bool:
         """Forget a session's cache, including what its turns in flight would leave; the
@@ -280,7 +238,8 @@ class Engine:
         self.core = core
         core.publish = lambda: setattr(self, "snapshot", core.snapshot())
         # Only when the step's end is forecast: a field of the last picture, not a new one.
-        core.publish_step_end = lambda ends: setattr(self, "snapshot", dataclasses.replace(self.snapshot, step_ends=ends))
+        core.publish_step_end = lambda ends: setattr(
+            self, "snapshot", dataclasses.replace(self.snapshot, step_ends=ends))
         # llama-server's form, b<build>-<hash>: one value per server, another whenever the
         # model, llama.cpp or the KV type changes (what may change an answer for a seed).
         digest = hashlib.sha256(core.model.fingerprint.encode()).hexdigest()[:8]
@@ -303,9 +262,9 @@ class Engine:
         else:
             # A stop with answers still running (past the drain's grace): each ends with the
             # documented error event, keeping its conversation for the next start.
-            self._shut(core, Unavailable("the server is restarting: this answer was cut short; ask again in a "
-                                         "moment and the conversation continues", code="shutting_down",
-                                         retry_after=10), keep=True)
+            cut = Unavailable("the server is restarting: this answer was cut short; ask again in a "
+                              "moment and the conversation continues", code="shutting_down", retry_after=10)
+            self._shut(core, cut, keep=True)
             core.kv.save_sessions()
             self.state = EngineState.STOPPED
         finally:
@@ -349,7 +308,8 @@ class Engine:
                 closes = core.sched.window_open_until()
                 # Idle waits are short enough to never look like a stall.
                 waited = time.perf_counter()
-                self._inbox.wait(min(max(0.0, closes - self._clock()) if closes is not None else 1.0, stall_s / 4))
+                until = max(0.0, closes - self._clock()) if closes is not None else 1.0
+                self._inbox.wait(min(until, stall_s / 4))
                 core.stats.seconds["idle"] += time.perf_counter() - waited
 
     def _shut(self, core: EngineCore, error: ApplianceError, keep: bool = False) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from appliance.engine.scheduler import Step
+from appliance.engine.plan import Step
 from appliance.engine.snapshot import Snapshot
 
 # Recent calls weigh most: a call's weight halves after ~14 more calls (a few seconds of

@@ -1,5 +1,7 @@
 """What the engine thread publishes for everyone else to read: an immutable picture of the
-slots, queue, sessions and counters, replaced whole after every loop iteration.
+slots, queue, sessions and counters, replaced whole after every loop iteration (its
+sessions view is the same mapping from one picture to the next while no session changes:
+EngineCore._sessions_view).
 
 /health, /metrics, GET /v1/sessions/{id} and the `: queued N` notes only render it, so no
 reader ever touches state the engine thread is changing. Stats are the running counts

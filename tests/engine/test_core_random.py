@@ -75,6 +75,12 @@ def invariants(c: Core, model: FlakyModel, turns: list[Turn]) -> list[str]:
     if core.sched.reserved != sum(t.reserved for t in core.sched.running) or any(
             t.reserved < t.kv_reserve(core.limits.ctx_limit) for t in core.sched.running):
         bad.append("reservations")
+    # The snapshot's sessions view is rebuilt only when the table's version moves: never stale.
+    snap = core.snapshot()
+    fresh = {s: (e.state, e.n_tokens, len(e.parked or b""), e.last_used) for s, e in cache.entries.items()}
+    shown = {s: (v.state, v.cached_tokens, v.parked_bytes, v.last_used) for s, v in snap.sessions.items()}
+    if shown != fresh or snap.parked_bytes != cache.parked_bytes:
+        bad.append("a stale sessions view in the snapshot")
     return bad
 
 

@@ -538,7 +538,7 @@ def test_the_rotation_forgets_clients_with_nothing_left() -> None:
         assert s.admit() == [t]
         s.release(t)
     s.admit()
-    assert len(s._last_admitted) <= 1
+    assert len(s.fairness.last_admitted) <= 1
 
 
 def test_window_still_starts_at_the_first_arrival_when_the_queue_is_reordered() -> None:

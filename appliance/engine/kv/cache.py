@@ -73,16 +73,25 @@ SAVED = "saved:"  # prefix of the key a session saved by the last run waits unde
 class SessionTable(UserDict[str, Entry]):
     """Entries by session id. A session saved by the last run is known only by the digest
     of its id, so it waits under SAVED + digest until the first lookup by its id (`in`,
-    `get`, `[]`, `pop`) claims it and files it under the id."""
+    `get`, `[]`, `pop`) claims it and files it under the id.
+
+    `version` grows whenever what a snapshot shows of the sessions may have changed: an
+    entry added, removed or renamed here, or changed by a SessionCache method (`changed`).
+    The engine rebuilds its sessions view only then, not every loop iteration."""
 
     def __init__(self) -> None:
+        self.version = 0
         super().__init__()
         self.unclaimed = 0  # entries under SAVED keys (an upper bound: skips hashing when 0)
+
+    def changed(self) -> None:
+        self.version += 1
 
     def add_saved(self, entry: Entry) -> None:
         assert entry.session.startswith(SAVED) and entry.session not in self.data
         self.data[entry.session] = entry
         self.unclaimed += 1
+        self.version += 1
 
     @staticmethod
     def key_of(session: str) -> str:
@@ -97,6 +106,7 @@ class SessionTable(UserDict[str, Entry]):
             self.unclaimed -= 1
             e.session = session
             self.data[session] = e
+            self.version += 1
         return e
 
     def __contains__(self, key: object) -> bool:
@@ -108,8 +118,13 @@ class SessionTable(UserDict[str, Entry]):
             raise KeyError(key)
         return e
 
+    def __setitem__(self, key: str, entry: Entry) -> None:
+        self.data[key] = entry
+        self.version += 1
+
     def __delitem__(self, key: str) -> None:
         del self.data[key]
+        self.version += 1
         if key.startswith(SAVED):
             self.unclaimed -= 1
 
@@ -204,6 +219,7 @@ class SessionCache:
             self.entries[session] = entry
         entry.busy = True
         entry.last_used = self.clock()
+        self.entries.changed()
 
     def alloc_id(self) -> int | None:
         return self.free_ids.pop() if self.free_ids else None
@@ -277,6 +293,7 @@ class SessionCache:
         """Take e out of the KV cache; keep its state in RAM when given and the budget allows."""
         self.release_id(e.seq_id)
         e.seq_id = -1
+        self.entries.changed()
         self.events.evicted += 1
         if parked is not None and len(parked) <= self.park_budget:
             e.parked = parked
@@ -289,9 +306,11 @@ class SessionCache:
         """A restore has e's parked state in hand: e stops counting against the parking
         budget, so fitting the budget while room is made for it cannot drop it."""
         e.parked = None
+        self.entries.changed()
 
     def restored(self, e: Entry, seq_id: int) -> None:
         e.parked, e.disk, e.seq_id = None, None, seq_id
+        self.entries.changed()
 
     def set_park_budget(self, budget: int) -> int:
         """A new RAM budget for parked sessions; the least recently used ones beyond it are

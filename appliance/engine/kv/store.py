@@ -6,22 +6,25 @@ prompt), and what gives way when the cache is full. Engine thread only.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
-from appliance.cpu import Memory, trim_heap
-from appliance.engine.kv import persist
+from appliance.engine.kv import followers, persist, saving
 from appliance.engine.kv.budget import InFlight, KVBudget
-from appliance.engine.kv.cache import SAVED, Entry, SessionCache, SessionTable
+from appliance.engine.kv.cache import Entry, SessionCache
 from appliance.engine.kv.commons import Commons
+from appliance.engine.kv.parking import IDLE_PARK_AFTER_S, PARK_RESERVE_MIN, MemoryFit, park_budget
+from appliance.engine.kv.policy import CachePolicy
+from appliance.engine.kv.saving import discard
 from appliance.engine.names import log_name
-from appliance.engine.turn import State, Turn
+from appliance.engine.turn import Turn
 from appliance.errors import EngineFailure, KVCacheFull
 from appliance.model.prompt import common_prefix
 
+# CachePolicy, park_budget and the parking constants live in policy.py and parking.py;
+# ops/serve.py and the tests import them from here too.
+__all__ = ["IDLE_PARK_AFTER_S", "PARK_RESERVE_MIN", "CachePolicy", "KVStore", "ReuseStats", "park_budget"]
 log = logging.getLogger(__name__)
 
 
@@ -34,54 +37,6 @@ class SequenceOps(Protocol):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
     def seq_state(self, seq_id: int) -> bytes: ...
     def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CachePolicy:
-    n_seq: int  # llama.cpp sequence ids: `slots` for running requests, the rest hold idle sessions
-    ttl_s: float = 1800.0
-    share_all: bool = False  # False: across clients, reuse only public prefixes
-    park_bytes: int = 0  # RAM for sessions evicted from the KV cache, at most; 0 = no parking
-    restore_min_tokens: int = 0  # shorter parked histories are cheaper to recompute
-    min_shared: int = 8  # shortest prefix worth sharing between sequences
-    state_dir: str = ""  # where sessions survive a restart; "" = they do not
-    state_max_bytes: int = 1 << 30
-    save_timeout_s: float = 15.0  # at shutdown, the most recent sessions saved within this
-    idle_kv_tokens: int = 0  # idle sessions' KV cells beyond this are parked (when parking is on); 0 = no limit
-    common_prompts: int = 0  # system prompts that may become public once common (kv/commons.py); 0 = off
-    # Free memory and pressure, read once a second: parking gives memory back before the
-    # kernel runs out (park_budget below). None: the budget stays park_bytes.
-    memory: Callable[[], Memory] | None = None
-
-
-# A conversation idle for less than this is more likely a user reading the answer and
-# typing the next turn than one that is over: parking it now would cost a park and a
-# restore (~20 ms of the engine thread each, a pause for every stream) to save a few
-# seconds of idle cells (~1% of a step per 500 cells). Past it, parking pays.
-IDLE_PARK_AFTER_S = 5.0
-
-# Parked sessions are the one use of memory the engine can give back (the KV cache and the
-# weights are fixed at start-up). They leave a reserve free for the rest of the machine: a
-# tenth of the memory, at least 64 MiB (a 1 GiB board keeps ~100 MiB, which its kernel,
-# sshd and journald need; 8 GiB keeps ~800 MiB for the page cache).
-PARK_RESERVE_MIN = 64 << 20
-# PSI "some avg10" (% of the last 10 s in which a task waited for memory) at which the
-# kernel is already reclaiming hard: parked sessions are halved, at most every
-# PRESSURE_HOLD_S since avg10 trails the relief by about that long.
-PRESSURE_PCT = 10.0
-PRESSURE_HOLD_S = 10.0
-
-
-def park_budget(ceiling: int, parked: int, mem: Memory, pressed: bool) -> int:
-    """What parked sessions may hold now: at most `ceiling`; growing by at most half of
-    what is free beyond the reserve, shrinking by the shortfall when less than the reserve
-    is free; halved when `pressed` (memory pressure)."""
-    reserve = max(PARK_RESERVE_MIN, mem.total // 10)
-    spare = mem.available - reserve
-    budget = parked + (spare // 2 if spare > 0 else spare)
-    if pressed:
-        budget = min(budget, parked // 2)
-    return max(0, min(ceiling, budget))
 
 
 @dataclass(slots=True)
@@ -105,7 +60,7 @@ class KVStore:
         self.stats = ReuseStats()
         self.commons: Commons | None = None  # set by the core once the preset ids are known
         self._next_ttl_check = 0.0
-        self._next_pressure_cut = 0.0
+        self.memory = MemoryFit(policy, cache)
 
     def evict_lru(self) -> bool:
         """Make room after a "KV cache full" decode; False when nothing idle is left."""
@@ -137,7 +92,7 @@ class KVStore:
             # Restoring may have evicted the donor found above: look again.
             m = cache.match(turn.session, turn.client, turn.prompt, turn.public_len)
         donor = m.entry if m.entry is not None and m.n_common >= self.policy.min_shared else None
-        leader, lead_n = self._leader(turn)
+        leader, lead_n = followers.leader(turn, self.turns.running, self.policy.share_all)
         if leader is not None and lead_n > (m.n_common if donor is not None else 0):
             donor = None  # a running turn is computing more of this prompt: wait and copy that
         if donor is not None:
@@ -173,7 +128,8 @@ class KVStore:
         """The cells of a pinned public prefix `attach` would let this waiting turn copy, as
         things stand (0 where unsure: a restore, a leader computing more). Pure: admission
         asks it only of a turn that does not fit otherwise (Scheduler.shares)."""
-        cache, k = self.cache, self.policy.min_shared  # a front-end's block may copy a part of one (kv/commons)
+        # k: a front-end's block may copy a part of one (kv/commons)
+        cache, k = self.cache, self.policy.min_shared
         if not any(turn.prompt[:k] == p.tokens[:k] for p in cache.public):
             return 0
         public_len = turn.public_len if self.commons is None else self.commons.public_len(turn)
@@ -184,7 +140,7 @@ class KVStore:
         own = cache.entries.get(turn.session) or (e if m.own else None)
         if own is not None and own.stored or e is None or not e.public or m.n_common < self.policy.min_shared:
             return 0
-        leader, lead_n = self._leader(turn)
+        leader, lead_n = followers.leader(turn, self.turns.running, self.policy.share_all)
         return 0 if leader is not None and lead_n > m.n_common else m.n_common
 
     def _share_pinned(self, turn: Turn, n: int, source: int) -> None:
@@ -193,22 +149,6 @@ class KVStore:
         chat let two chats run at once in 16,384 cells; shared, a dozen)."""
         self.budget.hold(turn, turn.reserved - n)
         turn.shared, turn.shared_from = n, source
-
-    def _leader(self, turn: Turn) -> tuple[Turn | None, int]:
-        """A running turn it may share with that is computing (or has) more of its prompt
-        than any cache entry holds: it waits for it and copies, so a client's requests
-        arriving together (n choices, a burst) compute their common prompt once."""
-        best, best_n = None, 0
-        for other in self.turns.running:
-            if other is turn or other.leader is not None or other.seq_id < 0:
-                continue
-            if other.client != turn.client and not self.policy.share_all:
-                continue
-            cap = min(len(turn.prompt) - 1, len(other.prompt))
-            n = min(common_prefix(other.prompt, turn.prompt), cap)
-            if n > best_n:
-                best, best_n = other, n
-        return best, best_n
 
     def _restore(self, turn: Turn, e: Entry) -> bool:
         """Bring a parked session back into the KV cache, when cheaper than recomputing."""
@@ -235,7 +175,7 @@ class KVStore:
             self.cache.release_id(sid)
             self._forget(e)
             return False
-        _unlink(e.disk)
+        discard(e.disk)
         self.cache.restored(e, sid)
         self.cache.take(e, turn.session)
         self.model.seq_rm(sid, n, -1)
@@ -261,22 +201,12 @@ class KVStore:
             self._evict(idle[0])
 
     def _forget(self, e: Entry) -> None:
-        _unlink(e.disk)
+        discard(e.disk)
         self.cache.drop(e.session)
         self.stats.recomputed += 1
 
     def resolve_followers(self) -> None:
-        for s in self.turns.running:
-            lead = s.leader
-            if lead is None:
-                continue
-            if lead.state is State.FINISHED or lead.seq_id < 0:
-                s.leader = None  # the leader is gone: compute the prefix ourselves
-            elif lead.n_cached >= s.lead_n:
-                self.model.seq_cp(lead.seq_id, s.seq_id, 0, s.lead_n)
-                s.n_cached = s.n_reused = s.copied = s.lead_n
-                s.leader = None
-                self.stats.shared_hits += 1
+        self.stats.shared_hits += followers.resolve(self.turns.running, self.model)
 
     def _alloc_id(self) -> int:
         sid = self.cache.alloc_id()
@@ -327,30 +257,12 @@ class KVStore:
         if now < self._next_ttl_check:
             return
         self._next_ttl_check = now + 1.0
-        self._fit_memory()
+        self.memory.fit()
         self._park_idle()
         for e in self.cache.expired():
             if e.seq_id >= 0:
                 self.model.seq_rm(e.seq_id)
-            _unlink(e.disk)
-
-    def _fit_memory(self) -> None:
-        """Once a second: the parking budget follows free memory and pressure."""
-        probe = self.policy.memory
-        if probe is None or not self.policy.park_bytes:
-            return
-        mem = probe()
-        now = time.monotonic()
-        pressed = mem.pressure >= PRESSURE_PCT and now >= self._next_pressure_cut
-        if pressed:
-            self._next_pressure_cut = now + PRESSURE_HOLD_S
-        parked = self.cache.parked_bytes
-        dropped = self.cache.set_park_budget(park_budget(self.policy.park_bytes, parked, mem, pressed))
-        if dropped:
-            trim_heap()
-            log.warning("memory short (%d MiB free of %d, pressure %.0f%%): dropped %d parked sessions, "
-                        "parking budget now %d MiB", mem.available >> 20, mem.total >> 20, mem.pressure,
-                        dropped, self.cache.park_budget >> 20)
+            discard(e.disk)
 
     def drop_session(self, session: str) -> bool:
         """Forget a session now, and what its turns in flight would leave; True if there
@@ -365,7 +277,7 @@ class KVStore:
             return in_flight
         if e.seq_id >= 0 and not e.busy:  # a busy entry's id stays with its running turn
             self.model.seq_rm(e.seq_id)
-        _unlink(e.disk)
+        discard(e.disk)
         return True
 
     def keep_or_free(self, t: Turn, keep: bool) -> None:
@@ -376,9 +288,9 @@ class KVStore:
             tokens = (t.prompt + t.output)[:t.n_cached]
             old = cache.entries.get(t.session)
             if old is not None:
-                _unlink(old.disk)  # a file saved by the last run is superseded by this turn
-            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named, t.shared,
-                                 t.shared_from)
+                discard(old.disk)  # a file saved by the last run is superseded by this turn
+            replaced = cache.put(t.session, t.seq_id, tokens, t.public_len, t.copied, t.client, t.named,
+                                 t.shared, t.shared_from)
             if replaced is not None:
                 self.model.seq_rm(replaced)
             self.make_room()
@@ -394,57 +306,7 @@ class KVStore:
         self.cache.add_public(seq_id, tokens)
 
     def load_sessions(self) -> None:
-        """Sessions saved by the previous run come back as 'saved' entries, known by the
-        digest of their id until their next turn claims them, and read from disk only then."""
-        if not self.policy.state_dir:
-            return
-        now = self.clock()
-        try:
-            saved = persist.scan(Path(self.policy.state_dir), self.model.fingerprint)
-        except OSError as e:
-            log.error("not restoring saved sessions: %s", e)
-            return
-        for sv in saved:
-            self.cache.add_saved(Entry(SAVED + sv.key, -1, sv.tokens, sv.shared_len, now - sv.last_used_age_s,
-                                       disk=sv))
-        if saved:
-            log.info("%d saved sessions found in %s", len(saved), self.policy.state_dir)
+        saving.load(self.cache, self.policy, self.model.fingerprint, self.clock)
 
     def save_sessions(self) -> None:
-        """Most recent first, for at most save_timeout_s: a stop must end within systemd's
-        TimeoutStopSec even on a slow SD card; sessions left out are recomputed."""
-        if not self.policy.state_dir:
-            return
-        now = self.clock()
-        deadline = time.monotonic() + self.policy.save_timeout_s
-        records = []
-        try:
-            for e in sorted(self.cache.entries.values(), key=lambda e: e.last_used, reverse=True):
-                if e.busy:
-                    continue
-                if time.monotonic() > deadline:
-                    break
-                data: bytes | None
-                if e.seq_id >= 0:
-                    data = self.model.seq_state(e.seq_id)
-                elif e.parked is not None:
-                    data = e.parked
-                elif e.disk is not None:
-                    data = persist.load(e.disk)
-                else:
-                    data = None
-                if data:
-                    records.append((SessionTable.key_of(e.session), e.tokens, e.public_len, now - e.last_used, data))
-            n = persist.save_all(Path(self.policy.state_dir), self.model.fingerprint, records,
-                                 self.policy.state_max_bytes, deadline=deadline)
-            log.info("saved %d of %d sessions to %s", n, len(records), self.policy.state_dir)
-        except OSError as e:  # StateDirError too: a symlink, not a directory, not ours
-            log.error("could not save sessions to %s: %s", self.policy.state_dir, e)
-
-
-def _unlink(saved: persist.Saved | None) -> None:
-    if saved is not None:
-        try:
-            saved.path.unlink(missing_ok=True)
-        except OSError as e:  # a stale file is harmless; a crashed engine is not
-            log.warning("could not remove %s: %s", saved.path, e)
+        saving.save(self.cache, self.policy, self.model, self.clock)
