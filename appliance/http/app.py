@@ -4,7 +4,6 @@ and the exception handlers that turn errors into OpenAI's error bodies.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from appliance.http.api.people import admin as people_admin
 from appliance.http.api.people import auth, keys
 from appliance.http.api.people import chats as people_chats
 from appliance.http.guard import Guard, caller_of
+from appliance.http.lifecycle import running
 from appliance.http.outcome import refused
 from appliance.http.state import App
 from appliance.http.wire import anthropic_error, openai_error
@@ -170,37 +170,13 @@ def routes(app: App) -> list[BaseRoute]:
     ]
 
 
-def start_library(app: App) -> None:
-    """The embedding model (~0.2 s to load) and the library's indexer; a failure turns both
-    off with a journal line, and chats go on."""
-    try:
-        if app.embedder is not None:
-            app.embedder.start()
-        if app.library is not None:
-            app.library.start()
-    except Exception as e:
-        log.error("library and /v1/embeddings off: %s", e)
-        if app.embedder is not None:
-            app.embedder.stop()  # its threads and model, if it was the library that failed
-        app.library = app.embedder = None
-
-
 def create_app(app: App) -> Starlette:
     """The app behind its front door (guard.Guard): every route sees a checked caller."""
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        # The HTTP server is up before the model loads: /health says "loading" meanwhile.
-        app.engine.start(asyncio.get_running_loop())
-        app.usage.ledger.start()  # the usage writer thread
-        start_library(app)
-        yield
-        if app.library is not None:
-            await asyncio.to_thread(app.library.stop)
-        if app.embedder is not None:
-            await asyncio.to_thread(app.embedder.stop)
-        await asyncio.to_thread(app.engine.stop)
-        await asyncio.to_thread(app.usage.ledger.close)  # after the last request's counts
+        async with running(app):  # lifecycle.py: the services started in order, stopped in reverse
+            yield
 
     return Starlette(
         routes=routes(app),

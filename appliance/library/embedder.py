@@ -156,7 +156,7 @@ class _Worker(Worker[_Job]):
         """Texts queued and not yet done."""
         return self.health().depth
 
-    def submit_job(self, job: _Job) -> None:
+    def put(self, job: _Job) -> None:
         self.submit(job, len(job.texts))
 
     def begin(self) -> None:
@@ -275,7 +275,7 @@ class EmbedService:
             return np.empty((0, self.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()
-        self._worker(background).submit_job(_Job(list(texts), lambda rows, err: loop.call_soon_threadsafe(_settle, fut, rows, err)))
+        self._worker(background).put(_Job(list(texts), lambda rows, err: loop.call_soon_threadsafe(_settle, fut, rows, err)))
         return await fut
 
     def embed_sync(self, texts: list[str], background: bool = True) -> np.ndarray:
@@ -290,7 +290,7 @@ class EmbedService:
             box[0] = error if error is not None else rows
             done.set()
 
-        self._worker(background).submit_job(_Job(list(texts), finish))
+        self._worker(background).put(_Job(list(texts), finish))
         done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]

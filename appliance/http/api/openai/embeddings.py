@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance.errors import BadRequest, NotFound, Unavailable
 from appliance.http.intake import intake
-from appliance.http.state import App
+from appliance.http.state import App, Embeddings
 from appliance.http.validate import boolean, text
 from appliance.library.errors import EmbedBusy
 
@@ -71,7 +71,7 @@ def parse_ollama(data: dict[str, Any], dim: int, key: str = "input") -> EmbedReq
     return EmbedRequest(_texts(data.get(key), key), truncate=boolean(data, "truncate", True))
 
 
-def _service(app: App) -> Any:
+def _service(app: App) -> Embeddings:
     if app.embedder is None:
         raise NotFound("embeddings are off on this box (no embedding model)", code="embeddings_off")
     return app.embedder
@@ -102,7 +102,7 @@ async def openai(app: App, request: Request) -> Response:
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if req.base64 else v.tolist()}
             for i, v in enumerate(vecs)]
-    return JSONResponse({"object": "list", "data": data, "model": app.embedder.model_id,
+    return JSONResponse({"object": "list", "data": data, "model": _service(app).model_id,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
@@ -112,7 +112,7 @@ async def ollama_embed(app: App, request: Request) -> Response:
     start = time.perf_counter_ns()
     async with intake(app, request, lambda data: parse_ollama(data, dim)) as (_, req):
         vecs, tokens = await _embed(app, req)
-    return JSONResponse({"model": app.embedder.model_id, "embeddings": vecs.tolist(),
+    return JSONResponse({"model": _service(app).model_id, "embeddings": vecs.tolist(),
                          "total_duration": time.perf_counter_ns() - start, "load_duration": 0,
                          "prompt_eval_count": tokens})
 
