@@ -24,6 +24,10 @@ class WorkerStopped(RuntimeError):
     """submit() on a worker not running (never started, or stopped)."""
 
 
+class WorkerBusy(RuntimeError):
+    """submit() on a full queue, for a worker that names no busy error of its own."""
+
+
 @dataclass(frozen=True, slots=True)
 class Health:
     name: str
@@ -48,7 +52,7 @@ class Worker(Generic[T]):
         self.name = name
         self.max_queue = max_queue  # 0: unbounded
         self.every = every  # seconds between ticks with nothing queued (None: no tick)
-        self._busy = busy or (lambda depth: WorkerStopped(f"{name}: {depth} queued"))
+        self._busy = busy or (lambda depth: WorkerBusy(f"{name}: {depth} queued"))
         self._stopped = stopped or (lambda: WorkerStopped(f"{name} is not running"))
         self._queue: queue.Queue[tuple[T, int] | _Stop] = queue.Queue()
         self._lock = threading.Lock()

@@ -21,13 +21,12 @@ from pathlib import Path
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 
-from appliance.errors import QueueFull
 from appliance.people.accounts import Account, Accounts, Session
 from appliance.people.chats import Chats
 from appliance.people.db import Database, Store, StoreError
 from appliance.people.passwords import Hasher
 from appliance.people.signin import SignInLimiter
-from appliance.workers import Worker, WorkerStopped
+from appliance.workers import Worker, WorkerBusy, WorkerStopped
 
 log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
@@ -44,7 +43,7 @@ class Pruner(Worker[tuple[Chats, int]]):
     DRAIN = False
 
     def __init__(self) -> None:
-        super().__init__("chat-retention", max_queue=1, busy=lambda _: QueueFull("a prune is running"))
+        super().__init__("chat-retention", max_queue=1)
 
     def handle(self, item: tuple[Chats, int]) -> None:
         chats, days = item
@@ -107,7 +106,7 @@ class People:
             self.pruner.start()
         try:
             self.pruner.submit((self.chats, self.retention_days))
-        except (QueueFull, WorkerStopped):
+        except (WorkerBusy, WorkerStopped):
             pass  # a prune still runs (an hour long?), or the box is stopping: the next hour's
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 from helpers.polling import wait_until
 
 from appliance.errors import QueueFull
-from appliance.workers import Worker, WorkerStopped
+from appliance.workers import Health, Worker, WorkerBusy, WorkerStopped
 
 
 class Recorder(Worker[str]):
@@ -145,3 +145,20 @@ def test_stop_from_the_workers_own_thread_does_not_wait_on_itself() -> None:
     assert w._thread is not None
     w._thread.join(30)
     assert not w.health().alive
+
+
+def test_without_a_busy_error_of_its_own_a_full_queue_raises_worker_busy() -> None:
+    gate = threading.Event()
+
+    class Plain(Worker[str]):
+        def handle(self, item: str) -> None:
+            assert gate.wait(30)
+
+    w = Plain("plain", max_queue=1)
+    w.start()
+    w.submit("a")  # counted until handled
+    with pytest.raises(WorkerBusy, match="plain: 1 queued"):
+        w.submit("b")
+    gate.set()
+    w.stop()
+    assert w.health() == Health("plain", False, 0)
