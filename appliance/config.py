@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.config_groups import GROUP_OF, GROUPS, in_group_order
+
 # Trusted proxies' addresses (http/identity.py reads client addresses through them).
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -255,7 +257,9 @@ class Config:
 
 
 
-FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+# In group order (config_groups.py): `appliance config`, `--help` and the docs list them so.
+_DECLARED = {f.name: f for f in dataclasses.fields(Config)}
+FIELDS: dict[str, dataclasses.Field[Any]] = {name: _DECLARED[name] for name in in_group_order(list(_DECLARED))}
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -284,6 +288,11 @@ def _coerce(name: str, raw: Any, from_text: bool) -> Any:
             if isinstance(raw, bool) or not (isinstance(raw, (int, float)) or from_text):
                 raise ValueError
             value = float(raw)
+        elif ftype == "bool":  # was refused from TOML, and "false" from text was truthy
+            words = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+            if not isinstance(raw, bool) and not (from_text and str(raw).strip().lower() in words):
+                raise ValueError
+            value = raw if isinstance(raw, bool) else words[str(raw).strip().lower()]
         elif ftype == "tuple[str, ...]":
             if from_text and isinstance(raw, str):
                 raw = [x.strip() for x in raw.split(",") if x.strip()]
@@ -339,14 +348,28 @@ def _read_file(path: Path, values: dict[str, Any], sources: dict[str, str]) -> N
         raise ConfigError(f"config file {path}: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path}: {e}") from None
-    # Accept a flat file or an [appliance] table.
+    # Accept a flat file or an [appliance] table, each with keys flat or in group tables.
     if set(data) == {"appliance"} and isinstance(data["appliance"], dict):
         data = data["appliance"]
-    for key, raw in data.items():
+    for key, raw in _flatten(path, data).items():
         if key not in FIELDS:
             raise ConfigError(f"config file {path}: unknown key '{key}'")
         values[key] = _coerce(key, raw, from_text=False)
         sources[key] = f"file {path}"
+
+
+def _flatten(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A group's table ([engine], [kv], ...: config_groups.py) read as its keys, flat."""
+    flat = {key: raw for key, raw in data.items() if not (key in GROUPS and isinstance(raw, dict))}
+    for group in (key for key, raw in data.items() if key in GROUPS and isinstance(raw, dict)):
+        for key, raw in data[group].items():
+            if GROUP_OF.get(key) != group:
+                where = f" (it belongs in [{GROUP_OF[key]}])" if key in GROUP_OF else ""
+                raise ConfigError(f"config file {path}: unknown key '{key}' in [{group}]{where}")
+            if key in flat:
+                raise ConfigError(f"config file {path}: key '{key}' given twice (flat and in [{group}])")
+            flat[key] = raw
+    return flat
 
 
 def _read_environ(environ: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
@@ -410,9 +433,10 @@ def _check_together(cfg: Config) -> None:
 
 
 def describe(cfg: Config, sources: Mapping[str, str]) -> str:
-    """Every effective value and where it came from, one per line."""
+    """Every effective value, its group and where it came from, one per line, group by group."""
     width = max(map(len, FIELDS))
     lines = []
     for name in FIELDS:
-        lines.append(f"{name:<{width}}  {getattr(cfg, name)!r:<24} # {sources.get(name, 'default')}")
+        lines.append(f"{name:<{width}}  {getattr(cfg, name)!r:<24} {'[' + GROUP_OF[name] + ']':<11} "
+                     f"# {sources.get(name, 'default')}")
     return "\n".join(lines)

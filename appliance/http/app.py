@@ -4,7 +4,6 @@ and the exception handlers that turn errors into OpenAI's error bodies.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +24,7 @@ from appliance.http.api.ollama import routes as ollama
 from appliance.http.api.openai import routes as openai
 from appliance.http.api.people import routes as people
 from appliance.http.guard import Guard, caller_of
+from appliance.http.lifecycle import running
 from appliance.http.outcome import refused
 from appliance.http.routing import DeclaredRoute, ErrorBody, Handler
 from appliance.http.state import App
@@ -80,37 +80,13 @@ def routes(app: App) -> list[BaseRoute]:
     return [*bound, appliance.static(app.web_dir)]
 
 
-def start_library(app: App) -> None:
-    """The embedding model (~0.2 s to load) and the library's indexer; a failure turns both
-    off with a journal line, and chats go on."""
-    try:
-        if app.embedder is not None:
-            app.embedder.start()
-        if app.library is not None:
-            app.library.start()
-    except Exception as e:
-        log.error("library and /v1/embeddings off: %s", e)
-        if app.embedder is not None:
-            app.embedder.stop()  # its threads and model, if it was the library that failed
-        app.library = app.embedder = None
-
-
 def create_app(app: App) -> Starlette:
     """The app behind its front door (guard.Guard): every route sees a checked caller."""
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        # The HTTP server is up before the model loads: /health says "loading" meanwhile.
-        app.engine.start(asyncio.get_running_loop())
-        app.usage.ledger.start()  # the usage writer thread
-        start_library(app)
-        yield
-        if app.library is not None:
-            await asyncio.to_thread(app.library.stop)
-        if app.embedder is not None:
-            await asyncio.to_thread(app.embedder.stop)
-        await asyncio.to_thread(app.engine.stop)
-        await asyncio.to_thread(app.usage.ledger.close)  # after the last request's counts
+        async with running(app):  # lifecycle.py: the services started in order, stopped in reverse
+            yield
 
     return Starlette(
         routes=routes(app),

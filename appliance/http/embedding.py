@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from appliance.errors import BadRequest, NotFound, Unavailable
-from appliance.http.state import App
+from appliance.http.state import App, Embeddings
 from appliance.http.validate import text
 from appliance.library.errors import EmbedBusy
 
@@ -52,7 +52,7 @@ def dimensions(data: dict[str, Any], dim: int) -> None:
                          param="dimensions")
 
 
-def service(app: App) -> Any:
+def service(app: App) -> Embeddings:
     if app.embedder is None:
         raise NotFound("embeddings are off on this box (no embedding model)", code="embeddings_off")
     return app.embedder

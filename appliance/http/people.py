@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from appliance.people.chats import Chats
 from appliance.people.db import Database, Store, StoreError
 from appliance.people.passwords import Hasher
 from appliance.people.signin import SignInLimiter
+from appliance.workers import Worker, WorkerBusy, WorkerStopped
 
 log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
@@ -34,6 +34,25 @@ CSRF_HEADER = "x-csrf-token"
 PRUNE_EVERY_S = 3600.0
 HASH_QUEUE = 16  # sign-ins waiting for the hash thread (~3 s of hashing) before a 429
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class Pruner(Worker[tuple[Chats, int]]):
+    """Chat retention's thread: one prune at a time, none waiting behind it; a prune still
+    queued at shutdown is dropped (the next start prunes within the hour)."""
+
+    DRAIN = False
+
+    def __init__(self) -> None:
+        super().__init__("chat-retention", max_queue=1)
+
+    def handle(self, item: tuple[Chats, int]) -> None:
+        chats, days = item
+        try:
+            gone = chats.prune(days)
+        except StoreError:
+            return  # the store's own journal line says why
+        if gone:
+            log.info("deleted %d chats nobody touched for %d days (chat_retention_days)", gone, days)
 
 
 @dataclass(slots=True)
@@ -54,6 +73,7 @@ class People:
     # tokenizing) nor grows without bound.
     hash_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "password-hash"))
     hash_waiting: int = 0
+    pruner: Pruner = field(default_factory=Pruner)
     # The header a signing-in proxy names the person in (signin_header, lower case; "" = off):
     # opt-in, as a proxy that passes a client's own copy on would let anyone be anyone.
     signin_header: str = ""
@@ -82,17 +102,20 @@ class People:
         if not self.retention_days or self.chats is None or now - self.pruned_at < PRUNE_EVERY_S:
             return
         self.pruned_at = now
-        chats, days = self.chats, self.retention_days
+        if not self.pruner.started:  # the first prune starts its thread (a People need not be started)
+            self.pruner.start()
+        try:
+            self.pruner.submit((self.chats, self.retention_days))
+        except (WorkerBusy, WorkerStopped):
+            pass  # a prune still runs (an hour long?), or the box is stopping: the next hour's
 
-        def prune() -> None:
-            try:
-                gone = chats.prune(days)
-            except StoreError:
-                return  # the store's own journal line says why
-            if gone:
-                log.info("deleted %d chats nobody touched for %d days (chat_retention_days)", gone, days)
-
-        threading.Thread(target=prune, name="chat-retention", daemon=True).start()
+    def close(self) -> None:
+        """At shutdown: the pruner cancelled, the hash thread and the store closed."""
+        if self.pruner.started:
+            self.pruner.stop()
+        self.hash_pool.shutdown(wait=True, cancel_futures=True)
+        if self.db is not None:
+            self.db.close()
 
     @property
     def store_trouble(self) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Protocol
+
+import numpy as np
 
 from appliance.documents.reader import DocumentReader
 from appliance.engine.engine import Engine
@@ -22,6 +24,22 @@ from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
 from appliance.library.library import Library
 
+
+class Embeddings(Protocol):
+    """What the HTTP side uses of library/embedder.EmbedService (named, not imported: the
+    service loads llama.cpp)."""
+
+    model_id: str
+    max_tokens: int
+
+    @property
+    def dim(self) -> int: ...
+    def count_tokens(self, text: str) -> int: ...
+    async def embed(self, texts: list[str], background: bool = False) -> np.ndarray: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
@@ -32,7 +50,8 @@ class App:
                  metrics: Metrics | None = None, *, system_prompts: dict[str, str] | None = None,
                  guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2,
                  documents: DocumentReader | None = None, usage: Accounting | None = None,
-                 people: People | None = None, library: Library | None = None, embedder: Any = None) -> None:
+                 people: People | None = None, library: Library | None = None, embedder: Embeddings | None = None,
+                 store: People | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
@@ -44,6 +63,10 @@ class App:
         self.documents = documents or DocumentReader()
         self.usage = usage or Accounting()  # counts per person, the quotas, the admin page's minutes
         self.people = people  # people mode: accounts and chats on the box (None: open mode)
+        # The store of people and chats this app owns, closed when it stops (the composition
+        # root hands it over): people's, or without people mode the one several boxes share
+        # the usage table through (database_url). A People lent to several apps (tests) is not.
+        self.store = store
         self.library = library  # the office's documents, searched by chats (None: off)
         self.embedder = embedder  # library/embedder.EmbedService: /v1/embeddings and the library (None: off)
         self.created = int(time.time())

@@ -16,16 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.model.embed_llm import EmbeddingContext, EmbeddingModel
+from appliance.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -138,84 +138,59 @@ class _Job:
     done: Done  # called once, in the worker thread, with the rows or the error
 
 
-@dataclass
-class _Worker:
-    """A thread owning one Embedder on the shared model; jobs in order from its queue."""
+class _Worker(Worker[_Job]):
+    """A thread owning one Embedder on the shared model; jobs in order from its queue, at most
+    MAX_PENDING_TEXTS texts waiting. Stopping cancels what waits (EmbedStopped)."""
 
-    name: str
-    model: EmbeddingModel
-    threads: int
-    nice: int | None  # set on the thread itself (Linux nice values are per thread)
-    pending: int = 0  # texts queued and not yet done
-    stopping: bool = False
-    _queue: queue.SimpleQueue[_Job | None] = field(default_factory=queue.SimpleQueue)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: threading.Event = field(default_factory=threading.Event)
-    _error: BaseException | None = None
-    _thread: threading.Thread | None = None
+    DRAIN = False
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
+    def __init__(self, name: str, model: EmbeddingModel, threads: int, nice: int | None) -> None:
+        super().__init__(name, max_queue=MAX_PENDING_TEXTS, stopped=lambda: EmbedStopped("the embedding service is not running"),
+                         busy=lambda n: EmbedBusy(f"{n} texts are waiting for the embedding model: try again shortly"))
+        self.model, self.threads = model, threads
+        self.nice = nice  # set on the thread itself (Linux nice values are per thread)
+        self._embedder: Embedder | None = None
 
-    def submit(self, job: _Job) -> None:
-        with self._lock:
-            if self.stopping or self._thread is None:
-                raise EmbedStopped("the embedding service is not running")
-            if self.pending + len(job.texts) > MAX_PENDING_TEXTS:
-                raise EmbedBusy(f"{self.pending} texts are waiting for the embedding model: try again shortly")
-            self.pending += len(job.texts)
-        self._queue.put(job)
+    @property
+    def pending(self) -> int:
+        """Texts queued and not yet done."""
+        return self.health().depth
 
-    def stop(self) -> None:
-        with self._lock:
-            self.stopping = True
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join()
+    def put(self, job: _Job) -> None:
+        self.submit(job, len(job.texts))
 
-    def _run(self) -> None:
+    def begin(self) -> None:
         if self.nice is not None:
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError as e:  # not Linux-like: the thread runs at normal priority
                 log.warning("cannot nice the %s thread: %s", self.name, e)
-        try:
-            embedder = Embedder(model=self.model, n_threads=self.threads)
-        except BaseException as e:
-            self._error = e
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            while (job := self._queue.get()) is not None:
-                self._do(embedder, job)
-        finally:
-            embedder.close()
+        self._embedder = Embedder(model=self.model, n_threads=self.threads)
 
-    def _do(self, embedder: Embedder, job: _Job) -> None:
+    def end(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+
+    def cancel(self, job: _Job) -> None:
+        _call(job, None, EmbedStopped("the embedding service stopped"))
+
+    def handle(self, job: _Job) -> None:
+        assert self._embedder is not None
         rows: np.ndarray | None = None
         error: BaseException | None = None
         try:
-            if self.stopping:
-                raise EmbedStopped("the embedding service stopped")
-            rows = embedder.embed(job.texts)
-        except EmbedStopped as e:
-            error = e
+            rows = self._embedder.embed(job.texts)
         except Exception as e:  # this call's failure only: the thread goes on with the next
             log.exception("embedding %d texts failed", len(job.texts))
             error = e
-        finally:
-            with self._lock:
-                self.pending -= len(job.texts)
-        try:
-            job.done(rows, error)
-        except Exception:
-            log.exception("an embedding caller's callback failed")
+        _call(job, rows, error)
+
+
+def _call(job: _Job, rows: np.ndarray | None, error: BaseException | None) -> None:
+    try:
+        job.done(rows, error)
+    except Exception:
+        log.exception("an embedding caller's callback failed")
 
 
 def _settle(fut: asyncio.Future[np.ndarray], rows: np.ndarray | None, error: BaseException | None) -> None:
@@ -300,7 +275,7 @@ class EmbedService:
             return np.empty((0, self.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()
-        self._worker(background).submit(_Job(list(texts), lambda rows, err: loop.call_soon_threadsafe(_settle, fut, rows, err)))
+        self._worker(background).put(_Job(list(texts), lambda rows, err: loop.call_soon_threadsafe(_settle, fut, rows, err)))
         return await fut
 
     def embed_sync(self, texts: list[str], background: bool = True) -> np.ndarray:
@@ -315,7 +290,7 @@ class EmbedService:
             box[0] = error if error is not None else rows
             done.set()
 
-        self._worker(background).submit(_Job(list(texts), finish))
+        self._worker(background).put(_Job(list(texts), finish))
         done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]

@@ -6,7 +6,6 @@ meaning when its last batch is stored; its words are searchable from the moment 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import numpy as np
 from appliance.library.store import LibraryStore
 from appliance.library.vectors import Vectors
 from appliance.store.errors import StoreError
+from appliance.workers import Worker, WorkerStopped
 
 log = logging.getLogger(__name__)
 BATCH = 16  # passages an embedding call while the chats rest: ~0.9 s of one core (16 x ~58 ms)
@@ -29,46 +29,48 @@ SHARE = 0.10
 Embed = Callable[[list[str]], np.ndarray]
 
 
-class Indexer:
+class Indexer(Worker[str]):
+    """The thread and its queue of document ids. Stopping cancels: the document being
+    embedded stops at its next batch, and what waits stays "indexing" for the next start."""
+
+    DRAIN = False
+
     def __init__(self, store: LibraryStore, vectors: Vectors, embed: Embed,
                  busy: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("library-indexer")
         self.store = store
         self.vectors = vectors
         self.embed = embed
         self.busy_engine = busy  # the chat engine has running or waiting turns (its snapshot)
         self.clock = clock
-        self._stopping = threading.Event()
         self.paused_s = 0.0  # time spent pausing for the chats (tests and the bench read it)
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="library-indexer", daemon=True)
         self.busy = threading.Event()  # set while a document is being embedded (tests wait on it)
 
     def start(self) -> None:
+        super().start()
         for doc in self.store.pending():  # what a restart interrupted
-            self._queue.put(doc)
-        self._thread.start()
+            self.submit(doc)
 
-    def submit(self, doc: str) -> None:
-        self._queue.put(doc)
+    def submit(self, doc: str, weight: int = 1) -> None:
+        try:
+            super().submit(doc, weight)
+        except WorkerStopped:  # not running: the document stays "indexing", taken up at the next start
+            pass
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self._queue.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+    def stop(self, timeout: float | None = 30) -> None:
+        super().stop(timeout)
 
-    def _run(self) -> None:
-        while (doc := self._queue.get()) is not None:
-            self.busy.set()
-            try:
-                self._index(doc)
-            except StoreError as e:  # the disk: the document stays "indexing" and is taken up at the next start
-                log.error("library: indexing %s stopped: %s", doc, e)
-            except Exception:  # one document's fault never ends the thread
-                log.exception("library: indexing %s failed", doc)
-                self._finish(doc, "failed", "indexing failed; see the server log")
-            finally:
-                self.busy.clear()
+    def handle(self, doc: str) -> None:
+        self.busy.set()
+        try:
+            self._index(doc)
+        except StoreError as e:  # the disk: the document stays "indexing" and is taken up at the next start
+            log.error("library: indexing %s stopped: %s", doc, e)
+        except Exception:  # one document's fault never ends the thread
+            log.exception("library: indexing %s failed", doc)
+            self._finish(doc, "failed", "indexing failed; see the server log")
+        finally:
+            self.busy.clear()
 
     def _index(self, doc: str) -> None:
         """Embed the document's passages; once none is left without, mark it ready (in one

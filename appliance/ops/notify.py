@@ -15,6 +15,8 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 
+from appliance.workers import Worker
+
 log = logging.getLogger(__name__)
 
 
@@ -64,7 +66,7 @@ class Notifier:
                 self._sock = None
 
 
-class Watchdog:
+class Watchdog(Worker[None]):
     """Says READY=1 once `ready()` holds, then pings systemd's watchdog for as long as
     `alive()` holds: the engine loop made progress within its stall limit. A decode that
     hangs stops the pings, and systemd kills and restarts the service WatchdogSec later.
@@ -76,8 +78,11 @@ class Watchdog:
     `status()` is shown by `systemctl status` (STATUS=).
     """
 
+    READY_POLL_S = 0.05
+
     def __init__(self, notifier: Notifier, ready: Callable[[], bool | None], alive: Callable[[], bool | None],
                  status: Callable[[], str] = lambda: "") -> None:
+        super().__init__("watchdog", every=self.READY_POLL_S)
         self.notifier = notifier
         self.ready = ready
         self.alive = alive
@@ -87,48 +92,55 @@ class Watchdog:
         # shows promptly; a datagram a second costs nothing.
         self.tick_s = min(1.0, notifier.watchdog_s / 4) if notifier.watchdog_s else 1.0
         self.pings = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._ready_sent = False
+        self._stalled = False
+        self._shown = ""
 
-    def start(self) -> None:
-        self._thread.start()
+    def stop(self, timeout: float | None = 5) -> None:
+        super().stop(timeout)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(5)
+    def begin(self) -> None:
+        self._ready_sent = False
 
-    def _run(self) -> None:
-        while (ok := self.ready()) is None:
-            if self._stop.wait(0.05):
-                return
+    def tick(self) -> bool:
+        if not self._ready_sent:
+            return self._wait_ready()
+        if (live := self.alive()) is None:
+            log.info("engine stopped; watchdog pings end")
+            return False
+        if live:
+            self._progress()
+        elif not self._stalled:
+            self._stalled = True
+            text = self.status()
+            log.error("%s; watchdog pings stopped%s", text,
+                      f" (systemd restarts the service within {self.notifier.watchdog_s:g} s)"
+                      if self.notifier.watchdog_s else "")
+            self.notifier.send(f"STATUS={text}")
+            self._shown = text
+        return True
+
+    def _wait_ready(self) -> bool:
+        """READY=1 once ready() holds (None: not yet; False: start-up failed, send nothing)."""
+        if (ok := self.ready()) is None:
+            return True
         if not ok:
-            return
-        shown = self.status()
-        self.notifier.send("READY=1", f"STATUS={shown}")
+            return False
+        self._shown = self.status()
+        self.notifier.send("READY=1", f"STATUS={self._shown}")
         log.info("ready%s", f" (systemd watchdog {self.notifier.watchdog_s:g} s)" if self.notifier.watchdog_s else "")
-        stalled = False
-        while not self._stop.wait(self.tick_s):
-            if (live := self.alive()) is None:
-                log.info("engine stopped; watchdog pings end")
-                return
-            if live:
-                if stalled:
-                    stalled = False
-                    log.warning("engine making progress again; watchdog pings resume")
-                text = self.status()
-                fields = [f"STATUS={text}"] if text != shown else []
-                shown = text
-                if self.notifier.watchdog_s:
-                    fields.insert(0, "WATCHDOG=1")
-                    self.pings += 1
-                if fields:
-                    self.notifier.send(*fields)
-            elif not stalled:
-                stalled = True
-                text = self.status()
-                log.error("%s; watchdog pings stopped%s", text,
-                          f" (systemd restarts the service within {self.notifier.watchdog_s:g} s)"
-                          if self.notifier.watchdog_s else "")
-                self.notifier.send(f"STATUS={text}")
-                shown = text
+        self._ready_sent, self.every = True, self.tick_s
+        return True
+
+    def _progress(self) -> None:
+        if self._stalled:
+            self._stalled = False
+            log.warning("engine making progress again; watchdog pings resume")
+        text = self.status()
+        fields = [f"STATUS={text}"] if text != self._shown else []
+        self._shown = text
+        if self.notifier.watchdog_s:
+            fields.insert(0, "WATCHDOG=1")
+            self.pings += 1
+        if fields:
+            self.notifier.send(*fields)

@@ -20,6 +20,7 @@ from pathlib import Path
 from appliance.store.errors import StoreError
 from appliance.usage.shared import SharedUsageStore
 from appliance.usage.store import Row, Tally, UsageStore, UsageTable
+from appliance.workers import Worker
 
 log = logging.getLogger(__name__)
 RETRY_S = 60.0  # a failing file is tried again this often (each try opens it anew)
@@ -68,8 +69,7 @@ class Ledger:
         self._failed_at: float | None = None  # monotonic time of the last failure, while failing
         self.trouble = ""  # what is wrong with the file now, "" while it is fine
         self._store: UsageTable | None = self._connect() if self._dir is not None else None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._writer: Worker[None] | None = None
 
     @property
     def writable(self) -> bool | None:
@@ -113,25 +113,20 @@ class Ledger:
 
     # -- the writer thread -------------------------------------------------------------------
     def start(self) -> None:
-        if self._dir is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
-            self._thread.start()
+        if self._dir is not None and self._writer is None:
+            self._writer = _Writer(self)
+            self._writer.start()
 
     def close(self) -> None:
         """Stop the writer, write what is pending (one last try), close the file."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._writer is not None:
+            self._writer.stop(timeout=10)
+            self._writer = None
         self._failed_at = None if self._failed_at is None else float("-inf")  # retry now, still logged once
         self.flush()
         if self._store is not None:
             self._store.close()
             self._store = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._flush_s):
-            self.flush()
 
     def flush(self) -> None:
         """Write the counts added since the last flush, in one transaction; while the file
@@ -215,3 +210,15 @@ class Ledger:
         for _, who, t in self.rows(days):
             out.setdefault(who, Tally()).add(t)
         return out
+
+
+class _Writer(Worker[None]):
+    """The ledger's writer: a flush every `flush_s`, nothing queued."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__("usage-writer", every=ledger._flush_s)
+        self.ledger = ledger
+
+    def tick(self) -> bool:
+        self.ledger.flush()
+        return True

@@ -418,7 +418,7 @@ def test_ubatch_tokens_is_its_own_setting_at_most_batch_tokens() -> None:
 
 def test_ubatch_tokens_reaches_the_context_spec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from appliance.model import llm
-    from appliance.ops import serve
+    from appliance.ops import engine as serve
 
     seen: list[llm.ContextSpec] = []
     monkeypatch.setattr(llm, "LLM", lambda path, spec: seen.append(spec))
@@ -452,7 +452,7 @@ def test_llama_cpp_threads_spin_long_when_they_share_cores_briefly_when_not_and_
 
 
 def test_document_settings_reach_the_reader() -> None:
-    from appliance.ops.serve import document_reader
+    from appliance.ops.compose import document_reader
 
     cfg, _ = load({"document_max_mb": "3", "document_max_pages": "40", "document_timeout_s": "7",
                    "document_workers": "2"}, environ={})

@@ -29,7 +29,7 @@ async def embed(app: App, request: Request) -> Response:
     start = time.perf_counter_ns()
     async with intake(app, request, lambda data: parse_ollama(data, dim)) as (_, req):
         vecs, tokens = await embedding.embed(app, req)
-    return JSONResponse({"model": app.embedder.model_id, "embeddings": vecs.tolist(),
+    return JSONResponse({"model": embedding.service(app).model_id, "embeddings": vecs.tolist(),
                          "total_duration": time.perf_counter_ns() - start, "load_duration": 0,
                          "prompt_eval_count": tokens})
 

@@ -34,5 +34,5 @@ async def openai(app: App, request: Request) -> Response:
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if req.base64 else v.tolist()}
             for i, v in enumerate(vecs)]
-    return JSONResponse({"object": "list", "data": data, "model": app.embedder.model_id,
+    return JSONResponse({"object": "list", "data": data, "model": embedding.service(app).model_id,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
