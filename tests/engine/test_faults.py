@@ -1,6 +1,6 @@
 """faults.py's save-slow kind over persist.py, in-process: the pause falls between a session
 file being written under its temporary name and its rename, so a kill then leaves exactly
-the files the reliability suite expects (tests/live/test_reliability_live.py). The decode kinds
+the files the reliability suite expects (tests/ops/test_reliability_live.py). The decode kinds
 are tested in tests/ops/test_notify.py."""
 
 from __future__ import annotations

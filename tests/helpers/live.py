@@ -146,6 +146,16 @@ class Live:
         return int(self.proc.returncode)
 
 
+def own_mount(state: Path, read_only: bool = False) -> tuple[str, ...]:
+    """A command prefix: the server in a mount namespace of its own, its state directory a
+    bind mount there that a test may cover or make read-only (test_faults_live.py), or that
+    is read-only from the start."""
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ro = ' && mount -o remount,bind,ro "$0"' if read_only else ""
+    return ("unshare", "-m", "--propagation", "private", "sh", "-c", f'mount --bind "$0" "$0"{ro} && exec "$@"',
+            str(state))
+
+
 def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
           prefix: tuple[str, ...] = ()) -> Live:
     """`prefix`: a command the server runs under (e.g. unshare, for a mount of its own)."""

@@ -1,5 +1,5 @@
 """Debian's nginx in front of real appliances, run with the shipped systemd/nginx-appliance.conf
-(tests/live/test_scaleout_live.py, tests/live/test_postgres_live.py)."""
+(tests/ops/test_scaleout_live.py, tests/ops/test_postgres_live.py)."""
 
 from __future__ import annotations
 

@@ -316,7 +316,7 @@ def test_missing_directory_is_empty(tmp_path: Path) -> None:
 
 def _read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every removal and creation fails as on a read-only filesystem (root ignores modes, so
-    the test fails the calls themselves; tests/live mounts a real read-only directory)."""
+    the test fails the calls themselves; tests/ops/test_faults_live.py mounts a real read-only directory)."""
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
     real_open = os.open
