@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from helpers.live import Live, start
+from helpers.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
-# Long enough that opening the 1,001 sockets (half of it) and the checks below fit before it on
-# a machine kept busy by neighbours (3 s left 1.5 s to open them); the test checks the server,
-# not this machine's pace.
+# Each held socket must stay open until this deadline. The test asserts no close before it (a
+# lower bound, the server's) and never how fast this machine opens or checks the sockets: a held
+# socket seen closed after its deadline is what the server should do, however late the checks ran.
 DEADLINE = 8.0
 CAP = 64  # the default max_conns_per_client
 
@@ -36,6 +37,7 @@ def open_idle(port: int, src: str, n: int) -> list[socket.socket]:
 
 _received: dict[socket.socket, bytes] = {}  # what a still-open socket has sent so far
 _ended: dict[socket.socket, bytes] = {}  # what a closed socket sent in all
+_seen_closed: dict[socket.socket, float] = {}  # when the test first saw a socket closed (monotonic)
 
 
 def closed_by_server(socks: list[socket.socket]) -> list[bytes | None]:
@@ -67,8 +69,15 @@ def closed_by_server(socks: list[socket.socket]) -> list[bytes | None]:
         except ConnectionResetError:
             pass
         _ended[s] = data
+        _seen_closed[s] = time.monotonic()
         out.append(data)
     return out
+
+
+def closed_early(socks: list[socket.socket], t0: float) -> list[socket.socket]:
+    """The sockets seen closed before DEADLINE had passed since t0 (before any was opened): the
+    server closed those before their deadline, however slowly the test ran."""
+    return [s for s in socks if s in _seen_closed and _seen_closed[s] - t0 < DEADLINE - 0.1]
 
 
 def fds(live: Live) -> int:
@@ -94,50 +103,48 @@ def test_idle_sockets_neither_exhaust_the_server_nor_stay_open(bundled_model: Pa
                      b"content-length: 200\r\n\r\n{\"messages\": [")
         half.setblocking(False)
         socks = one + many + [half]
-        opened = time.monotonic()
-        assert opened - t0 < DEADLINE / 2, "opening the sockets took too long for this test"
 
         # Beyond the cap from 127.0.0.5: refused at once with a 429; everything else held.
-        time.sleep(0.5)
-        state = closed_by_server(one)
-        refused = [d for d in state if d is not None]
+        def refused_of_one() -> list[bytes]:
+            return [d for d in closed_by_server(one) if d is not None and d.startswith(b"HTTP/1.1 429 ")]
+
+        refused = wait_until(lambda: got if len(got := refused_of_one()) >= 500 - CAP else None, 60,
+                             "the sockets beyond the cap refused")
         assert len(refused) == 500 - CAP
         assert all(d.startswith(b"HTTP/1.1 429 ") for d in refused)
-        assert all(d is None for d in closed_by_server(many))
+        held = [s for s, d in zip(one, closed_by_server(one), strict=True) if d is None or not d.startswith(b"HTTP/1.1 429 ")]
+        assert len(held) == CAP
+        held += many + [half]
+        assert closed_early(many, t0) == []
         assert fds(live) - before <= CAP + 500 + 8  # the held sockets, not all 1,000
 
-        # The server answers everyone else meanwhile.
-        r = live.client.get("/health")  # before the deadline (checked below): not starved by the held sockets
+        # The server answers everyone else meanwhile, and closes none of the held ones early.
+        r = live.client.get("/health")  # not starved by the held sockets
         assert r.status_code == 200 and r.json()["status"] == "ok"
-        assert sum(d is None for d in closed_by_server(socks)) == CAP + 500 + 1  # the held ones, still open
-        assert time.monotonic() - opened < DEADLINE - 0.5, "the checks took longer than the deadline"
+        closed_by_server(socks)
+        assert closed_early(held, t0) == []  # the held ones, still open before their deadline
         r = live.chat([{"role": "user", "content": "Say hi."}], max_tokens=2)
         assert r.status_code == 200, r.text
 
         # After the deadline every held socket is closed by the server, without a response.
-        first_close = None
-        state = closed_by_server(socks)
-        while None in state and time.monotonic() - t0 < DEADLINE + 5:
-            if first_close is None and state.count(None) < CAP + 500 + 1:
-                first_close = time.monotonic()
-            time.sleep(0.05)
-            state = closed_by_server(socks)
-        still_open = state.count(None)
-        assert still_open == 0, f"{still_open} sockets still open {time.monotonic() - t0:.1f} s after opening"
-        assert first_close is None or first_close - t0 >= DEADLINE - 0.1  # not before the deadline
+        state = wait_until(lambda: (st := closed_by_server(socks)).count(None) == 0 and st, 120,
+                           "every held socket closed by the server",
+                           seen=lambda: f"{closed_by_server(socks).count(None)} still open")
+        assert state.count(None) == 0
+        assert closed_early(held, t0) == []  # not before the deadline
         assert state[500:-1] == [b""] * 500
         assert (state[-1] or b"").startswith(b"HTTP/1.1 408 "), state[-1]
 
         for s in socks:
             s.close()
         socks = []
-        time.sleep(0.2)
-        assert fds(live) <= before + 2
+        wait_until(lambda: fds(live) <= before + 2, 30, "the server to let the closed sockets go", seen=lambda: fds(live))
         assert live.client.get("/health").status_code == 200
     finally:
         for s in socks:
             s.close()
         _received.clear()
+        _seen_closed.clear()
         _ended.clear()
         code = live.stop()
     log = live.log()

@@ -219,7 +219,8 @@ def test_a_flood_of_huge_bodies_is_refused_before_templating_and_streams_keep_fl
 
     assert len(results) == 20
     assert all(status == 400 and code == "too_many_messages" for status, code, _ in results), results
-    assert max(dt for _, _, dt in results) < 30
+    # Not how fast each was refused (that is the machine's): that they were refused while the
+    # stream still ran, its tokens going on after the flood's end (asserted below).
     assert rejected(live, "too_many_messages") - before == 20
     # Refused before parsing, so before templating: the same count of messages followed by
     # bytes that are not JSON gets too_many_messages, not invalid JSON. Parsing 4 MiB holds
