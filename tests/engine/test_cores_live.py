@@ -16,10 +16,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.sse import content_of
 
 from appliance.engine.threads import FREE, TAKE
@@ -64,10 +63,9 @@ def decode_until(live: Live, done: Callable[[int, float], bool], timeout_s: floa
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to give one up")
-def test_a_core_another_process_keeps_busy_is_given_up_then_taken_back(bundled_model: Path, tmp_path: Path) -> None:
+def test_a_core_another_process_keeps_busy_is_given_up_then_taken_back(start_server: Callable[..., Live]) -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    live = start(bundled_model, tmp_path, "--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024",
-                 "--threads", "2", "--cpus", ",".join(map(str, cpus)))
+    live = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, threads=2, cpus=",".join(map(str, cpus)))
     hog: subprocess.Popen[bytes] | None = None
     try:
         live.wait_ready()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.sse import events_of
 
 from appliance.bench import sse
@@ -52,8 +52,8 @@ class Stream(threading.Thread):
                     return
 
 
-def test_one_clients_backlog_does_not_delay_anothers_first_request(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0")
+def test_one_clients_backlog_does_not_delay_anothers_first_request(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=1, max_wait_ms=0)
     stop = threading.Event()
     a: list[Stream] = []
     try:

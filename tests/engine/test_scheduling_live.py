@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, serving, start
+from helpers.live import Live, live_server
 from helpers.polling import wait_until
 from helpers.sse import events_of
 
@@ -39,7 +39,7 @@ def metric(live: Live, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def big(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with serving(bundled_model, tmp_path_factory.mktemp("big"), "--slots", "8", "--max-wait-ms", "300") as live:
+    with live_server(tmp_path_factory.mktemp("big"), model=bundled_model, slots=8, max_wait_ms=300) as live:
         yield live
 
 
@@ -100,8 +100,8 @@ def test_long_paste_never_stalls_a_generating_stream(big: Live) -> None:
     assert all(decode >= 1 for decode, *_ in long_steps), long_steps
 
 
-def test_tiny_queue_gives_429_and_accepted_requests_complete(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "1", "--max-queue", "1", "--max-wait-ms", "0")
+def test_tiny_queue_gives_429_and_accepted_requests_complete(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=1, max_queue=1, max_wait_ms=0)
     try:
         live.wait_ready()
 
@@ -152,10 +152,10 @@ def hold_the_only_slot(live: Live) -> Hold:
     return hold
 
 
-def test_queued_stream_hears_its_position(bundled_model: Path, tmp_path: Path) -> None:
+def test_queued_stream_hears_its_position(start_server: Callable[..., Live]) -> None:
     # The queue's own timeout is out of the way: on a machine busy with other work the held
     # slot's ~3,000-token prompt took over the default 120 s, and this test is about the note.
-    live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0", "--queue-timeout-s", "540")
+    live = start_server(slots=1, max_wait_ms=0, queue_timeout_s=540)
     try:
         live.wait_ready()
         hold = hold_the_only_slot(live)
@@ -202,11 +202,10 @@ def test_deleted_session_cache_is_gone(big: Live) -> None:
     assert shared < r["usage"]["prompt_tokens"] - 5
 
 
-def test_more_conversations_than_slots_keep_their_history(bundled_model: Path, tmp_path: Path) -> None:
+def test_more_conversations_than_slots_keep_their_history(start_server: Callable[..., Live]) -> None:
     # 2 slots and room for 1 idle session in the KV cache: 5 users must be parked in RAM
     # between turns, and restored instead of recomputed.
-    live = start(bundled_model, tmp_path, "--slots", "2", "--cached-sessions", "1",
-                 "--restore-min-tokens", "32", "--park-ram-mb", "256")
+    live = start_server(slots=2, cached_sessions=1, restore_min_tokens=32, park_ram_mb=256)
     try:
         live.wait_ready()
         users = [f"user-{i}" for i in range(5)]
@@ -241,10 +240,10 @@ def test_more_conversations_than_slots_keep_their_history(bundled_model: Path, t
         assert live.stop() == 0
 
 
-def _two_turns_across_restart(model: Path, tmp: Path, damage: Any = None) -> tuple[dict[str, Any], Live]:
+def _two_turns_across_restart(start_server: Callable[..., Live], tmp: Path, damage: Any = None) -> tuple[dict[str, Any], Live]:
     state = tmp / "state"
     history = [SYSTEM, {"role": "user", "content": "Please remember the code word: pelican. Say OK."}]
-    live = start(model, tmp, "--state-dir", str(state))
+    live = start_server(state_dir=state)
     live.wait_ready()
     r1 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me-session-01"},
                           json={"messages": history, "max_tokens": 10, "temperature": 0}).json()
@@ -254,7 +253,7 @@ def _two_turns_across_restart(model: Path, tmp: Path, damage: Any = None) -> tup
     if damage is not None:
         damage(files[0])
     history += [r1["choices"][0]["message"], {"role": "user", "content": "What was the code word?"}]
-    live = start(model, tmp, "--state-dir", str(state))
+    live = start_server(state_dir=state)
     live.wait_ready()
     r2 = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "restart-me-session-01"},
                           json={"messages": history, "max_tokens": 10, "temperature": 0})
@@ -262,8 +261,8 @@ def _two_turns_across_restart(model: Path, tmp: Path, damage: Any = None) -> tup
     return {"turn1": r1["usage"], "turn2": r2.json()["usage"]}, live
 
 
-def test_restart_keeps_a_conversations_cache(bundled_model: Path, tmp_path: Path) -> None:
-    usage, live = _two_turns_across_restart(bundled_model, tmp_path)
+def test_restart_keeps_a_conversations_cache(start_server: Callable[..., Live], tmp_path: Path) -> None:
+    usage, live = _two_turns_across_restart(start_server, tmp_path)
     try:
         u1, u2 = usage["turn1"], usage["turn2"]
         assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] + u1["completion_tokens"] - 1
@@ -272,12 +271,12 @@ def test_restart_keeps_a_conversations_cache(bundled_model: Path, tmp_path: Path
         assert live.stop() == 0
 
 
-def test_truncated_state_file_is_discarded_cleanly(bundled_model: Path, tmp_path: Path) -> None:
+def test_truncated_state_file_is_discarded_cleanly(start_server: Callable[..., Live], tmp_path: Path) -> None:
     def truncate(p: Path) -> None:
         data = p.read_bytes()
         p.write_bytes(data[: len(data) // 2])
 
-    usage, live = _two_turns_across_restart(bundled_model, tmp_path, truncate)
+    usage, live = _two_turns_across_restart(start_server, tmp_path, truncate)
     try:
         u2 = usage["turn2"]
         # Nothing of the conversation was restored; it was recomputed and answered.
@@ -288,13 +287,13 @@ def test_truncated_state_file_is_discarded_cleanly(bundled_model: Path, tmp_path
         assert live.stop() == 0
 
 
-def test_corrupt_state_payload_is_discarded_cleanly(bundled_model: Path, tmp_path: Path) -> None:
+def test_corrupt_state_payload_is_discarded_cleanly(start_server: Callable[..., Live], tmp_path: Path) -> None:
     def flip(p: Path) -> None:
         data = bytearray(p.read_bytes())
         data[-100] ^= 0xFF  # same size, damaged payload: only the checksum can tell
         p.write_bytes(bytes(data))
 
-    usage, live = _two_turns_across_restart(bundled_model, tmp_path, flip)
+    usage, live = _two_turns_across_restart(start_server, tmp_path, flip)
     try:
         assert usage["turn2"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert "checksum mismatch" in live.log()
@@ -302,8 +301,8 @@ def test_corrupt_state_payload_is_discarded_cleanly(bundled_model: Path, tmp_pat
         assert live.stop() == 0
 
 
-def test_queue_timeout_is_503_or_an_in_stream_error(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "1", "--max-wait-ms", "0", "--queue-timeout-s", "1.5")
+def test_queue_timeout_is_503_or_an_in_stream_error(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=1, max_wait_ms=0, queue_timeout_s=1.5)
     try:
         live.wait_ready()
         hold = hold_the_only_slot(live)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anthropic
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 
 pytestmark = [pytest.mark.integration]
 KEY = "anthropic-sdk-key-" + "k" * 16
@@ -21,7 +21,7 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city.
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     d = tmp_path_factory.mktemp("anthropic")
     (d / "keys").write_text(f"{KEY} sdk\n")
-    with serving(bundled_model, d, "--api-keys-file", str(d / "keys")) as live:
+    with live_server(d, model=bundled_model, api_keys_file=d / "keys") as live:
         yield live
 
 

@@ -7,13 +7,14 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.sse import content_of, events_in, events_of
 
 pytestmark = pytest.mark.integration
@@ -215,8 +216,8 @@ def test_non_streaming_client_disconnect_frees_slot(server: Live) -> None:
     assert h["engine"]["finished"].get("cancelled", 0) == before + 1
 
 
-def test_eight_concurrent_streams_share_decode_steps(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "8", "--max-wait-ms", "200")
+def test_eight_concurrent_streams_share_decode_steps(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=8, max_wait_ms=200)
     try:
         live.wait_ready()
         questions = ["Name a fruit.", "Name a colour.", "Name a city.", "Name an animal.",
@@ -236,8 +237,8 @@ def test_eight_concurrent_streams_share_decode_steps(bundled_model: Path, tmp_pa
         assert live.stop() == 0
 
 
-def test_health_is_loading_then_ready(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path)
+def test_health_is_loading_then_ready(start_server: Callable[..., Live]) -> None:
+    live = start_server(ready=False)
     try:
         live.wait_port()  # HTTP is up before the model: loading takes seconds from here
         early = live.chat(ask("hi"))
@@ -257,8 +258,8 @@ def test_health_is_loading_then_ready(bundled_model: Path, tmp_path: Path) -> No
         assert live.stop() == 0
 
 
-def test_sigterm_lets_running_stream_finish_then_exits_0(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--grace-s", "60")
+def test_sigterm_lets_running_stream_finish_then_exits_0(start_server: Callable[..., Live]) -> None:
+    live = start_server(grace_s=60)
     live.wait_ready()
     body = {"messages": ask("Count from 1 to 30, separated by commas."), "stream": True,
             "max_tokens": 80, "temperature": 0}
@@ -293,9 +294,9 @@ def test_oversized_body_is_413_and_long_stop_is_400(server: Live) -> None:
     assert server.chat(ask("Say ok."), max_tokens=3).status_code == 200
 
 
-def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(bundled_model: Path, tmp_path: Path) -> None:
+def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(start_server: Callable[..., Live], tmp_path: Path) -> None:
     state = tmp_path / "state"
-    live = start(bundled_model, tmp_path, "--kv-type", "q8_0", "--state-dir", str(state))
+    live = start_server(kv_type="q8_0", state_dir=state)
     try:
         live.wait_ready()
         r = live.client.post("/v1/chat/completions", headers={"X-Session-Id": "kvq-session-000001"},
@@ -306,7 +307,7 @@ def test_q8_0_kv_cache_serves_and_its_state_is_not_mixed_with_f16(bundled_model:
         assert live.stop() == 0
     assert len(list(state.glob("*.kv"))) == 1
     # An f16 server must not load state saved with a q8_0 cache.
-    live = start(bundled_model, tmp_path, "--state-dir", str(state))
+    live = start_server(state_dir=state)
     try:
         live.wait_ready()
         assert live.client.get("/v1/sessions/kvq-session-000001").status_code == 404

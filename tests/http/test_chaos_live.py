@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import random
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
-from helpers.live import start
+from helpers.live import Live
 from helpers.sse import events_of
 
 from appliance.bench import sse
@@ -22,9 +22,8 @@ QUESTIONS = ["Name a colour.", "Name a city.", "What is 3+4?", "Say hello in Fre
              "Name a tree.", "What day follows Monday?", "Name a metal."]
 
 
-def test_random_clients_leave_the_server_healthy(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "3", "--cached-sessions", "2", "--kv-tokens", "8192",
-                 "--ctx-per-slot", "2048", "--park-ram-mb", "64", "--max-queue", "6")
+def test_random_clients_leave_the_server_healthy(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=3, cached_sessions=2, kv_tokens=8192, ctx_per_slot=2048, park_ram_mb=64, max_queue=6)
     statuses: list[int] = []
     try:
         live.wait_ready()

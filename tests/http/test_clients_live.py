@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 
 pytestmark = pytest.mark.integration
 PRESET = "You are the office helpdesk assistant. Answer in one short sentence."
@@ -21,8 +21,7 @@ def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     d = tmp_path_factory.mktemp("clients")
     cfg = d / "appliance.toml"
     cfg.write_text(f'[system_prompts]\nhelpdesk = "{PRESET}"\n')
-    with serving(bundled_model, d, "--config", str(cfg), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192") as live:
+    with live_server(d, model=bundled_model, config=cfg, slots=4, ctx_per_slot=1024, kv_tokens=8192) as live:
         yield live
 
 

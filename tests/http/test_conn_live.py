@@ -9,10 +9,10 @@ import resource
 import select
 import socket
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live
 from helpers.polling import wait_until
 
 pytestmark = pytest.mark.integration
@@ -84,12 +84,11 @@ def fds(live: Live) -> int:
     return len(os.listdir(f"/proc/{live.proc.pid}/fd"))
 
 
-def test_idle_sockets_neither_exhaust_the_server_nor_stay_open(bundled_model: Path, tmp_path: Path) -> None:
+def test_idle_sockets_neither_exhaust_the_server_nor_stay_open(start_server: Callable[..., Live]) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096:  # the server inherits this too
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
-    live = start(bundled_model, tmp_path, "--request-deadline-s", str(DEADLINE), "--slots", "2",
-                 "--kv-tokens", "4096", "--ctx-per-slot", "1024", "--cached-sessions", "2")
+    live = start_server(request_deadline_s=DEADLINE, slots=2, kv_tokens=4096, ctx_per_slot=1024, cached_sessions=2)
     socks: list[socket.socket] = []
     try:
         live.wait_ready()

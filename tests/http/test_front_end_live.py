@@ -37,8 +37,8 @@ def ask(live: Live, question: str, person: str | None, tools: list[dict[str, Any
 
 
 def test_a_front_ends_tools_fit_beside_the_context_and_are_read_once_for_all_its_people(
-        servers: Callable[..., Live]) -> None:
-    live = servers("--ctx-per-slot", "256", "--kv-tokens", "4096", "--slots", "2", "--trusted-proxies", "127.0.0.1")
+        start_server: Callable[..., Live]) -> None:
+    live = start_server(ctx_per_slot=256, kv_tokens=4096, slots=2, trusted_proxies="127.0.0.1")
     first = ask(live, "Which invoices are due this week?", "ann")
     assert first["prompt_tokens"] > 256  # beyond the conversation's own context: the tools' allowance
     assert first["prompt_tokens_details"]["cached_tokens"] < 100  # the first chat ever reads the block
@@ -50,13 +50,13 @@ def test_a_front_ends_tools_fit_beside_the_context_and_are_read_once_for_all_its
 
 
 def test_a_front_ends_second_tools_set_copies_what_it_shares_with_the_first_and_is_read_once(
-        servers: Callable[..., Live]) -> None:
+        start_server: Callable[..., Live]) -> None:
     """Open WebUI 0.12.4 sends its admins 36 built-in tools and its users 30: the first 24 the
     same, then the admins' extra ones (skills, automations) in between. Each set is read
     once, the users' copying the part both begin with, and every later new chat copies its
     whole set."""
     users_tools = TOOLS[:4] + TOOLS[5:]  # the admin's fifth tool is not the users'
-    live = servers("--ctx-per-slot", "256", "--kv-tokens", "4096", "--slots", "2", "--trusted-proxies", "127.0.0.1")
+    live = start_server(ctx_per_slot=256, kv_tokens=4096, slots=2, trusted_proxies="127.0.0.1")
     admin = ask(live, "Which invoices are due this week?", "ann")
     assert admin["prompt_tokens_details"]["cached_tokens"] < 100
     # A second admin: a set sent for two people is the front-end's, and lends a part of itself
@@ -70,10 +70,10 @@ def test_a_front_ends_second_tools_set_copies_what_it_shares_with_the_first_and_
         assert later["prompt_tokens_details"]["cached_tokens"] >= later["prompt_tokens"] - 30
 
 
-def test_a_front_ends_title_template_is_read_once_three_people_have_sent_it(servers: Callable[..., Live]) -> None:
+def test_a_front_ends_title_template_is_read_once_three_people_have_sent_it(start_server: Callable[..., Live]) -> None:
     """Open WebUI's title request is its ~250-token template, then the chat: after three
     people's titles, every later one copies the template and reads only the chat."""
-    live = servers("--slots", "2", "--trusted-proxies", "127.0.0.1")
+    live = start_server(slots=2, trusted_proxies="127.0.0.1")
     cached = []
     for i, person in enumerate(["ann", "ben", "cat", "dan"]):
         history = f"USER: Which room is free at {i + 9} o'clock?\nASSISTANT: Room {i + 2} is free then."

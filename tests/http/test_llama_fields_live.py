@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, live_server
 
 pytestmark = [pytest.mark.integration]
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -21,11 +21,9 @@ PROMPT = "I believe the meaning of life is"
 
 @pytest.fixture(scope="module")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    live = start(bundled_model, tmp_path_factory.mktemp("llama-fields"), "--slots", "2", "--ctx-per-slot", "2048",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with live_server(tmp_path_factory.mktemp("llama-fields"), model=bundled_model, slots=2, ctx_per_slot=2048,
+                     kv_tokens=8192) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")

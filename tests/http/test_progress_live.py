@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 from helpers.sse import events_of
 
 from appliance.bench import sse
@@ -27,7 +27,7 @@ QUESTION = "What is the project code word? Answer with the word only."
 @pytest.fixture(scope="module")
 def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     # The defaults but for fewer slots (ctx_per_slot 4,096, batch_tokens 512, prefill_chunk 64).
-    with serving(bundled_model, tmp_path_factory.mktemp("progress"), "--slots", "4") as server:
+    with live_server(tmp_path_factory.mktemp("progress"), model=bundled_model, slots=4) as server:
         yield server
 
 

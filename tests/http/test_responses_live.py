@@ -10,7 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from helpers.live import Live, start
+from helpers.live import Live, live_server
 
 pytestmark = pytest.mark.integration
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -19,11 +19,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
 
 @pytest.fixture(scope="module")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    live = start(bundled_model, tmp_path_factory.mktemp("responses"), "--slots", "2", "--ctx-per-slot", "2048",
-                 "--kv-tokens", "8192")
-    live.wait_ready()
-    yield live
-    assert live.stop() == 0
+    with live_server(tmp_path_factory.mktemp("responses"), model=bundled_model, slots=2, ctx_per_slot=2048,
+                     kv_tokens=8192) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")

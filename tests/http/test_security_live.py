@@ -12,13 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, serving, start
+from helpers.live import Live, live_server
 from helpers.polling import wait_until
 from helpers.sse import events_of
 
@@ -39,8 +39,7 @@ def keyed(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     # Key and session binding at the defaults, common system prompts on: these tests send the
     # same private system prompt from two keys on purpose, and two identities never make a
     # block public (three do: common_system_prompts, test_clients_live.py).
-    with serving(bundled_model, d, "--api-keys-file", str(keys), "--slots", "4", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192") as live:
+    with live_server(d, model=bundled_model, api_keys_file=keys, slots=4, ctx_per_slot=1024, kv_tokens=8192) as live:
         yield live, keys
 
 
@@ -264,9 +263,8 @@ def test_cross_site_and_rebinding_guards(keyed: tuple[Live, Path]) -> None:
 
 
 # -- rate limit -----------------------------------------------------------------------------------------
-def test_rate_limit_with_and_without_a_trusted_proxy(bundled_model: Path, tmp_path: Path) -> None:
-    live = start(bundled_model, tmp_path, "--slots", "1", "--ctx-per-slot", "256", "--kv-tokens", "1024",
-                 "--rate-limit-per-s", "0.2", "--trusted-proxies", "127.0.0.1")
+def test_rate_limit_with_and_without_a_trusted_proxy(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=1, ctx_per_slot=256, kv_tokens=1024, rate_limit_per_s=0.2, trusted_proxies="127.0.0.1")
     try:
         live.wait_ready()
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -287,14 +285,13 @@ def test_rate_limit_with_and_without_a_trusted_proxy(bundled_model: Path, tmp_pa
 
 
 # -- TLS ---------------------------------------------------------------------------------------------------
-def test_tls_serves_https_with_the_given_certificate(bundled_model: Path, tmp_path: Path) -> None:
+def test_tls_serves_https_with_the_given_certificate(start_server: Callable[..., Live], tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     # The documented way (docs/SECURITY.md) to make a certificate for a LAN name.
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    live = start(bundled_model, tmp_path, "--slots", "1", "--ctx-per-slot", "256", "--kv-tokens", "1024",
-                 "--tls-cert", str(cert), "--tls-key", str(key))
+    live = start_server(slots=1, ctx_per_slot=256, kv_tokens=1024, tls_cert=cert, tls_key=key)
     try:
         live.wait_port()
         trust = ssl.create_default_context(cafile=str(cert))

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 CHAT = "/v1/chat/completions"
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one short sentence."}
-SMALL = ("--slots", "4", "--ctx-per-slot", "1024", "--kv-tokens", "4096")
+SMALL = {"slots": 4, "ctx_per_slot": 1024, "kv_tokens": 4096}
 HANG_S = 300
 
 
@@ -141,11 +141,11 @@ def first_token_s(live: Live, user: int) -> float:
     raise AssertionError("no content")
 
 
-def test_slow_request_bodies_hold_nothing_another_client_needs(servers: Callable[..., Live]) -> None:
+def test_slow_request_bodies_hold_nothing_another_client_needs(start_server: Callable[..., Live]) -> None:
     """Four connections from two addresses trickle a chat body a byte every 2 s (each would
     take ~15 minutes): while all four are still sending, another client is answered, and
     /health shows no parse permit held by them."""
-    live = servers(*SMALL)
+    live = start_server(**SMALL)
     alone = first_token_s(live, 7)
     slow = [Trickler(live, user) for user in (2, 2, 3, 3)]
     try:
@@ -161,9 +161,9 @@ def test_slow_request_bodies_hold_nothing_another_client_needs(servers: Callable
 
 
 # -- 2. a state directory that turns read-only or fills up -------------------------------------------
-def saved_conversations(servers: Callable[..., Live], state: Path, n: int) -> list[tuple[str, str]]:
+def saved_conversations(start_server: Callable[..., Live], state: Path, n: int) -> list[tuple[str, str]]:
     """n conversations answered and saved by a first server, stopped: [(session, question)]."""
-    first = servers(*SMALL, state=state)
+    first = start_server(**SMALL, state=state)
     convs = [(f"ro-{i}-{secrets.token_hex(12)}", f"Name a thing that is colour number {i}.") for i in range(n)]
     for session, q in convs:
         assert ask(first, q, session)[0] == 200
@@ -175,10 +175,10 @@ def saved_conversations(servers: Callable[..., Live], state: Path, n: int) -> li
 @needs_mounts
 @pytest.mark.parametrize("fault", ["read-only", "full"])
 def test_a_failing_state_directory_gives_no_5xx_leaks_nothing_and_says_so(
-        servers: Callable[..., Live], tmp_path: Path, fault: str) -> None:
+        start_server: Callable[..., Live], tmp_path: Path, fault: str) -> None:
     state = tmp_path / "state"
-    convs = saved_conversations(servers, state, 3)
-    live = servers(*SMALL, state=state, mounted=True)
+    convs = saved_conversations(start_server, state, 3)
+    live = start_server(**SMALL, state=state, mounted=True)
     if fault == "read-only":
         read_only(live, state)
     else:  # a full disk: a small tmpfs over it holding the saved files, the rest filled
@@ -216,9 +216,9 @@ def test_a_failing_state_directory_gives_no_5xx_leaks_nothing_and_says_so(
 
 @needs_mounts
 def test_usage_counted_during_a_disk_error_is_in_the_database_after_a_restart(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     state = tmp_path / "state"
-    live = servers(*SMALL, state=state, mounted=True)
+    live = start_server(**SMALL, state=state, mounted=True)
     assert ask(live, "Name a colour.", user=5)[0] == 200
     wait_until(lambda: live.client.get("/admin/status").json()["persistent"], 30, "the usage file to be written")
     read_only(live, state)
@@ -227,7 +227,7 @@ def test_usage_counted_during_a_disk_error_is_in_the_database_after_a_restart(
     wait_until(lambda: not live.client.get("/admin/status").json()["persistent"], 30, "the disk error to be seen")
     writable_again(live, state)
     assert live.stop() == 0  # the last write at shutdown, or the writer's retry before it
-    again = servers(*SMALL, state=state)
+    again = start_server(**SMALL, state=state)
     people = again.client.get("/admin/status").json()["people"]
     me = next(p for p in people if p["who"] == user_address(5))
     assert me["today"]["requests"] == 20, people
@@ -236,10 +236,10 @@ def test_usage_counted_during_a_disk_error_is_in_the_database_after_a_restart(
 
 @needs_mounts
 def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_or_corrupt_store(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     state = tmp_path / "state"
-    people = ("--auth", "people")
-    live = servers(*SMALL, *people, state=state, mounted=True)
+    people = {"auth": "people"}
+    live = start_server(**SMALL, **people, state=state, mounted=True)
     r = live.client.post("/admin/people", json={"name": "Ann"})
     token = r.json()["invite_url"].rsplit("=", 1)[1]
     r = live.user_client(3).post("/auth/invite/accept", json={"token": token, "password": "ann's long password"})
@@ -250,14 +250,14 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
     assert live.stop() == 0
 
     # A restart loses no chat, and Ann stays signed in.
-    live = servers(*SMALL, *people, state=state, mounted=True)
+    live = start_server(**SMALL, **people, state=state, mounted=True)
     got = live.user_client(3).get("/v1/chats/plants-chat-000000001", headers=ann)
     assert got.status_code == 200 and got.json()["messages"][1]["content"] == "On Mondays."
 
     # The disk is read-only (an SD card the kernel remounted): Ann signs in and reads her chats,
     # answers go on, a save is a 503 that says so, /auth/me tells the page.
     assert live.stop() == 0
-    live = servers(*SMALL, *people, state=state, read_only=True)
+    live = start_server(**SMALL, **people, state=state, read_only=True)
     assert live.user_client(3).get("/v1/chats/plants-chat-000000001", headers=ann).status_code == 200
     signin = live.user_client(4).post("/auth/signin", json={"name": "Ann", "password": "ann's long password"})
     assert signin.status_code == 200
@@ -280,7 +280,7 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
     (state / "people.sqlite3").write_bytes(b"not a database " * 1000)
     for extra in ("people.sqlite3-wal", "people.sqlite3-shm"):
         (state / extra).unlink(missing_ok=True)
-    live = servers(*SMALL, *people, state=state)
+    live = start_server(**SMALL, **people, state=state)
     assert live.client.get("/health").json()["status"] == "ok"
     signin = live.user_client(3).post("/auth/signin", json={"name": "Ann", "password": "ann's long password"})
     assert signin.status_code == 503 and signin.json()["error"]["code"] == "store_unavailable"
@@ -291,10 +291,10 @@ def test_people_mode_loses_no_chat_on_a_restart_and_goes_on_through_a_read_only_
 
 # -- 4. a stop in the middle of long answers ----------------------------------------------------
 def test_a_stop_ends_every_running_answer_with_the_error_event_and_keeps_its_conversation(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     state = tmp_path / "state"
     grace = 2
-    live = servers(*SMALL, "--grace-s", str(grace), state=state)
+    live = start_server(**SMALL, grace_s=grace, state=state)
     sessions = [f"stop-{i}-{secrets.token_hex(12)}" for i in range(4)]
     results: dict[str, list[Any]] = {}
     started = threading.Barrier(len(sessions) + 1, timeout=120)
@@ -339,7 +339,7 @@ def test_a_stop_ends_every_running_answer_with_the_error_event_and_keeps_its_con
         assert errors[0]["error"]["code"] == "shutting_down"
         assert content_of(evs), session  # what was generated before is kept
     assert "CancelledError" not in live.log()
-    again = servers(*SMALL, state=state)
+    again = start_server(**SMALL, state=state)
     _, _, usage = ask(again, "Count from 1 to 500, one number per line.", sessions[0])
     assert cached(usage) > 0, usage  # the conversation was saved: its prompt is not read again
     print(f"\nfaults/stop mid-answer: {len(sessions)} streams, each ended by one shutting_down event; "
@@ -351,12 +351,12 @@ SECRET = "You are Alice's private assistant. Her project codename is BLUEHERON a
 
 
 def test_a_second_key_sending_the_first_keys_private_system_prompt_gets_nothing_cached(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     names = ["alice", "mallory", "carol", "dave"]
     tokens = {n: f"key-{n}-" + secrets.token_hex(16) for n in names}
     keys.write_text("".join(f"{tokens[n]} {n}\n" for n in names))
-    live = servers(*SMALL, "--api-keys-file", str(keys))  # the defaults otherwise: common prompts on
+    live = start_server(**SMALL, api_keys_file=keys)  # the defaults otherwise: common prompts on
 
     def as_key(name: str, question: str) -> dict[str, Any]:
         r = live.client.post(CHAT, headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=HANG_S,
@@ -379,8 +379,8 @@ def test_a_second_key_sending_the_first_keys_private_system_prompt_gets_nothing_
 
 
 # -- 6. unread answers and header bounds -----------------------------------------------------------
-def test_oversized_headers_are_refused_however_they_arrive(servers: Callable[..., Live]) -> None:
-    live = servers(*SMALL)
+def test_oversized_headers_are_refused_however_they_arrive(start_server: Callable[..., Live]) -> None:
+    live = start_server(**SMALL)
     head = (f"POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-large: {'a' * 65536}\r\n"
             "content-length: 2\r\n\r\n{}").encode()
     statuses = []
@@ -397,8 +397,8 @@ def test_oversized_headers_are_refused_however_they_arrive(servers: Callable[...
     assert ask(live, "Name a colour.")[0] == 200
 
 
-def test_an_answer_its_client_stops_reading_is_cut_and_its_slot_freed(servers: Callable[..., Live]) -> None:
-    live = servers("--slots", "4", "--ctx-per-slot", "2048", "--kv-tokens", "8192", "--response-stall-s", "2")
+def test_an_answer_its_client_stops_reading_is_cut_and_its_slot_freed(start_server: Callable[..., Live]) -> None:
+    live = start_server(slots=4, ctx_per_slot=2048, kv_tokens=8192, response_stall_s=2)
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that takes nothing
     s.connect(("127.0.0.1", live.port))

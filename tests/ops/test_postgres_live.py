@@ -26,7 +26,7 @@ CHAT_ID = "chat-on-two-boxes-0001"
 
 @pytest.fixture
 def boxes(bundled_model: Path, tmp_path: Path) -> Iterator[tuple[list[Live], Nginx]]:
-    with cluster() as url, two_boxes(bundled_model, tmp_path, "--auth", "people", "--database-url", url) as boxes:
+    with cluster() as url, two_boxes(bundled_model, tmp_path, auth="people", database_url=url) as boxes:
         yield boxes
 
 

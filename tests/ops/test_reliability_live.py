@@ -191,12 +191,11 @@ OVERLOAD_CLIENTS = 4 * OVERLOAD_SLOTS
 OVERLOAD_PER_CLIENT = 4
 
 
-def test_overload_every_request_is_answered_or_clearly_refused(servers: Callable[..., Live]) -> None:
+def test_overload_every_request_is_answered_or_clearly_refused(start_server: Callable[..., Live]) -> None:
     """4x the slot count in concurrent clients, a fixed number of requests each, streamed and
     not: each ends in a complete answer or a 429/503 with an OpenAI error body, and the
     server's own counters agree with what the clients saw."""
-    live = servers("--slots", str(OVERLOAD_SLOTS), "--max-queue", "8", "--queue-timeout-s", "6",
-                   "--kv-tokens", "8192", "--ctx-per-slot", "1024")
+    live = start_server(slots=OVERLOAD_SLOTS, max_queue=8, queue_timeout_s=6, kv_tokens=8192, ctx_per_slot=1024)
     before = finished(live)
     peak_queue = 0
     stop_watch = threading.Event()
@@ -261,14 +260,13 @@ SOAK_S = 180.0  # in all, warm-up included
 TURNS_PER_CONVERSATION = 4  # then the conversation starts over (its history stays bounded)
 
 
-def test_soak_at_capacity_memory_stays_flat_and_counters_return_to_idle(servers: Callable[..., Live]) -> None:
+def test_soak_at_capacity_memory_stays_flat_and_counters_return_to_idle(start_server: Callable[..., Live]) -> None:
     """SOAK_SLOTS clients (capacity) for SOAK_S over 2 conversations each, one named by
     X-Session-Id and one not. Few idle sessions fit in the KV cache, so conversations are
     parked and restored all along. RSS minus parked bytes grows < 5% from warm-up to the
     end; afterwards nothing runs or waits, and once every conversation is deleted the
     session counters are back at the values of a fresh start."""
-    live = servers("--slots", str(SOAK_SLOTS), "--cached-sessions", "2", "--park-ram-mb", "24",
-                   "--kv-tokens", "8192", "--ctx-per-slot", "2048")
+    live = start_server(slots=SOAK_SLOTS, cached_sessions=2, park_ram_mb=24, kv_tokens=8192, ctx_per_slot=2048)
     fresh = live.health()["sessions"]
     assert (fresh["cached"], fresh["parked"], fresh["parked_bytes"]) == (0, 0, 0)
     pid = live.proc.pid
@@ -362,12 +360,11 @@ def test_soak_at_capacity_memory_stays_flat_and_counters_return_to_idle(servers:
 
 
 # -- faults: a failing decode step -----------------------------------------------------------
-def test_a_failing_decode_step_fails_only_its_requests(servers: Callable[..., Live]) -> None:
+def test_a_failing_decode_step_fails_only_its_requests(start_server: Callable[..., Live]) -> None:
     """The 7th decode after start-up raises. 2 slots, 4 streams: the (at most 2) running in
     that step get one in-stream error event and their stream closes; the queued ones and
     every later request are served."""
-    live = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024",
-                   env={"APPLIANCE_FAULT": "decode-fail@6"})
+    live = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, env={"APPLIANCE_FAULT": "decode-fail@6"})
 
     def stream(i: int) -> tuple[str, list[Any]]:
         body = {"messages": [SYSTEM, {"role": "user", "content": "Count from 1 to 30."}], "max_tokens": 48,
@@ -403,14 +400,14 @@ def test_a_failing_decode_step_fails_only_its_requests(servers: Callable[..., Li
 
 # -- faults: SIGKILL while saving sessions -------------------------------------------------
 def test_sigkill_while_saving_then_a_restart_discards_the_incomplete_and_serves(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     """Three conversations, then a stop; saving each file after the first waits 60 s
     before its rename (APPLIANCE_FAULT=save-slow), and SIGKILL lands in that wait. The
     restart removes the temporary file with a log line, keeps the one complete file (its
     conversation continues from it) and serves the others by recomputing."""
     state = tmp_path / "kill-state"
-    live = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024",
-                   env={"APPLIANCE_FAULT": "save-slow:60@1"}, state=state)
+    live = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, env={"APPLIANCE_FAULT": "save-slow:60@1"},
+                        state=state)
     sids = [f"kill-{i}-{secrets.token_hex(12)}" for i in range(3)]
     users = [30, 31, 32]  # one client each: no conversation can reuse another's prefix
     history, first_prompt = {}, {}
@@ -430,7 +427,7 @@ def test_sigkill_while_saving_then_a_restart_discards_the_incomplete_and_serves(
     left = sorted(os.listdir(state))
     assert len([n for n in left if n.endswith(".kv")]) == 1 and len([n for n in left if n.endswith(".tmp")]) == 1, left
 
-    again = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024", state=state)
+    again = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, state=state)
     log = again.log()
     assert "removed 1 temporary session files left by an interrupted save" in log, log[-2000:]
     assert "1 saved sessions found" in log
@@ -461,13 +458,13 @@ def test_sigkill_while_saving_then_a_restart_discards_the_incomplete_and_serves(
 
 # -- faults: a state_dir that cannot be written ---------------------------------------------
 def test_a_full_disk_at_shutdown_is_a_log_line_and_the_next_start_serves(
-        servers: Callable[..., Live], tmp_path: Path) -> None:
+        start_server: Callable[..., Live], tmp_path: Path) -> None:
     """RLIMIT_FSIZE on the running server (as root, chmod would not stop a write): a session
     file bigger than the limit cannot be written, like on a full disk. The server keeps
     serving under the limit; the save at shutdown fails with one log line, leaves no
     partial file, and the process still exits 0; the next start on that state_dir serves."""
     state = tmp_path / "full-state"
-    live = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024", state=state)
+    live = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, state=state)
     sids = [f"full-{i}-{secrets.token_hex(12)}" for i in range(2)]
     long_question = "Summarise in one line: " + " ".join(f"item {i} is on shelf {i % 7}." for i in range(40))
 
@@ -490,7 +487,7 @@ def test_a_full_disk_at_shutdown_is_a_log_line_and_the_next_start_serves(
     # are files of their own.
     assert [n for n in os.listdir(state) if n not in (USAGE_FILE, LIBRARY_FILE)] == [], os.listdir(state)
 
-    again = servers("--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024", state=state)
+    again = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, state=state)
     assert "saved sessions found" not in again.log()
     r = again.client.get(f"/v1/sessions/{sids[0]}")
     assert r.status_code == 404
@@ -507,13 +504,13 @@ def long_prompt(lines: int) -> str:
         f"Line {i}: box {i * 7 % 1000} holds {i % 13} bolts and {i % 5} nuts on shelf {i % 17}." for i in range(lines))
 
 
-def test_clients_that_disconnect_in_every_state_free_their_slot(servers: Callable[..., Live]) -> None:
+def test_clients_that_disconnect_in_every_state_free_their_slot(start_server: Callable[..., Live]) -> None:
     """Queued (slots full), prefilling (a long prompt), streaming, waiting for a whole
     answer, and while their sessions are being parked and restored: after each, nothing
     stays busy or queued, the engine counted each one as cancelled, and the next request is
     served."""
-    live = servers("--slots", "2", "--cached-sessions", "1", "--park-ram-mb", "64", "--kv-tokens", "12288",
-                   "--ctx-per-slot", "4096", "--max-tokens-limit", "512")
+    live = start_server(slots=2, cached_sessions=1, park_ram_mb=64, kv_tokens=12288, ctx_per_slot=4096,
+                        max_tokens_limit=512)
     counting = "Count from 1 to 400, one number per line."
     report: dict[str, str] = {}
 

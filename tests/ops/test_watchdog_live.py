@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from helpers.fakes import FakeSystemd
-from helpers.live import start
+from helpers.live import Live
 from helpers.polling import wait_until
 
 pytestmark = pytest.mark.integration
@@ -21,11 +21,10 @@ STALL_S = 2.0
 BLOCK_S = 6.0
 
 
-def test_real_server_pings_systemd_only_while_its_engine_makes_progress(bundled_model: Path, tmp_path: Path) -> None:
+def test_real_server_pings_systemd_only_while_its_engine_makes_progress(start_server: Callable[..., Live]) -> None:
     systemd = FakeSystemd()
     env = {**systemd.env(WATCHDOG_S), "APPLIANCE_FAULT": f"decode-block:{BLOCK_S}"}
-    live = start(bundled_model, tmp_path, "--slots", "2", "--kv-tokens", "4096", "--ctx-per-slot", "1024",
-                 "--stall-s", str(STALL_S), env=env)
+    live = start_server(slots=2, kv_tokens=4096, ctx_per_slot=1024, stall_s=STALL_S, env=env)
     try:
         live.wait_ready()
         t_ready = systemd.wait_for("READY=1", 5)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 from helpers.sse import content_of
 from pydantic import BaseModel
 
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with serving(bundled_model, tmp_path_factory.mktemp("structured"), "--slots", "8", "--ctx-per-slot", "1024",
-                 "--kv-tokens", "8192") as live:
+    with live_server(tmp_path_factory.mktemp("structured"), model=bundled_model, slots=8, ctx_per_slot=1024,
+                     kv_tokens=8192) as live:
         yield live
 
 

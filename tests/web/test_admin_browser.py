@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 from helpers.polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -39,8 +39,8 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("admin")
     keys = d / "keys"
     keys.write_text("".join(f"{key} {who}{f' {ALICE_QUOTA}' if who == 'alice' else ''}\n" for who, key in KEYS.items()))
-    with serving(bundled_model, d, "--slots", "4", "--ctx-per-slot", "1024", "--kv-tokens", "4096",
-                 "--max-tokens-limit", "64", "--default-max-tokens", "32", "--api-keys-file", str(keys)) as s:
+    with live_server(d, model=bundled_model, slots=4, ctx_per_slot=1024, kv_tokens=4096, max_tokens_limit=64,
+                     default_max_tokens=32, api_keys_file=keys) as s:
         yield s
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from helpers.documents import docx_bytes, pdf_bytes
-from helpers.live import Live, start
+from helpers.live import Live, live_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -43,11 +43,9 @@ def fact(word: str) -> str:
 
 @pytest.fixture(scope="module")
 def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    s = start(bundled_model, tmp_path_factory.mktemp("documents"), "--slots", "2", "--ctx-per-slot", str(CTX),
-              "--kv-tokens", "8192", "--max-tokens-limit", "512")
-    s.wait_ready()
-    yield s
-    assert s.stop() == 0
+    with live_server(tmp_path_factory.mktemp("documents"), model=bundled_model, slots=2, ctx_per_slot=CTX,
+                     kv_tokens=8192, max_tokens_limit=512) as s:
+        yield s
 
 
 

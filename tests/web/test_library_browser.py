@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from helpers.documents import pdf_bytes
-from helpers.live import ROOT, Live, serving
+from helpers.live import ROOT, Live, live_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -40,8 +40,8 @@ def eval_set() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     d = tmp_path_factory.mktemp("library")
-    with serving(bundled_model, d, "--auth", "people", "--slots", "2", "--ctx-per-slot", "4096",
-                 "--kv-tokens", "8192", "--max-tokens-limit", "96", "--default-max-tokens", "48") as s:
+    with live_server(d, model=bundled_model, auth="people", slots=2, ctx_per_slot=4096, kv_tokens=8192,
+                     max_tokens_limit=96, default_max_tokens=48) as s:
         yield s
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 from helpers.polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -89,8 +89,8 @@ def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("page")
     cfg = d / "appliance.toml"
     cfg.write_text(f'[system_prompts]\nterse = "{PRESET}"\n')
-    with serving(bundled_model, d, "--config", str(cfg), "--slots", "2", "--ctx-per-slot", "2048",
-                 "--kv-tokens", "8192", "--max-tokens-limit", "512") as s:
+    with live_server(d, model=bundled_model, config=cfg, slots=2, ctx_per_slot=2048, kv_tokens=8192,
+                     max_tokens_limit=512) as s:
         yield s
 
 
@@ -100,8 +100,7 @@ def busy_live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     d = tmp_path_factory.mktemp("page-busy")
     keys = d / "keys"
     keys.write_text(f"{KEY} page-test\n")
-    with serving(bundled_model, d, "--slots", "1", "--max-queue", "1", "--ctx-per-slot", "512",
-                 "--kv-tokens", "2048", "--api-keys-file", str(keys)) as s:
+    with live_server(d, model=bundled_model, slots=1, max_queue=1, ctx_per_slot=512, kv_tokens=2048, api_keys_file=keys) as s:
         s.client.headers["Authorization"] = f"Bearer {KEY}"  # /health, which wait_ready asks, is open to all
         yield s
 

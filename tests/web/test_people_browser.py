@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.live import Live, serving
+from helpers.live import Live, live_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -29,8 +29,8 @@ PASSWORDS = {"Ann": "ann's long password", "Ben": "ben's long password"}
 @pytest.fixture(scope="module")
 def live(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     d = tmp_path_factory.mktemp("people")
-    with serving(bundled_model, d, "--auth", "people", "--slots", "2", "--ctx-per-slot", "2048",
-                 "--kv-tokens", "8192", "--max-tokens-limit", "64", "--default-max-tokens", "24") as s:
+    with live_server(d, model=bundled_model, auth="people", slots=2, ctx_per_slot=2048, kv_tokens=8192,
+                     max_tokens_limit=64, default_max_tokens=24) as s:
         yield s
 
 

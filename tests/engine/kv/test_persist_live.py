@@ -7,10 +7,11 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.live import start
+from helpers.live import Live
 
 from appliance.library.store import FILE_NAME as LIBRARY_FILE
 from appliance.usage.store import FILE_NAME as USAGE_FILE
@@ -22,14 +23,14 @@ def mode(p: Path) -> int:
     return stat.S_IMODE(os.lstat(p).st_mode)
 
 
-def test_saved_session_files_are_0600_in_0700_and_hold_no_session_id(bundled_model: Path, tmp_path: Path) -> None:
+def test_saved_session_files_are_0600_in_0700_and_hold_no_session_id(start_server: Callable[..., Live], tmp_path: Path) -> None:
     sid = "persist-live-" + secrets.token_hex(16)
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)  # as an older version (or a careless operator) left it
     old = os.umask(0o022)
     try:
-        live = start(bundled_model, tmp_path, "--state-dir", str(state))
+        live = start_server(state_dir=state)
     finally:
         os.umask(old)
     try:
