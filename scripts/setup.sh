@@ -171,7 +171,7 @@ if [[ ,$extras, == *,test,* ]] && ! command -v chromium >/dev/null; then
     say "note: without chromium the chat page's browser tests skip; install it with:  sudo apt-get install -y chromium"
   fi
 fi
-# ...and puts two appliances behind Debian's nginx (tests/live/test_scaleout_live.py).
+# ...and puts two appliances behind Debian's nginx (tests/ops/test_scaleout_live.py).
 if [[ ,$extras, == *,test,* ]] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   if [ "$(id -u)" = 0 ]; then
     missing+=(nginx)

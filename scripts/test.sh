@@ -4,7 +4,7 @@
 # `scripts/test.sh -m "not integration"` for the quick part only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh" bundled-model,test,plot  # plot: tests/ops/test_bench.py draws a chart
+"$root/scripts/setup.sh" bundled-model,test,plot  # plot: tests/bench/test_bench.py draws a chart
 cd "$root"
 "$root/.venv/bin/ruff" check appliance tests scripts bench compat
 "$root/.venv/bin/mypy"

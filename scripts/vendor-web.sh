@@ -8,14 +8,14 @@
 #
 # To move to a new version: change its line below (version and the registry's
 # dist.integrity, from `curl -s https://registry.npmjs.org/PKG/VERSION`), run this script,
-# run the browser tests (tests/browser/test_page_browser.py), commit web/vendor/ with the new line.
+# run the browser tests (tests/web/test_page_browser.py), commit web/vendor/ with the new line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 vendor=$root/web/vendor
 registry=${NPM_REGISTRY:-https://registry.npmjs.org}
 # All of web/ (HTML, CSS, scripts; not the license files) must stay under this: the chat
 # page, the admin page and people mode's modules (337 KB). What the chat page itself loads
-# (308 KB in open mode) is measured by tests/browser/test_page_browser.py, under 320 KB.
+# (308 KB in open mode) is measured by tests/web/test_page_browser.py, under 320 KB.
 BUDGET_BYTES=$((350 * 1024))
 
 # package  version  integrity (sha512, base64)  directory  files to keep (path in the tarball)

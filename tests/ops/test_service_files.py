@@ -584,6 +584,6 @@ def test_ctypes_callbacks_survive_memory_deny_write_execute() -> None:
 
 
 def test_reload_sends_sighup_which_reloads_the_keys(unit: Unit) -> None:
-    # appliance/serve.py handles SIGHUP by re-reading api_keys_file (tests/live/test_security_live.py
+    # appliance/serve.py handles SIGHUP by re-reading api_keys_file (tests/http/test_security_live.py
     # sends it to a real server); without this line `systemctl reload` would fail.
     assert one(unit, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"

@@ -17,17 +17,6 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000.0)  # the wall clock and the monotonic one, moved by the test
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[str]:
-    """One PostgreSQL cluster for the session's people tests (a fresh database per test)."""
-    from helpers.postgres import INSTALL, cluster, pg_bin
-
-    if pg_bin() is None:
-        pytest.skip(f"no PostgreSQL server: install it with  {INSTALL}")
-    with cluster() as url:
-        yield url
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The store on each engine: the same statements must mean the same on both."""
