@@ -2,7 +2,7 @@
 key, flag, APPLIANCE_* variable and flat TOML key as before); these groups order `appliance
 config`, `--help` and docs/SETTINGS.md, name the TOML tables a file may use instead of flat
 keys (`[engine]`, `[kv]`, ...), and tell the composition root (ops/compose.py) what each
-layer is handed: tests/unit/test_config_groups.py checks that each builder reads its group only.
+layer is handed: tests/core/test_config_groups.py checks that each builder reads its group only.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def in_group_order(names: list[str]) -> list[str]:
 def markdown(defaults: Mapping[str, Any], helps: Mapping[str, str]) -> str:
     """docs/SETTINGS.md: every key under its group, with its default and what it does."""
     lines = ["# Settings", "", "Generated from appliance/config.py and appliance/config_groups.py "
-             "(tests/unit/test_config_groups.py checks it). Each key is also a flag (`--key`), an environment "
+             "(tests/core/test_config_groups.py checks it). Each key is also a flag (`--key`), an environment "
              "variable (`APPLIANCE_KEY`) and a TOML key, flat or in its group's table (`[engine]` ...)."]
     for group, (reader, keys) in GROUPS.items():
         lines += ["", f"## [{group}]", "", reader[0].upper() + reader[1:] + ".", "", "| key | default | meaning |",
