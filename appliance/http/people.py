@@ -23,9 +23,11 @@ from starlette.requests import cookie_parser
 
 from appliance.people.accounts import Account, Accounts, Session
 from appliance.people.chats import Chats
-from appliance.people.db import Database, Store, StoreError
+from appliance.people.db import Database
 from appliance.people.passwords import Hasher
 from appliance.people.signin import SignInLimiter
+from appliance.store.database import Database as Store
+from appliance.store.errors import StoreError
 from appliance.workers import Worker, WorkerBusy, WorkerStopped
 
 log = logging.getLogger(__name__)

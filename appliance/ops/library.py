@@ -16,7 +16,7 @@ from appliance.library.library import Library, LibraryLimits
 from appliance.library.store import LibraryStore
 from appliance.model.embedding import embedding_model_path
 from appliance.model.gguf import ModelFileError
-from appliance.people.db import StoreError
+from appliance.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
