@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.postgres import INSTALL, cluster, fresh_database, pg_bin
+from helpers.postgres import fresh_database
 
 from appliance.library.store import FILE_NAME as LIBRARY_FILE
 from appliance.library.store import MIGRATIONS as LIBRARY
@@ -39,14 +39,6 @@ OLD_USAGE = """CREATE TABLE IF NOT EXISTS usage (
     requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
     cached_tokens INTEGER NOT NULL DEFAULT 0, generated_tokens INTEGER NOT NULL DEFAULT 0,
     refusals INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (day, who))"""
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    if pg_bin() is None:
-        pytest.skip(f"no PostgreSQL server: install it with  {INSTALL}")
-    with cluster() as url:
-        yield url
 
 
 def pg(url: str, *owners: Migrations) -> Database:
