@@ -37,8 +37,8 @@ MIGRATIONS = Migrations("library", ((
     # Each scope's words as written (exact_*) beside its stemmed ones (terms_*): a table's name
     # is a hash SQL cannot make, so this step leaves a note and the store, once open, builds
     # the tables from the stemmed ones' words (_build_written) and drops the note.
-    "CREATE TABLE build_written (scope_table TEXT)",
-    "INSERT INTO build_written VALUES ('all')",
+    "CREATE TABLE build_written (what TEXT)",
+    "INSERT INTO build_written VALUES ('exact_* from terms_*')",
 )))
 # A failed read and a failed write, as the routes answer them (a 503 either way).
 NAMING = Naming("library", read_code="library_unavailable", write_code="library_not_writable")

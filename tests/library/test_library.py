@@ -378,6 +378,9 @@ def test_codes_find_their_passage_and_stems_still_work(tmp_path: Path) -> None:
         assert first(lib, "policies for trips", ways=("words",)).startswith("The travel policy")
         assert first(lib, "出差住宿标准").startswith("差旅政策")
         assert first(lib, "差旅政策", ways=("words",)).startswith("差旅政策")
+        # A question without codes or mangled words is searched as before: one stemmed ranking.
+        for question in ("出差住宿标准", "policies for trips"):
+            assert lib._words([OFFICE], question) == ([lib.store.keyword(OFFICE, terms(question), 20)], [1.0])
     finally:
         lib.stop()
 
