@@ -321,8 +321,8 @@ def test_a_replacement_while_its_document_is_embedded_is_embedded_and_loaded_too
 
 
 AED = "The AED hangs on the wall beside reception, next to the first-aid kit."
-# Passages holding "a" or "A" (what the stemmer makes of "AED"), and the other codes.
-# As in the office's handbook: "where is the AED" used to match these first (where, is, the, a).
+# Passages holding "a" (what the stemmer makes of "AED") and where, is, the: by stems,
+# "where is the AED" found these before the AED's (as the office's "A 号楼梯" in issue 49).
 OTHERS = [f"Where is the A {n} 号楼梯? It is the staircase at the A entrance, door {n}." for n in range(1, 25)] + [
     "Print on A4 paper only; A3 needs a manager's approval.",
     "Connect to the VPN before you open the intranet.",
@@ -442,7 +442,7 @@ def test_a_library_from_before_is_migrated_with_nothing_lost(tmp_path: Path) -> 
             "SELECT count(*) FROM sqlite_master WHERE name = 'build_written'")) == (0,)
     finally:
         store.close()
-    again = LibraryStore(tmp_path)  # the note is gone: nothing built twice
+    again = LibraryStore(tmp_path)  # opened again: the same, the note gone
     try:
         assert len(again.keyword(OFFICE, [], 50, ["aed"])) == 1
     finally:
