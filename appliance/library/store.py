@@ -2,11 +2,14 @@
 SQLite file in state_dir (library.sqlite3: WAL, 0600, migrated on open; store/sqlite.py).
 Words are searched with FTS5, in one table per scope (the office's, and each person's own),
 so that one person's documents never weigh in another's ranking: bm25's word weights are
-counted per table."""
+counted per table. Each scope has two: its words by their stem (terms_*: policy finds
+policies) and as written (exact_*: AED, A4, VPN, which the porter stemmer cuts to "a" or
+would let a plural match)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +33,13 @@ MIGRATIONS = Migrations("library", ((
     """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, doc TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
        seq INTEGER NOT NULL, page INTEGER, text TEXT NOT NULL, vec BLOB)""",
     "CREATE INDEX passages_doc ON passages (doc, seq)",
-),))
+), (
+    # Each scope's words as written (exact_*) beside its stemmed ones (terms_*): a table's name
+    # is a hash SQL cannot make, so this step leaves a note and the store, once open, builds
+    # the tables from the stemmed ones' words (_build_written) and drops the note.
+    "CREATE TABLE build_written (what TEXT)",
+    "INSERT INTO build_written VALUES ('exact_* from terms_*')",
+)))
 # A failed read and a failed write, as the routes answer them (a 503 either way).
 NAMING = Naming("library", read_code="library_unavailable", write_code="library_not_writable")
 _COLUMNS = "id, scope, title, name, kind, size, pages, chars, truncated, passages, indexed, status, error, added_at, added_by"
@@ -40,9 +49,41 @@ def person_scope(person_id: str) -> str:
     return "person:" + person_id
 
 
-def _table(scope: str) -> str:
-    """The scope's FTS5 table: a name made of hex digits only, never of what a client sent."""
-    return "terms_office" if scope == OFFICE else "terms_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
+def _table(scope: str, written: bool = False) -> str:
+    """The scope's FTS5 table of stemmed words (or of words as written): a name made of hex
+    digits only, never of what a client sent."""
+    name = "office" if scope == OFFICE else hashlib.sha256(scope.encode()).hexdigest()[:24]
+    return ("exact_" if written else "terms_") + name
+
+
+# The words as written: unicode61 alone. Contentless (content=''): the stemmed table holds the
+# same words, which is what a delete hands back, so they are not stored a second time.
+_WRITTEN = "fts5(words, content = '', tokenize = 'unicode61')"
+_SCOPE_TABLE = re.compile(r"terms_(office|[0-9a-f]{24})")
+# The porter stemmer as FTS5 has it, in memory: which question words it would mangle.
+_STEMMER = Migrations("stems", ((
+    "CREATE VIRTUAL TABLE words USING fts5(word, tokenize = 'porter unicode61')",
+    "CREATE VIRTUAL TABLE stems USING fts5vocab(words, 'instance')",
+),))
+
+
+def _build_written(tx: Tx) -> None:
+    """Migration 2, its second half: each scope's words-as-written table, from the words its
+    stemmed table holds (once: the note goes in the same transaction)."""
+    if tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'build_written'") is None:
+        return
+    for (table,) in tx.all("SELECT name FROM sqlite_master WHERE type = 'table'"):
+        if _SCOPE_TABLE.fullmatch(table):
+            written = "exact_" + table.removeprefix("terms_")
+            tx.run(f"DROP TABLE IF EXISTS {written}")
+            tx.run(f"CREATE VIRTUAL TABLE {written} USING {_WRITTEN}")
+            tx.run(f"INSERT INTO {written} (rowid, words) SELECT rowid, words FROM {table}")
+    tx.run("DROP TABLE build_written")
+
+
+def _match(words: Sequence[str]) -> str:
+    # Each word quoted: only letters and digits reach here (passages.terms), never FTS5 syntax.
+    return " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +150,9 @@ class LibraryStore:
 
     def __init__(self, state_dir: Path | None) -> None:
         self.db = SqliteDatabase(state_dir, FILE_NAME, MIGRATIONS, NAMING)
+        if not self.db.read_only:  # read-only, an older file is searched by stems alone
+            self.db.write(_build_written)
+        self._stemmer = SqliteDatabase(None, "stems", _STEMMER, NAMING)
 
     @property
     def trouble(self) -> str:
@@ -121,25 +165,32 @@ class LibraryStore:
 
     def close(self) -> None:
         self.db.close()
+        self._stemmer.close()
 
     def _terms_table(self, tx: Tx, scope: str) -> str:
         """The scope's table, made in this transaction if it is not there (never remembered
         outside it: a transaction rolled back takes a new table with it)."""
-        table = _table(scope)
+        table, written = _table(scope), _table(scope, written=True)
         # porter: English words by their stem (policy, policies); CJK pairs pass unchanged.
         tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(words, tokenize = 'porter unicode61')")
+        tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {written} USING {_WRITTEN}")
         return table
 
     def _put_passages(self, tx: Tx, doc: str, scope: str, passages: list[Passage]) -> None:
-        table = self._terms_table(tx, scope)
+        table, written = self._terms_table(tx, scope), _table(scope, written=True)
         for p in passages:
             tx.run("INSERT INTO passages (doc, seq, page, text) VALUES (?, ?, ?, ?)", (doc, p.seq, p.page, p.text))
             row = tx.one("SELECT last_insert_rowid()")
             assert row is not None
-            tx.run(f"INSERT INTO {table} (rowid, words) VALUES (?, ?)", (row[0], " ".join(terms(p.text))))
+            words = " ".join(terms(p.text))
+            tx.run(f"INSERT INTO {table} (rowid, words) VALUES (?, ?)", (row[0], words))
+            tx.run(f"INSERT INTO {written} (rowid, words) VALUES (?, ?)", (row[0], words))
 
     def _drop_passages(self, tx: Tx, doc: str, scope: str) -> None:
-        table = self._terms_table(tx, scope)
+        table, written = self._terms_table(tx, scope), _table(scope, written=True)
+        # A contentless table forgets a row by being told its words: the stemmed table's.
+        tx.run(f"INSERT INTO {written} ({written}, rowid, words) SELECT 'delete', rowid, words FROM {table} "
+               "WHERE rowid IN (SELECT id FROM passages WHERE doc = ?)", (doc,))
         tx.run(f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM passages WHERE doc = ?)", (doc,))
         tx.run("DELETE FROM passages WHERE doc = ?", (doc,))
 
@@ -221,19 +272,41 @@ class LibraryStore:
             "SELECT p.id, p.doc, d.scope, p.vec FROM passages p JOIN documents d ON d.id = p.doc "
             f"WHERE d.status = 'ready' AND p.vec IS NOT NULL {where} ORDER BY p.id", params))]
 
-    def keyword(self, scope: str, words: list[str], limit: int) -> list[int]:
-        """The scope's passages holding any of the words, best first (bm25)."""
-        if not words:
-            return []
-        # Each word quoted: only letters and digits reach here (passages.terms), never FTS5 syntax.
-        query = " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
+    def _stems(self, words: list[str]) -> list[str]:
+        def stem(tx: Tx) -> list[tuple[Any, ...]]:
+            for i, w in enumerate(words):
+                tx.run("INSERT INTO words (rowid, word) VALUES (?, ?)", (i, w))
+            rows = tx.all("SELECT doc, term FROM stems WHERE \"offset\" = 0")
+            tx.run("DELETE FROM words")
+            return rows
+        got = dict(self._stemmer.write(stem)) if words else {}
+        return [str(got.get(i, w)) for i, w in enumerate(words)]
 
+    def forms(self, words: list[str], codes: list[str]) -> tuple[list[str], list[str]]:
+        """The words to search by their stem, and those to search as written: a code the
+        stemmer changes (AED -> "a", SMS -> "sm") and a word it cuts to one or two letters
+        (aed -> "a", its -> "it"); the stem would match words the question never asked."""
+        written = [w for w, s in zip(words, self._stems(words)) if s != w and (w in codes or len(s) <= 2)]
+        return [w for w in words if w not in written], written
+
+    def keyword(self, scope: str, words: list[str], limit: int, written: Sequence[str] = ()) -> list[int]:
+        """The scope's passages holding any of the words (by stem) or of `written` (as written),
+        best first: the two bm25 summed, which is one query's bm25 over both (bm25 adds each
+        word's share, and both tables hold the same words, so the same lengths)."""
         def find(tx: Tx) -> list[int]:
-            table = _table(scope)
+            table, exact = _table(scope), _table(scope, written=True)
             if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
                 return []
+            asked = [(table, list(words)), (exact, list(written))]
+            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (exact,)):
+                asked = [(table, [*words, *written])]  # not built: opened read-only since migrated
+            asked = [(t, w) for t, w in asked if w]
+            if not asked:
+                return []
+            union = " UNION ALL ".join(f"SELECT rowid, rank AS s FROM {t} WHERE {t} MATCH ?" for t, _ in asked)
             return [int(r[0]) for r in tx.all(
-                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?", (query, limit))]
+                f"SELECT rowid FROM ({union}) GROUP BY rowid ORDER BY sum(s), rowid LIMIT ?",
+                (*(_match(w) for _, w in asked), limit))]
         return self.db.read(find)
 
     def found(self, ids: Sequence[int], scopes: Sequence[str]) -> dict[int, Found]:

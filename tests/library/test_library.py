@@ -1,12 +1,15 @@
 """The library on a fake embedding model (words hashed into a vector) and the real document
 reader: passages cut at pages, words and meaning fused, scopes kept apart, documents added,
-replaced, deleted and taken up again after a restart, and a read-only disk refused clearly."""
+replaced, deleted and taken up again after a restart, and a read-only disk refused clearly;
+codes and short words matched as written (AED, A4, VPN, B2) beside the stemmed words, and a
+library file written before they were (version 1) opened with nothing lost."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import hashlib
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -21,8 +24,8 @@ from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, PayloadTooLarge, Unavailable
 from appliance.library.cite import question_of, sources, with_sources
 from appliance.library.library import Library, LibraryLimits, fuse
-from appliance.library.passages import html_text, split, terms
-from appliance.library.store import OFFICE, LibraryStore, person_scope
+from appliance.library.passages import codes, html_text, split, terms
+from appliance.library.store import FILE_NAME, MIGRATIONS, OFFICE, LibraryStore, person_scope
 from appliance.store import sqlite as db
 
 DIM = 64
@@ -315,3 +318,133 @@ def test_a_replacement_while_its_document_is_embedded_is_embedded_and_loaded_too
     assert len(vectors) == done.passages and all("soup" not in f.text for f in store.found(
         [r[0] for r in store.vectors(row.id)], [OFFICE]).values())
     store.close()
+
+
+AED = "The AED hangs on the wall beside reception, next to the first-aid kit."
+# Passages holding "a" (what the stemmer makes of "AED") and where, is, the: by stems,
+# "where is the AED" found these before the AED's (as the office's "A 号楼梯" in issue 49).
+OTHERS = [f"Where is the A {n} 号楼梯? It is the staircase at the A entrance, door {n}." for n in range(1, 25)] + [
+    "Print on A4 paper only; A3 needs a manager's approval.",
+    "Connect to the VPN before you open the intranet.",
+    "Meeting room B2 is on the second floor, B3 on the third.",
+    "The travel policy covers a train ticket and a hotel night.",
+    "差旅政策：出差住宿标准为每晚五百元。",
+]
+
+
+def library(tmp_path: Path) -> Library:
+    lib, _ = make(tmp_path)
+    for n, text in enumerate([*OTHERS[:12], AED, *OTHERS[12:]]):
+        row = asyncio.run(lib.add(OFFICE, "op", f"d{n}.txt", "text/plain", text.encode()))
+        wait_ready(lib, row.id)
+    return lib
+
+
+def first(lib: Library, question: str, ways: tuple[str, ...] = ("words", "meaning")) -> str:
+    found = asyncio.run(lib.search([OFFICE], question, ways=ways))
+    assert found, question
+    return found[0].text
+
+
+def test_codes_are_the_words_in_capitals_or_of_letters_and_digits() -> None:
+    assert codes("Where is the AED? A4 or b2, ISO9001, 15 days, the 3rd floor, VPN怎么连") == \
+        ["aed", "a4", "b2", "iso9001", "vpn"]
+    assert codes("policies of the office; tell IT or HR") == []
+
+
+def test_the_stemmer_never_reads_aed_as_a(tmp_path: Path) -> None:
+    lib = library(tmp_path)
+    try:
+        words = terms("where is the AED")
+        stemmed, written = lib.store.forms(words, codes("where is the AED"))
+        assert written == ["aed"] and "aed" not in stemmed
+        # By words alone, only the passage holding "AED" has it: not the 24 staircases with "a".
+        aed = lib.store.keyword(OFFICE, [], 50, written)
+        assert [f.text for f in lib.store.found(aed, [OFFICE]).values()] == [AED]
+        assert first(lib, "where is the AED") == AED
+        assert first(lib, "where is the AED", ways=("words",)) == AED
+        # Written small it is no code, but the stemmer would cut it to "a": matched as written.
+        assert first(lib, "where is the aed", ways=("words",)) == AED
+    finally:
+        lib.stop()
+
+
+def test_codes_find_their_passage_and_stems_still_work(tmp_path: Path) -> None:
+    lib = library(tmp_path)
+    try:
+        assert first(lib, "A4 paper").startswith("Print on A4 paper")
+        assert first(lib, "VPN").startswith("Connect to the VPN")
+        assert first(lib, "B2").startswith("Meeting room B2")
+        assert first(lib, "policies for trips", ways=("words",)).startswith("The travel policy")
+        assert first(lib, "出差住宿标准").startswith("差旅政策")
+        assert first(lib, "差旅政策", ways=("words",)).startswith("差旅政策")
+        # A question without codes or mangled words is searched as before: one stemmed ranking.
+        for question in ("出差住宿标准", "policies for trips"):
+            assert lib._words([OFFICE], question) == ([lib.store.keyword(OFFICE, terms(question), 20)], [1.0])
+    finally:
+        lib.stop()
+
+
+def test_a_replaced_or_deleted_passage_leaves_the_written_words_too(tmp_path: Path) -> None:
+    lib, _ = make(tmp_path)
+    try:
+        row = asyncio.run(lib.add(OFFICE, "op", "kit.txt", "text/plain", AED.encode()))
+        new = asyncio.run(lib.add(OFFICE, "op", "kit.txt", "text/plain", b"The defibrillator is upstairs.",
+                                  replacing=row))
+        assert lib.store.keyword(OFFICE, [], 5, ["aed"]) == []
+        asyncio.run(lib.delete(new))
+        assert lib.store.keyword(OFFICE, ["defibrillator"], 5, ["upstairs", "the"]) == []
+        # FTS5's own check of the index: a contentless table told the wrong words would fail it.
+        lib.store.db.write(lambda tx: tx.run("INSERT INTO exact_office (exact_office) VALUES ('integrity-check')"))
+        assert lib.store.keyword(OFFICE, [], 5, ["the"]) == []
+    finally:
+        lib.stop()
+
+
+def old_library(state: Path, docs: dict[str, tuple[str, list[str]]]) -> None:
+    """library.sqlite3 as the code before this change wrote it (version 1): documents, their
+    passages with embeddings, and each scope's stemmed table alone."""
+    state.mkdir(mode=0o700, exist_ok=True)
+    with sqlite3.connect(state / FILE_NAME) as conn:
+        for sql in MIGRATIONS.steps[0]:
+            conn.execute(sql)
+        for doc, (scope, texts) in docs.items():
+            table = "terms_office" if scope == OFFICE else "terms_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
+            conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(words, tokenize = 'porter unicode61')")
+            conn.execute("INSERT INTO documents VALUES (?, ?, ?, ?, 'text', 1, NULL, 1, 0, ?, ?, 'ready', NULL, 1.0, 'op')",
+                         (doc, scope, doc, doc + ".txt", len(texts), len(texts)))
+            for seq, text in enumerate(texts):
+                cur = conn.execute("INSERT INTO passages (doc, seq, page, text, vec) VALUES (?, ?, NULL, ?, ?)",
+                                   (doc, seq, text, fake_vectors([text])[0].tobytes()))
+                conn.execute(f"INSERT INTO {table} (rowid, words) VALUES (?, ?)", (cur.lastrowid, " ".join(terms(text))))
+        conn.execute("PRAGMA user_version = 1")
+    (state / FILE_NAME).chmod(0o600)
+
+
+def test_a_library_from_before_is_migrated_with_nothing_lost(tmp_path: Path) -> None:
+    ben = person_scope("ben")
+    old_library(tmp_path, {"lib_office": (OFFICE, [*OTHERS, AED]), "lib_ben": (ben, ["My VPN token is in the drawer."])})
+    with sqlite3.connect(tmp_path / FILE_NAME) as conn:
+        before = conn.execute("SELECT id, doc, seq, text, vec FROM passages ORDER BY id").fetchall()
+    store = LibraryStore(tmp_path)
+    try:
+        assert store.db.version == len(MIGRATIONS.steps) == 2  # type: ignore[attr-defined]
+        assert store.db.read(lambda tx: tx.all("SELECT id, doc, seq, text, vec FROM passages ORDER BY id")) == before
+        assert {d.id for d in store.docs([OFFICE, ben])} == {"lib_ben", "lib_office"}
+        assert len(store.vectors()) == len(before)
+        found = store.found(store.keyword(OFFICE, [], 5, ["aed"]), [OFFICE])
+        assert [f.text for f in found.values()] == [AED]
+        policy = store.found(store.keyword(OFFICE, ["policies"], 5), [OFFICE])
+        assert [f.text for f in policy.values()] == [OTHERS[-2]]
+        # Each scope's own table: Ben's VPN is in his, the office's in the office's.
+        assert len(store.keyword(ben, [], 5, ["vpn"])) == 1 and len(store.keyword(OFFICE, [], 5, ["vpn"])) == 1
+        assert store.db.read(lambda tx: tx.one(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'build_written'")) == (0,)
+    finally:
+        store.close()
+    again = LibraryStore(tmp_path)  # opened again: the same, the note gone
+    try:
+        assert len(again.keyword(OFFICE, [], 50, ["aed"])) == 1
+    finally:
+        again.close()
+
