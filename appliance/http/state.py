@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
 from appliance.library.library import Library
+from appliance.workers import Health, Worker
 
 
 class Embeddings(Protocol):
@@ -38,6 +39,7 @@ class Embeddings(Protocol):
     async def embed(self, texts: list[str], background: bool = False) -> np.ndarray: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def workers(self) -> list[Any]: ...
 
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -84,6 +86,18 @@ class App:
         if writable is None:
             return None
         return {"writable": writable, "error": None if writable else ledger.trouble}
+
+    def workers(self) -> list[Health]:
+        """The background threads of the services this app holds (the engine's loop is its
+        own: /health and the watchdog watch it), for /admin/status."""
+        found: list[Worker[Any]] = list(self.usage.ledger.workers())
+        if self.people is not None:
+            found += self.people.workers()
+        if self.embedder is not None:
+            found += self.embedder.workers()
+        if self.library is not None:
+            found.append(self.library.indexer)
+        return [w.health() for w in found]
 
     def wait_estimate(self, position: int) -> int | None:
         """Seconds until queue place `position` gets its first token (engine/pace.py)."""

@@ -51,6 +51,7 @@ class FakeEmbedService:
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def workers(self) -> list[Any]: return []
 
 
 def _library(state: Path, service: FakeEmbedService) -> Library:
