@@ -1,5 +1,6 @@
 """One background thread and its inbox: the base of the process's workers (the embedding
-threads, the library's indexer, the usage writer, the systemd watchdog, chat retention).
+threads, the library's indexer, the usage writer, the systemd watchdog, chat retention, the
+password-hash thread).
 
 A worker takes items from its queue one at a time on its own thread (`handle`), and with
 `every` set also wakes that often with nothing queued (`tick`). The queue is bounded by

@@ -94,7 +94,7 @@ class HashWorker(Worker[HashJob]):
     def handle(self, job: HashJob) -> None:
         try:
             result = job.fn()
-        except Exception as e:  # this request's failure (a wrong password is not one): the thread goes on
+        except Exception as e:  # this request's error (an AccountError is its 400, a StoreError its 503): the thread goes on
             settle(job.loop, job.future, error=e)
         else:
             settle(job.loop, job.future, result)
