@@ -71,6 +71,9 @@ class App:
         self.store = store
         self.library = library  # the office's documents, searched by chats (None: off)
         self.embedder = embedder  # library/embedder.EmbedService: /v1/embeddings and the library (None: off)
+        # Workers the process runs beside these services, listed by /admin/status too (the
+        # systemd watchdog, which ops/serve.py starts around the server).
+        self.beside: list[Worker[Any]] = []
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:
@@ -90,7 +93,7 @@ class App:
     def workers(self) -> list[Health]:
         """The background threads of the services this app holds (the engine's loop is its
         own: /health and the watchdog watch it), for /admin/status."""
-        found: list[Worker[Any]] = list(self.usage.ledger.workers())
+        found: list[Worker[Any]] = [*self.usage.ledger.workers(), *self.beside]
         if self.people is not None:
             found += self.people.workers()
         if self.embedder is not None:
