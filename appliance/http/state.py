@@ -6,6 +6,7 @@ the wait estimates in queue notes.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ class Embeddings(Protocol):
     async def embed(self, texts: list[str], background: bool = False) -> np.ndarray: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
-    def workers(self) -> list[Any]: ...
+    def workers(self) -> Sequence[Worker[Any]]: ...
 
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
