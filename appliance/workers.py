@@ -1,21 +1,24 @@
 """One background thread and its inbox: the base of the process's workers (the embedding
-threads, the library's indexer, the usage writer, the systemd watchdog, chat retention).
+threads, the library's indexer, the usage writer, the systemd watchdog, chat retention, the
+password-hash thread).
 
 A worker takes items from its queue one at a time on its own thread (`handle`), and with
 `every` set also wakes that often with nothing queued (`tick`). The queue is bounded by
 weight (the embedder counts texts, not calls): a `submit` beyond `max_queue` raises the
 worker's own busy error at once, so callers keep the status and words they always had.
 `stop` either drains (what was queued before the stop is handled) or cancels (each queued
-item goes to `cancel`, which fails it): the subclass says which with `DRAIN`.
+item goes to `cancel`, which fails it): the subclass says which with `DRAIN`. `settle`
+hands a result from the thread to a future awaited on an event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -33,6 +36,24 @@ class Health:
     name: str
     alive: bool  # the thread runs
     depth: int  # queued weight not yet handled
+
+
+def settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any = None,
+           error: BaseException | None = None) -> None:
+    """From a worker's thread: the future's result (or error), set on its own loop."""
+    try:
+        loop.call_soon_threadsafe(_set, future, result, error)
+    except RuntimeError:
+        pass  # the loop is closed: nobody awaits the future any more
+
+
+def _set(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the awaiting request was cancelled (its client went away)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class _Stop:

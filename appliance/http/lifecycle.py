@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 async def running(app: App) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         if app.store is not None:
+            if app.store is app.people:
+                app.store.start()  # its hash thread (a store kept only for the shared usage table hashes nothing)
             stack.push_async_callback(asyncio.to_thread, app.store.close)
         app.usage.ledger.start()  # the usage writer thread
         stack.push_async_callback(asyncio.to_thread, app.usage.ledger.close)  # after the last request's counts

@@ -14,13 +14,16 @@ import asyncio
 import hmac
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 
+from appliance.errors import QueueFull
 from appliance.people.accounts import Account, Accounts, Session
 from appliance.people.chats import Chats
 from appliance.people.db import Database
@@ -28,7 +31,7 @@ from appliance.people.passwords import Hasher
 from appliance.people.signin import SignInLimiter
 from appliance.store.database import Database as Store
 from appliance.store.errors import StoreError
-from appliance.workers import Worker, WorkerBusy, WorkerStopped
+from appliance.workers import Worker, WorkerBusy, WorkerStopped, settle
 
 log = logging.getLogger(__name__)
 COOKIE = "appliance_session"
@@ -36,6 +39,7 @@ CSRF_HEADER = "x-csrf-token"
 PRUNE_EVERY_S = 3600.0
 HASH_QUEUE = 16  # sign-ins waiting for the hash thread (~3 s of hashing) before a 429
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+T = TypeVar("T")
 
 
 class Pruner(Worker[tuple[Chats, int]]):
@@ -58,6 +62,48 @@ class Pruner(Worker[tuple[Chats, int]]):
 
 
 @dataclass(slots=True)
+class HashJob:
+    """A sign-in, an invite or a password change (each hashes once), and the future its
+    request awaits on `loop`."""
+
+    fn: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+class HashWorker(Worker[HashJob]):
+    """Password hashes (0.2 s and 32 MiB each) on a thread of their own, at most HASH_QUEUE
+    queued or running before a 429: a burst of sign-ins neither takes the shared worker
+    threads (cookie lookups, tokenizing) nor grows without bound. One thread, as Hasher's
+    gate lets one hash run at a time anyway. A stop fails what is queued (WorkerStopped)
+    rather than draining it: up to 3 s of hashing for requests the shutdown cuts anyway."""
+
+    DRAIN = False
+
+    def __init__(self) -> None:
+        super().__init__("password-hash", max_queue=HASH_QUEUE, busy=lambda depth: QueueFull(
+            "sign-ins are busy right now: try again in a few seconds", retry_after=2, code="signin_busy"))
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the hash thread; its result or error, here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self.submit(HashJob(partial(fn, *args), loop, future))
+        return await future
+
+    def handle(self, job: HashJob) -> None:
+        try:
+            result = job.fn()
+        except Exception as e:  # this request's error (an AccountError is its 400, a StoreError its 503): the thread goes on
+            settle(job.loop, job.future, error=e)
+        else:
+            settle(job.loop, job.future, result)
+
+    def cancel(self, job: HashJob) -> None:
+        settle(job.loop, job.future, error=self._stopped())
+
+
+@dataclass(slots=True)
 class People:
     """Accounts, chats and the sign-in limiter of one box. `db` None: the store could not be
     opened (one journal line); nobody can sign in until it can, the rest of the box serves."""
@@ -70,11 +116,7 @@ class People:
     accounts: Accounts | None = None
     chats: Chats | None = None
     pruned_at: float = float("-inf")
-    # Password hashes (0.2 s and 32 MiB each) on a thread of their own, at most HASH_QUEUE
-    # waiting: a burst of sign-ins neither takes the shared worker threads (cookie lookups,
-    # tokenizing) nor grows without bound.
-    hash_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "password-hash"))
-    hash_waiting: int = 0
+    hash_worker: HashWorker = field(default_factory=HashWorker)
     pruner: Pruner = field(default_factory=Pruner)
     # The header a signing-in proxy names the person in (signin_header, lower case; "" = off):
     # opt-in, as a proxy that passes a client's own copy on would let anyone be anyone.
@@ -111,11 +153,27 @@ class People:
         except (WorkerBusy, WorkerStopped):
             pass  # a prune still runs (an hour long?), or the box is stopping: the next hour's
 
+    def start(self) -> None:
+        """The hash thread (the lifecycle starts the People the app owns; chat retention's
+        thread starts with its first prune)."""
+        self.hashing()
+
+    def hashing(self) -> HashWorker:
+        """The hash thread, started on first use if nobody started it (a People lent to
+        several apps, in tests); after close() its run() raises WorkerStopped."""
+        if not self.hash_worker.started:
+            self.hash_worker.start()
+        return self.hash_worker
+
+    def workers(self) -> list[Worker[Any]]:
+        """Its threads once started (a stopped one stays: alive false), for /admin/status."""
+        return [w for w in (self.hash_worker, self.pruner) if w.started]
+
     def close(self) -> None:
-        """At shutdown: the pruner cancelled, the hash thread and the store closed."""
-        if self.pruner.started:
-            self.pruner.stop()
-        self.hash_pool.shutdown(wait=True, cancel_futures=True)
+        """At shutdown: the pruner and what waits for the hash thread cancelled, the store closed."""
+        for worker in (self.pruner, self.hash_worker):
+            if worker.started:
+                worker.stop()
         if self.db is not None:
             self.db.close()
 

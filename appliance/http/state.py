@@ -6,8 +6,9 @@ the wait estimates in queue notes.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
 from appliance.library.library import Library
+from appliance.workers import Health, Worker
 
 
 class Embeddings(Protocol):
@@ -38,6 +40,7 @@ class Embeddings(Protocol):
     async def embed(self, texts: list[str], background: bool = False) -> np.ndarray: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def workers(self) -> Sequence[Worker[Any]]: ...
 
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -69,6 +72,9 @@ class App:
         self.store = store
         self.library = library  # the office's documents, searched by chats (None: off)
         self.embedder = embedder  # library/embedder.EmbedService: /v1/embeddings and the library (None: off)
+        # Workers the process runs beside these services, listed by /admin/status too (the
+        # systemd watchdog, which ops/serve.py starts around the server).
+        self.beside: list[Worker[Any]] = []
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:
@@ -84,6 +90,18 @@ class App:
         if writable is None:
             return None
         return {"writable": writable, "error": None if writable else ledger.trouble}
+
+    def workers(self) -> list[Health]:
+        """The background threads of the services this app holds (the engine's loop is its
+        own: /health and the watchdog watch it), for /admin/status."""
+        found: list[Worker[Any]] = [*self.usage.ledger.workers(), *self.beside]
+        if self.people is not None:
+            found += self.people.workers()
+        if self.embedder is not None:
+            found += self.embedder.workers()
+        if self.library is not None:
+            found.append(self.library.indexer)
+        return [w.health() for w in found]
 
     def wait_estimate(self, position: int) -> int | None:
         """Seconds until queue place `position` gets its first token (engine/pace.py)."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.model.embed_llm import EmbeddingContext, EmbeddingModel
-from appliance.workers import Worker
+from appliance.workers import Worker, settle
 
 log = logging.getLogger(__name__)
 
@@ -193,16 +193,6 @@ def _call(job: _Job, rows: np.ndarray | None, error: BaseException | None) -> No
         log.exception("an embedding caller's callback failed")
 
 
-def _settle(fut: asyncio.Future[np.ndarray], rows: np.ndarray | None, error: BaseException | None) -> None:
-    if fut.done():  # the awaiting request was cancelled (its client went away)
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        assert rows is not None
-        fut.set_result(rows)
-
-
 class EmbedService:
     """The embedding model loaded once, and two threads each owning a context on it:
     `embed` from the asyncio side, `embed_sync` from other threads (the indexer)."""
@@ -238,6 +228,10 @@ class EmbedService:
         if self._model is not None:
             self._model.close()
             self._model = None
+
+    def workers(self) -> list[_Worker]:
+        """Both threads while the service runs, for /admin/status."""
+        return [w for w in (self._interactive, self._background) if w is not None]
 
     @property
     def dim(self) -> int:
@@ -275,7 +269,7 @@ class EmbedService:
             return np.empty((0, self.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()
-        self._worker(background).put(_Job(list(texts), lambda rows, err: loop.call_soon_threadsafe(_settle, fut, rows, err)))
+        self._worker(background).put(_Job(list(texts), lambda rows, err: settle(loop, fut, rows, err)))
         return await fut
 
     def embed_sync(self, texts: list[str], background: bool = True) -> np.ndarray:

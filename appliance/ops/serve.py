@@ -124,6 +124,7 @@ def serve(cfg: Config, model_path: Path) -> int:
     server = _Server(ucfg, engine, cfg.grace_s, process.keys, notifier)
     watchdog = supervise(engine, notifier, lambda: server.started)
     watchdog.start()
+    process.app.beside.append(watchdog)  # /admin/status lists it with the app's workers
     try:
         server.run()
     finally:

@@ -117,6 +117,10 @@ class Ledger:
             self._writer = _Writer(self)
             self._writer.start()
 
+    def workers(self) -> list[Worker[None]]:
+        """The writer while it runs (none without a state directory), for /admin/status."""
+        return [self._writer] if self._writer is not None else []
+
     def close(self) -> None:
         """Stop the writer, write what is pending (one last try), close the file."""
         if self._writer is not None:

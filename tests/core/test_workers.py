@@ -3,13 +3,14 @@ at stop, health, begin's error raised by start, ticks."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 from helpers.polling import wait_until
 
 from appliance.errors import QueueFull
-from appliance.workers import Health, Worker, WorkerBusy, WorkerStopped
+from appliance.workers import Health, Worker, WorkerBusy, WorkerStopped, settle
 
 
 class Recorder(Worker[str]):
@@ -162,3 +163,28 @@ def test_without_a_busy_error_of_its_own_a_full_queue_raises_worker_busy() -> No
     gate.set()
     w.stop()
     assert w.health() == Health("plain", False, 0)
+
+
+def test_settle_hands_a_result_or_an_error_to_the_futures_own_loop() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ok, bad, gone = loop.create_future(), loop.create_future(), loop.create_future()
+        gone.cancel()  # its request went away: settling it is no error
+
+        def from_a_thread() -> None:
+            settle(loop, ok, 1)
+            settle(loop, bad, error=ValueError("no"))
+            settle(loop, gone, 2)
+
+        await asyncio.to_thread(from_a_thread)
+        assert await ok == 1
+        with pytest.raises(ValueError, match="no"):
+            await bad
+        assert gone.cancelled()
+
+    asyncio.run(main())
+    closed = asyncio.new_event_loop()
+    orphan = closed.create_future()
+    closed.close()
+    settle(closed, orphan, 3)  # the loop is gone: nobody awaits, nothing raised
+    assert not orphan.done()

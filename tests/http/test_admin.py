@@ -28,8 +28,11 @@ from appliance.http.guard import GuardPolicy
 from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
+from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
+from appliance.people.db import Database
+from appliance.people.passwords import Hasher
 from appliance.usage.ledger import Ledger, next_midnight
 
 ALICE, BOB, ADMIN = "alice-key-" + "a" * 24, "bob-key-" + "b" * 24, "admin-key-" + "c" * 24
@@ -49,14 +52,15 @@ def keys_file(tmp_path: Path) -> Path:
     return path
 
 
-def served(keys: KeyRing, quota: int = 0, state_dir: str = "", proxies: tuple[str, ...] = ()) -> Iterator[TestClient]:
+def served(keys: KeyRing, quota: int = 0, state_dir: str = "", proxies: tuple[str, ...] = (),
+           people: People | None = None) -> Iterator[TestClient]:
     limits = Limits(slots=2, batch_tokens=64, kv_tokens=4096, ctx_limit=512, max_wait_s=0.0, max_queue=8)
     engine = Engine(lambda: FakeModel(reply=REPLY), EngineOptions(limits, CachePolicy(n_seq=6)))
     metrics = Metrics()
     metrics.attach(engine)
     app = App(engine, MODEL_ID + "-Q4_K_M", RequestBounds(default_max_tokens=32, max_tokens_limit=256, ctx_limit=512),
               metrics=metrics, guard=GuardPolicy.build(keys, parse_networks(proxies)),
-              usage=Accounting(Ledger(state_dir), quota))
+              usage=Accounting(Ledger(state_dir), quota), people=people, store=people)
     with TestClient(as_users(create_app(app)), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
         wait_health(client.get, is_ready)
         yield client
@@ -225,3 +229,26 @@ def test_a_request_the_client_left_is_counted_as_metrics_count_it() -> None:
         generated = s.health(is_idle)["engine"]["generated_tokens"]  # what /metrics renders too
         assert body["people"][0]["who"] == "127.0.0.2"
         assert 0 < body["people"][0]["today"]["generated_tokens"] == generated < 400
+
+
+def workers(client: TestClient) -> dict[str, dict[str, Any]]:
+    return {w["name"]: w for w in status(client)["workers"]}
+
+
+def test_the_status_lists_the_running_workers(ring: KeyRing, tmp_path: Path) -> None:
+    people = People(Database(tmp_path / "people"), retention_days=30, hasher=Hasher(n=2**10))
+    for client in served(ring, state_dir=str(tmp_path / "usage"), people=people):
+        running = workers(client)
+        assert running["usage-writer"] == {"name": "usage-writer", "alive": True, "depth": 0}
+        assert running["password-hash"] == {"name": "password-hash", "alive": True, "depth": 0}
+        assert "chat-retention" not in running  # it starts with the first prune
+        people.prune_due(now=0.0)
+        assert workers(client)["chat-retention"]["alive"]
+
+
+def test_a_stopped_worker_shows_alive_false(ring: KeyRing, tmp_path: Path) -> None:
+    people = People(Database(tmp_path / "people"), hasher=Hasher(n=2**10))
+    for client in served(ring, people=people):
+        assert workers(client)["password-hash"]["alive"]
+        people.hash_worker.stop()
+        assert workers(client)["password-hash"] == {"name": "password-hash", "alive": False, "depth": 0}

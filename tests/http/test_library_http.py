@@ -51,6 +51,7 @@ class FakeEmbedService:
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def workers(self) -> list[Any]: return []
 
 
 def _library(state: Path, service: FakeEmbedService) -> Library:
@@ -343,3 +344,8 @@ def test_the_library_is_searched_once_and_its_sources_fit_the_room_by_the_models
         # Room for both (a shorter question): both, from one search again.
         r = client.post(CHAT, json={"messages": [*history, {"role": "user", "content": ask}], "library": True})
         assert sorted(s["title"] for s in r.json()["sources"]) == ["alpha", "bravo"] and len(searches) == 1
+
+
+def test_the_status_lists_the_library_indexer(client: TestClient) -> None:
+    running = {w["name"]: w for w in client.get("/admin/status").json()["workers"]}
+    assert running["library-indexer"]["alive"]

@@ -3,6 +3,7 @@ and what the app owns (the people store, its hash thread) is closed when it stop
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,13 @@ def test_the_people_store_and_the_hash_thread_close_when_the_app_stops(tmp_path:
     with TestClient(create_app(app_owning(people, usage)), base_url="http://localhost",
                     client=("127.0.0.1", 50000)) as client:
         wait_health(client.get, is_ready)
-        assert people.hash_pool.submit(lambda: 1).result() == 1  # serving: the hash thread takes work
+        assert client.portal is not None
+        assert client.portal.call(people.hash_worker.run, lambda: 1) == 1  # serving: the hash thread takes work
         people.prune_due(now=0.0)  # chat retention's thread starts with its first prune
         assert people.pruner.health().alive and stopped == []
     assert stopped == ["usage", "store"]  # the usage writer (it may write to the store) first
     with pytest.raises(RuntimeError):
-        people.hash_pool.submit(lambda: 1)  # shut down
+        asyncio.run(people.hashing().run(lambda: 1))  # shut down
     assert not people.pruner.health().alive
 
 
@@ -57,5 +59,5 @@ def test_a_people_store_the_app_was_lent_stays_open(tmp_path: Path) -> None:
     app.store = None  # as tests that share one People between apps build theirs
     with TestClient(create_app(app), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
         wait_health(client.get, is_ready)
-    assert people.hash_pool.submit(lambda: 2).result() == 2
+    assert asyncio.run(people.hashing().run(lambda: 2)) == 2
     assert people.accounts is not None and people.accounts.add("Ann")

@@ -4,6 +4,7 @@ reach, and a store that fails. The browser tests drive the same routes from the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from helpers.fakes import FakeModel
 from helpers.inprocess import CHAT, USER, build, error_of, serving
+from helpers.polling import wait_until
 from starlette.testclient import TestClient
 
 from appliance.http.people import COOKIE, People
@@ -297,12 +299,16 @@ def test_text_a_store_cannot_keep_and_floods_of_sign_ins_are_clear_4xx(client: T
     error_of(r, 400)
     error_of(ann.send("PUT", "/v1/chats/nul-chat-0000000001", {"title": "a\x00b", "messages": []}), 400)
     assert ann.send("PUT", "/v1/chats/meta-chat-000000001", {"messages": [], "meta": {"x": "\x00"}}).status_code == 200
-    people.hash_waiting = 16  # as if sixteen sign-ins waited for the hash thread
+    gate = threading.Event()  # sixteen sign-ins on the hash thread: one hashing (held here), fifteen queued
+    assert client.portal is not None
+    held = [client.portal.start_task_soon(people.hashing().run, gate.wait) for _ in range(16)]
     try:
+        wait_until(lambda: people.hash_worker.health().depth == 16, what="sixteen sign-ins at the hash thread")
         r = client.post("/auth/signin", json={"name": "Ann", "password": PASSWORD}, headers=user(61))
         assert error_of(r, 429)["code"] == "signin_busy" and r.headers["retry-after"] == "2"
     finally:
-        people.hash_waiting = 0
+        gate.set()
+    assert all(f.result() for f in held)
 
 
 def test_disabling_a_person_drops_their_pending_invite(client: TestClient) -> None:

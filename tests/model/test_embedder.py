@@ -253,7 +253,8 @@ def test_embed_service_threads(model_path: Path, embedder: Any, monkeypatch: pyt
     svc = mod.EmbedService(model_path)
     svc.start()
     try:
-        threads = {w.name: w._thread for w in (svc._interactive, svc._background) if w is not None}
+        assert [w.name for w in svc.workers()] == ["embed-interactive", "embed-background"]
+        threads = {w.name: w._thread for w in svc.workers()}
         bg = threads["embed-background"]
         assert bg is not None and bg.native_id is not None
         assert os.getpriority(os.PRIO_PROCESS, bg.native_id) == mod.BACKGROUND_NICE
@@ -284,5 +285,6 @@ def test_embed_service_threads(model_path: Path, embedder: Any, monkeypatch: pyt
     finally:
         svc.stop()
     assert not any(t.is_alive() for t in threads.values() if t is not None)
+    assert svc.workers() == []
     with pytest.raises(mod.EmbedStopped):
         svc.embed_sync(["after stop"])

@@ -33,6 +33,8 @@ def test_real_server_pings_systemd_only_while_its_engine_makes_progress(start_se
         wait_until(lambda: len(systemd.pings()) >= 4, 5, "four pings", seen=systemd.messages)
         assert min(systemd.pings()) > t_ready  # no ping before READY=1
         assert live.health()["status"] == "ok"
+        workers = {w["name"]: w for w in live.client.get("/admin/status").json()["workers"]}
+        assert workers["watchdog"]["alive"]  # serve.py hands it to the app's list
 
         # The first decode after start-up blocks for BLOCK_S: the chat's prompt.
         stalled: list[tuple[float, dict[str, Any]]] = []

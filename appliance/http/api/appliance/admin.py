@@ -37,6 +37,7 @@ async def status(app: App, request: Request) -> Response:
         "day": acct.minutes.series(24 * 60, step=10),
         "people": people(app),
         "persistent": acct.ledger.persistent,
+        "workers": [{"name": h.name, "alive": h.alive, "depth": h.depth} for h in app.workers()],
     }, headers={"Cache-Control": "no-store"})
 
 

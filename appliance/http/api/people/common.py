@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextlib import contextmanager
-from functools import partial
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from appliance.errors import BadRequest, NotFound, QueueFull, Unauthorized, Unavailable
+from appliance.errors import BadRequest, NotFound, Unauthorized, Unavailable
 from appliance.http.guard import Caller, caller_of
 from appliance.http.intake import gated, read_body
-from appliance.http.people import HASH_QUEUE, People
+from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import parse_json
 from appliance.people.accounts import Account, AccountError, Accounts
@@ -80,16 +79,10 @@ def account_errors() -> Any:
 
 async def run_hash(app: App, fn: Callable[..., T], *args: Any) -> T:
     """fn (a sign-in, an invite, a password change: each hashes once) on the hash thread; a
-    429 while HASH_QUEUE others wait for it."""
-    people = people_of(app)
-    if people.hash_waiting >= HASH_QUEUE:
-        raise QueueFull("sign-ins are busy right now: try again in a few seconds", retry_after=2, code="signin_busy")
-    people.hash_waiting += 1
-    try:
-        with account_errors():
-            return await asyncio.get_running_loop().run_in_executor(people.hash_pool, partial(fn, *args))
-    finally:
-        people.hash_waiting -= 1
+    429 (signin_busy) while HASH_QUEUE others are queued for it or running."""
+    hashing = people_of(app).hashing()
+    with account_errors():
+        return await hashing.run(fn, *args)
 
 
 async def run(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
