@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from appliance.bench import user_address
 from appliance.bench.sse import Comment
@@ -207,3 +208,14 @@ def live_server(where: Path, *, env: dict[str, str] | None = None, prefix: tuple
     finally:
         code = live.stop()
     assert code == 0 or not running, f"the server exited with {code}:\n{live.log()[-3000:]}"
+
+
+def module_server(name: str, **config: Any) -> Any:
+    """A module's own server as a module-scoped fixture: `server = module_server("responses",
+    slots=2)` in the test module, where the shared session server's settings do not fit."""
+    @pytest.fixture(scope="module")
+    def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+        with live_server(tmp_path_factory.mktemp(name), model=bundled_model, **config) as live:
+            yield live
+
+    return server

@@ -6,12 +6,10 @@ end to end through the openai SDK unchanged."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
-from helpers.live import Live, live_server
+from helpers.live import Live, module_server
 
 pytestmark = [pytest.mark.integration]
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -19,11 +17,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
 PROMPT = "I believe the meaning of life is"
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with live_server(tmp_path_factory.mktemp("llama-fields"), model=bundled_model, slots=2, ctx_per_slot=2048,
-                     kv_tokens=8192) as live:
-        yield live
+server = module_server("llama-fields", slots=2, ctx_per_slot=2048, kv_tokens=8192)
 
 
 @pytest.fixture(scope="module")

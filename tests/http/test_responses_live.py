@@ -5,23 +5,17 @@ previous_response_id continuing a conversation from the KV cache."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
-from helpers.live import Live, live_server
+from helpers.live import Live, module_server
 
 pytestmark = pytest.mark.integration
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with live_server(tmp_path_factory.mktemp("responses"), model=bundled_model, slots=2, ctx_per_slot=2048,
-                     kv_tokens=8192) as live:
-        yield live
+server = module_server("responses", slots=2, ctx_per_slot=2048, kv_tokens=8192)
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import openai
 import pytest
-from helpers.live import Live, live_server
+from helpers.live import Live, module_server
 from helpers.sse import content_of
 from pydantic import BaseModel
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with live_server(tmp_path_factory.mktemp("structured"), model=bundled_model, slots=8, ctx_per_slot=1024,
-                     kv_tokens=8192) as live:
-        yield live
+server = module_server("structured", slots=8, ctx_per_slot=1024, kv_tokens=8192)
 
 
 @pytest.fixture(scope="module")
