@@ -34,7 +34,7 @@ this that these those there here than then so such not no yes do does did done c
 will would i you he she we they me him her us them my your our their what which who whom whose when where why how
 all any each every some more most other own same very just also only about into over under after before between per
 up down out off again once see according source sources library says say said stated states based above below
-answer question cited cite please note however therefore yes""".split())
+answer question cited cite please note however therefore many much get gets got""".split())
 
 SUPPORTED, PARTLY = 0.5, 0.2  # an answer without figures or names: the share of its phrases found in a source
 USED = 2.0  # a source is used at this weight of the answer's evidence at least (a name is 2, a phrase 1)
