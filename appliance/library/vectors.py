@@ -68,10 +68,12 @@ class Vectors:
         its embedding here."""
         with self._lock:
             shelves = dict(self._shelves)
-        out = {}
+        out: dict[int, float] = {}
         for doc, pid in passages:
             shelf = shelves.get(doc)
-            rows = np.flatnonzero(shelf.ids == pid) if shelf is not None else []
+            if shelf is None:
+                continue
+            rows = np.flatnonzero(shelf.ids == pid)
             if len(rows):
                 out[pid] = float(shelf.matrix[rows[0]] @ query)
         return out
