@@ -220,11 +220,15 @@ def _holds(sentence: Evidence, h: Evidence) -> bool:
 
 
 def checked_marks(answer: str, helds: Sequence[Evidence], asked: Evidence) -> tuple[str, list[int]]:
-    """The answer with each [n] its passage does not support taken out, and those n."""
+    """The answer with each [n] its passage does not support taken out, and those n. A mark
+    answers for what its sentence says since the mark before it ("27 days [2], and 5 more
+    [2]": the second for the 5); marks side by side ([1][2]) for the same words."""
     out, dropped, pos = [], [], 0
     for start, end in _segments(answer):
-        said = evidence(answer[start:end]) - asked
+        said, since = Evidence(), start
         for m in MARK.finditer(answer, start, end):
+            stretch = evidence(answer[since:m.start()]) - asked
+            said, since = (stretch if stretch.claims or stretch.phrases else said), m.end()
             ns = [int(x) for x in re.split(r"\s*[,，]\s*", m.group(1))]
             keep = [n for n in ns if 1 <= n <= len(helds) and _holds(said, helds[n - 1])]
             dropped += [n for n in ns if n not in keep]

@@ -54,7 +54,7 @@ class Closeness:
 def keys(text: str) -> set[str]:
     """The words a question is compared by: English content words by their stem, numbers,
     and CJK character pairs (a run of one, itself)."""
-    out = {w.lower()[:STEM] for w in _LATIN.findall(text) if w.lower() not in STOP and (len(w) > 2 or w.isdigit())}
+    out = {w.lower()[:STEM] for w in _LATIN.findall(text) if w.lower() not in STOP and (len(w) > 2 or not w.isalpha())}
     for run in _CJK_RUN.findall(text):
         pairs = {run} if len(run) == 1 else {run[i:i + 2] for i in range(len(run) - 1)}
         out |= {p for p in pairs if not _FRAME & set(p)}
