@@ -150,9 +150,19 @@ def evidence(text: str) -> Evidence:
                     tuple(dict.fromkeys([*figures, *names])))
 
 
+# A source's numbers written as words: an answer's "6 months" is its "six months". Only a
+# source's: in an answer, "one" is as often a pronoun as a figure.
+_SPELLED = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
+                                            "thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
+_SPELLED |= {"thirty": "30", "forty": "40", "fifty": "50", "hundred": "100", "thousand": "1000"}
+
+
 def held(text: str) -> Evidence:
-    """What a source holds: its figures, every word as a name (in lower case), its phrases."""
-    return Evidence(frozenset(k for k, _ in _figures(text)), frozenset(_words(text)), frozenset(_phrases(text)))
+    """What a source holds: its figures (digits, and numbers as words), every word as a name
+    (in lower case), its phrases."""
+    words = _words(text)
+    figures = {k for k, _ in _figures(text)} | {_SPELLED[w] for w in words if w in _SPELLED}
+    return Evidence(frozenset(figures), frozenset(words), frozenset(_phrases(text)))
 
 
 def _found(said: Evidence, helds: Sequence[Evidence]) -> set[str]:

@@ -49,6 +49,11 @@ def test_an_english_answer_is_attributed_to_the_source_that_holds_its_figure() -
 def test_a_number_is_found_however_it_is_written() -> None:
     got, _ = attribute("Gifts above 1200 pounds must be recorded [3].", [LEAVE, FLEXI, GIFTS])
     assert got.verdict is Verdict.SUPPORTED and got.dropped == () and got.uses[2].used
+    # A source's number in words holds the answer's in digits (not the other way: "one" may be a pronoun).
+    got, _ = attribute("Probation lasts 6 months.", ["New starters serve a probation period of six months."])
+    assert got.verdict is Verdict.SUPPORTED and got.uses[0].used
+    got, _ = attribute("Take the one by the door.", ["There are 3 keys by the door."])
+    assert got.unsupported == ()
 
 
 def test_an_invented_figure_is_unsupported() -> None:
