@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from appliance.engine.events import End, Event
+from appliance.engine.events import Delta, Done, End, Event
 from appliance.engine.inbox import Cancel, Inbox
 from appliance.engine.snapshot import Snapshot
 from appliance.engine.turn import Lane
@@ -57,3 +57,13 @@ class Handle:
         if not self._ended:
             self._ended = True
             self._inbox.put(Cancel(self.rid))
+
+
+def answered(text: str, lane: Lane = Lane.PEOPLE) -> Handle:
+    """A handle whose answer the server wrote itself, never queued: `text` as one Delta,
+    then Done with no tokens, the events a request's stream and body are made of, so every
+    API writes it as it writes the model's. Its cancel reaches an inbox of its own."""
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+    queue.put_nowait(Delta(text))
+    queue.put_nowait(Done("stop", 0, 0))
+    return Handle(0, queue, Inbox(1), Snapshot, lane)

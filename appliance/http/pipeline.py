@@ -22,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from appliance.engine.engine import Handle
 from appliance.engine.events import Delta, Done, End, Event, Failed, Progress, Report
+from appliance.engine.handle import answered
 from appliance.engine.names import session_name
 from appliance.engine.turn import Lane
 from appliance.errors import ApplianceError, EngineFailure
@@ -38,6 +39,17 @@ QUEUE_NOTE_S = 1.0  # how often a queued stream hears ": queued N"
 Answer = list[tuple[list[Delta], Done]]  # each choice's deltas and how it ended
 
 
+class Review(Protocol):
+    """What the server does to an answer besides passing it on (grounded.Check: a library
+    chat's): answer itself instead of the model, add a note at the end of each choice's
+    text once written whole, and give a whole answer's text as it is sent."""
+
+    answer: str | None  # the server's own answer: nothing is queued, no slot is spent
+
+    def note(self, i: int, text: str) -> str: ...
+    def clean(self, i: int, text: str) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One request as the engine will run it: who asks, the prompt, one sampling set per
@@ -52,6 +64,7 @@ class Job:
     named: bool = False  # the client named the session (it is kept and may be saved)
     report: Report = Report.NONE  # a stream's prompt reading it asked to hear of (llama-server's return_progress)
     lane: Lane = Lane.PEOPLE  # background work runs in the capacity people leave (http/lanes.py)
+    review: Review | None = None  # a library chat's check of its answer (grounded.py)
 
 
 def choices(params: SamplingParams, n: int) -> tuple[SamplingParams, ...]:
@@ -118,6 +131,8 @@ def submit(app: App, job: Job, progress: Report = Report.NONE) -> list[Handle]:
     first continues the session. A session the client did not name may still continue or
     share its own client's cached conversations by prefix, and nobody else's. With
     `progress`, the handles carry their prompt's Progress events (Report)."""
+    if job.review is not None and job.review.answer is not None:
+        return [answered(job.review.answer, job.lane) for _ in job.params]
     handles: list[Handle] = []
     ns = job.caller.namespace
     try:
@@ -144,7 +159,7 @@ async def respond(app: App, request: Request, job: Job, shape: Shape) -> Respons
     report = max(job.report, Report.LONG if shape.notes else Report.NONE) if job.stream else Report.NONE
     app.usage.check(job.caller)  # the caller's daily quota
     job = dataclasses.replace(job, lane=request.scope.get("state", {}).get("lane", job.lane))  # intake decided it
-    run = Run(app, job.caller, submit(app, job, report), timing)
+    run = Run(app, job.caller, submit(app, job, report), timing, job.review)
     if job.stream:
         return StreamingResponse(guarded(stream(app, run, shape), run.handles, shape.error),
                                  media_type=shape.media_type, headers=shape.headers(True))
@@ -160,8 +175,11 @@ class Run:
     """One request on the engine: its choices' events merged and followed (text, ends, a
     failure), and its end, which cancels what is left and records the outcome once."""
 
-    def __init__(self, app: App, caller: Caller, handles: list[Handle], timing: Timing) -> None:
+    def __init__(self, app: App, caller: Caller, handles: list[Handle], timing: Timing,
+                 review: Review | None = None) -> None:
         self.app, self.caller, self.handles, self.timing = app, caller, handles, timing
+        self.review = review
+        self.texts: list[list[str]] = [[] for _ in handles]  # each choice's text, when reviewed
         self.ends: dict[int, Done] = {}
         self.failed: ApplianceError | None = None
         self._closed = False
@@ -170,17 +188,32 @@ class Run:
         """merged(), followed: the first text and the last end mark the timing, and the
         last end feeds the queue notes' wait estimates."""
         async for got in merged(self.handles, notes):
-            if got is not None:
-                i, ev = got
-                if isinstance(ev, Delta):
-                    self.timing.saw_text()
-                elif isinstance(ev, Failed):
-                    self.failed = ev.error
-                elif isinstance(ev, Done):
-                    self.ends[i] = ev
-                    if len(self.ends) == len(self.handles):
-                        self.timing.finish()
-            yield got
+            for each in self._reviewed(got):
+                if each is not None:
+                    self._follow(*each)
+                yield each
+
+    def _follow(self, i: int, ev: Event) -> None:
+        if isinstance(ev, Delta):
+            self.timing.saw_text()
+        elif isinstance(ev, Failed):
+            self.failed = ev.error
+        elif isinstance(ev, Done):
+            self.ends[i] = ev
+            if len(self.ends) == len(self.handles):
+                self.timing.finish()
+
+    def _reviewed(self, got: tuple[int, Event] | None) -> list[tuple[int, Event] | None]:
+        """The event, and before a choice's end its review's note (a Delta of its own)."""
+        if self.review is None or got is None:
+            return [got]
+        i, ev = got
+        if isinstance(ev, Delta):
+            self.texts[i].append(ev.text)
+        elif isinstance(ev, Done) and ev.finish_reason != "cancelled":
+            note = self.review.note(i, "".join(self.texts[i]))
+            return [(i, Delta(note)), got] if note else [got]
+        return [got]
 
     def close(self) -> None:
         """However the request ended (answered, failed, the client gone): every handle
@@ -308,7 +341,16 @@ async def collect(request: Request, run: Run) -> Answer | Failed | None:
         run.close()
     if not work.done() or work.cancelled():
         return None
-    return work.result() or [(parts[i], run.ends[i]) for i in range(len(run.handles))]
+    return work.result() or [(cleaned(run.review, i, parts[i]), run.ends[i]) for i in range(len(run.handles))]
+
+
+def cleaned(review: Review | None, i: int, deltas: list[Delta]) -> list[Delta]:
+    """A whole answer's deltas as sent: one, of the text its review gives (grounded.Check:
+    without the [n] its sources do not support), with every token and logprob."""
+    if review is None:
+        return deltas
+    text = "".join(d.text for d in deltas)
+    return [Delta(review.clean(i, text), [lp for d in deltas for lp in d.logprobs], [t for d in deltas for t in d.tokens])]
 
 
 _settling: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)

@@ -15,6 +15,7 @@ from typing import Any
 
 from appliance.engine.engine import Engine
 from appliance.errors import BadRequest, ContextLengthExceeded
+from appliance.http.grounded import Check
 from appliance.http.retrieval import Cite, cited
 from appliance.http.validate import Biases, check_tokens
 from appliance.model.prompt import Prompt
@@ -75,7 +76,12 @@ class Prepared:
     prompt: list[int] | Prompt
     params: SamplingParams
     truncated: bool = False  # a fill-in-the-middle prompt was cut to fit
-    sources: list[dict[str, Any]] | None = None  # the library's passages in the prompt (None: not asked for)
+    check: Check | None = None  # a library chat's: its sources, the answer checked against them (grounded.py)
+
+    @property
+    def sources(self) -> list[dict[str, Any]] | None:
+        """The library's passages in the prompt (None: not asked for)."""
+        return self.check.sources if self.check is not None else None
 
     @property
     def tokens(self) -> list[int]:
@@ -96,7 +102,7 @@ async def prepare(engine: Engine, ask: Ask) -> Prepared:
     check_tokens(context, engine.n_vocab, "context")
     limit = engine.prompt_limit(params.max_tokens)
     src = ask.source
-    found: list[dict[str, Any]] | None = None
+    found: Check | None = None
     if isinstance(src, Messages):
         chat = await engine.prepare(src.messages, params.max_tokens, src.tools)
         if ask.cite is not None:

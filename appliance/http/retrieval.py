@@ -15,9 +15,11 @@ from typing import Any
 
 from appliance.engine.engine import Engine
 from appliance.errors import ContextLengthExceeded
+from appliance.http.grounded import Check
 from appliance.http.guard import Caller
 from appliance.http.state import App
 from appliance.library.cite import FRAME, block, keep, question_of, sources, with_sources
+from appliance.library.grounding import closeness
 from appliance.library.library import Library
 from appliance.library.scopes import readable, required
 from appliance.model.prompt import Prompt
@@ -44,32 +46,33 @@ def citing(app: App, caller: Caller, asked: bool) -> Cite | None:
     return Cite(required(app.library), readable(caller.account.id if caller.account is not None else None))
 
 
-Cited = tuple[Prompt, list[dict[str, Any]]]
+Cited = tuple[Prompt, Check]
 
 
 async def cited(engine: Engine, cite: Cite, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 max_tokens: int, plain: Prompt) -> Cited:
     """The prompt with the sources that fit the room `plain` (the chat's prompt without
-    them) leaves, and those sources; `plain` and none when no source fits. One search,
-    one count, at most one more prompt built."""
+    them) leaves, and the answer's check with those sources; `plain` and none when no source
+    fits. One search, one count, at most one more prompt built. Nothing found close enough
+    to the question (library/grounding.py): the server answers itself (Check.answer)."""
     question = question_of(messages)
     if question is None:
-        return plain, []
+        return plain, Check("", [])
     limits = cite.library.limits
     found = await cite.library.search(cite.scopes, question, limits.top_k * CANDIDATES, sys.maxsize)
-    if not found:
-        return plain, []
+    if not found or not closeness([question], found).close():
+        return plain, Check(question, [], close=False)
     counts = await asyncio.gather(*(engine.tokenize(text) for text in
                                     [FRAME, *(block(n, f) + "\n\n" for n, f in enumerate(found, 1))]))
     frame, costs = len(counts[0]) + SLACK, [len(c) for c in counts[1:]]
     room = engine.prompt_limit(max_tokens) + plain.allowance - len(plain.tokens) - frame
     kept = keep(found, costs, limits.top_k, limits.budget_tokens, room)
     if not kept:
-        return plain, []
+        return plain, Check(question, [])
     try:
         prompt = await engine.prepare(with_sources(messages, kept), max_tokens, tools)
     except ContextLengthExceeded:  # counted apart, the pieces came out short: the chat as asked
-        return plain, []
+        return plain, Check(question, [])
     if prompt.dropped_messages > plain.dropped_messages:
-        return plain, []
-    return prompt, sources(kept)
+        return plain, Check(question, [])
+    return prompt, Check(question, sources(kept))

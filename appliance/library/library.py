@@ -6,6 +6,7 @@ reciprocal rank fusion joins the lists, and the best passages are kept within a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -169,6 +170,7 @@ class Library:
         budget = budget if budget is not None else self.limits.budget_tokens
         question = question[:MAX_QUESTION]
         lists, weights = await asyncio.to_thread(self._words, scopes, question) if "words" in ways else ([], [])
+        query = None
         if len(self.vectors) and question.strip() and "meaning" in ways and self._readable(question, ways):
             try:
                 query = (await self._embed([question]))[0]
@@ -179,7 +181,11 @@ class Library:
         ranked = fuse(lists, weights)
         found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
         best = [found[pid] for pid in ranked if pid in found]
-        return keep(best, [estimate_tokens(f.text) for f in best], top_k, budget)
+        kept = keep(best, [estimate_tokens(f.text) for f in best], top_k, budget)
+        if query is None:
+            return kept
+        near = self.vectors.near(query, [(f.doc, f.id) for f in kept])  # how close: library/grounding.py
+        return [dataclasses.replace(f, near=near.get(f.id)) for f in kept]
 
 
 def fuse(lists: list[list[int]], weights: list[float] | None = None) -> list[int]:

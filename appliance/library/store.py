@@ -121,6 +121,7 @@ class Found:
     title: str
     page: int | None
     text: str
+    near: float | None = None  # its cosine to the question searched (None: not searched by meaning)
 
 
 class NoRoom(Exception):

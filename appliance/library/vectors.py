@@ -62,3 +62,18 @@ class Vectors:
         scores = np.concatenate([s.matrix @ query for s in shelves])
         top = np.argsort(-scores, kind="stable")[:limit]
         return [int(ids[i]) for i in top]
+
+    def near(self, query: np.ndarray, passages: Iterable[tuple[str, int]]) -> dict[int, float]:
+        """The cosine of `query` (unit length) to each of these (document, passage) that has
+        its embedding here."""
+        with self._lock:
+            shelves = dict(self._shelves)
+        out: dict[int, float] = {}
+        for doc, pid in passages:
+            shelf = shelves.get(doc)
+            if shelf is None:
+                continue
+            rows = np.flatnonzero(shelf.ids == pid)
+            if len(rows):
+                out[pid] = float(shelf.matrix[rows[0]] @ query)
+        return out

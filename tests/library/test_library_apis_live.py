@@ -25,6 +25,7 @@ NOTE = ("Reception notes.\n\nThe spare key to the server room is kept in the blu
         "reception desk. Ask Maria before you take it.")
 QUESTION = "Where is the spare key to the server room kept?"
 ASKED = {"max_tokens": 48, "temperature": 0}
+FAR = "How many moons does Jupiter have?"
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,16 @@ def test_chat_completions(server: Live, note: dict[str, Any]) -> None:
     answer = client.chat.completions.create(**ask, extra_body={"library": True})  # type: ignore[call-overload]
     cited(answer.model_extra["sources"], note)
     from_note(answer.choices[0].message.content)
+    # Checked against its source: the note used, its sentence the support (http/grounded.py).
+    assert answer.model_extra["grounding"]["verdict"] in ("supported", "partly"), answer.model_extra
+    assert answer.model_extra["sources"][0]["used"] and "flowerpot" in answer.model_extra["sources"][0]["support"]
     first = next(iter(client.chat.completions.create(**ask, stream=True, extra_body={"library": True})))
     cited((first.model_extra or {})["sources"], note)
+    # Nothing in the library close to the question: the server says so, without the model.
+    far = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": FAR}]},
+                                         extra_body={"library": True})
+    assert far.choices[0].message.content.startswith("The library does not say")
+    assert far.model_extra["grounding"]["verdict"] == "not_in_library" and far.usage.completion_tokens == 0
 
 
 def test_responses(server: Live, note: dict[str, Any]) -> None:

@@ -53,8 +53,8 @@ async def create(app: App, request: Request) -> Response:
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params,
                                               cite=citing(app, caller, req.library)))
     job = Job(caller, ready.prompt, (ready.params,), req.stream, req.session_id or new_session_id(),
-              named=req.session_id is not None)
-    shape = MessageShape(app.model_id, req.tool_names, len(ready.tokens), job.session, ready.sources)
+              named=req.session_id is not None, review=ready.check)
+    shape = MessageShape(app.model_id, req.tool_names, len(ready.tokens), job.session, ready.check)
     return await respond(app, request, job, shape)
 
 

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError
 from appliance.http.choices import Choice
+from appliance.http.grounded import Check
 from appliance.http.pipeline import Answer, Timing
 from appliance.http.wire import SSE, SSE_HEADERS, anthropic_body, anthropic_error, event
 from appliance.structured.tools import ToolCall
@@ -47,10 +48,12 @@ class MessageShape:
     notes = True  # SSE comments: Anthropic's SDK skips them as SSE says
 
     def __init__(self, model: str, tool_names: frozenset[str], prompt_tokens: int, session: str,
-                 sources: list[dict[str, Any]] | None = None) -> None:
+                 check: Check | None = None) -> None:
         self.model, self.prompt_tokens = model, prompt_tokens
-        # Ours, with "library": true: on the message object (message_start's, and a whole answer).
-        self.cited = {"sources": sources} if sources is not None else {}
+        # Ours, with "library": true: the sources on the message object (message_start's), and
+        # checked (grounded.py) on message_delta and a whole answer's message.
+        self.check = check
+        self.cited = {"sources": check.sources} if check is not None else {}
         self.id = "msg_" + secrets.token_hex(12)
         self.choice = Choice(0, tool_names)
         self._headers = {"X-Session-Id": session}
@@ -109,7 +112,10 @@ class MessageShape:
         out = self._entries(entries) + self._close_text()
         use = usage(done, self.prompt_tokens, done.completion_tokens)
         return [*out, event("message_delta", {"type": "message_delta", "usage": use, "delta": {
-            "stop_reason": stop_reason(self.choice, done), "stop_sequence": None}})]
+            "stop_reason": stop_reason(self.choice, done), "stop_sequence": None}, **self._checked()})]
+
+    def _checked(self) -> dict[str, Any]:
+        return self.check.wire(0) if self.check is not None else {}
 
     def close(self, ends: list[Done]) -> list[bytes]:
         return [event("message_stop", {"type": "message_stop"})]
@@ -130,4 +136,5 @@ class MessageShape:
         if self.choice.calls:
             content = [c for c in content if c["text"]] + [tool_use(c) for c in self.choice.calls]
         use = usage(done, self.prompt_tokens, done.completion_tokens)
-        return JSONResponse(self._message(content, stop_reason(self.choice, done), use), headers=self._headers)
+        body = {**self._message(content, stop_reason(self.choice, done), use), **self._checked()}
+        return JSONResponse(body, headers=self._headers)

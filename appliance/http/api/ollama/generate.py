@@ -18,6 +18,7 @@ from appliance.engine.engine import Engine, EngineState
 from appliance.engine.events import Delta, Done, Progress, TokenLogprob
 from appliance.errors import ApplianceError, BadRequest, Unavailable
 from appliance.http.api.ollama.wire import NDJSON, error_line, line, model_name, ollama_error, stamp
+from appliance.http.grounded import Check
 from appliance.http.intake import intake
 from appliance.http.messages import parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, respond
@@ -259,10 +260,10 @@ class _Ndjson:
 class ChatShape(_Ndjson):
     """/api/chat's answer: message parts, tool calls each whole (tools.CallStream), stats."""
 
-    def __init__(self, req: Chat, cited: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, req: Chat, check: Check | None = None) -> None:
         self.model, self.params, self.names = req.common.model, req.common.params, req.tool_names
         self.calls: CallStream[list[TokenLogprob]] = CallStream(req.tool_names)
-        self.cited = {"sources": cited} if cited is not None else {}  # ours: on the last line, "library": true
+        self.check = check  # ours, "library": true: sources and grounding on the last line
 
     def delta(self, i: int, ev: Delta) -> list[bytes]:
         shown, calls, lps = self.calls.feed(ev.text, ev.logprobs)
@@ -277,13 +278,16 @@ class ChatShape(_Ndjson):
         rest, calls, lps = self.calls.finish()
         out = [line(_with_logprobs(chat_part(self.model, rest, calls=calls), self.params, _entries(lps)))] \
             if rest or calls else []
-        return [*out, line({**chat_part(self.model, "", True), **stats(done, timing), **self.cited})]
+        return [*out, line({**chat_part(self.model, "", True), **stats(done, timing), **self._checked()})]
 
     async def whole(self, answer: Answer, timing: Timing) -> Response:
         [(deltas, done)] = answer
         shown, calls = answer_calls("".join(d.text for d in deltas), self.names)
         part = _with_logprobs(chat_part(self.model, shown, True, calls), self.params, _entries([d.logprobs for d in deltas]))
-        return JSONResponse({**part, **stats(done, timing), **self.cited})
+        return JSONResponse({**part, **stats(done, timing), **self._checked()})
+
+    def _checked(self) -> dict[str, Any]:
+        return self.check.wire(0) if self.check is not None else {}
 
 
 class GenerateShape(_Ndjson):
@@ -332,8 +336,8 @@ async def chat(app: App, request: Request) -> Response:
             return _loaded(app.engine, common, chat_part(common.model, "", True))
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), common.params,
                                               cite=citing(app, caller, library)))
-    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream),
-                         ChatShape(req, ready.sources))
+    return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream, review=ready.check),
+                         ChatShape(req, ready.check))
 
 
 async def generate(app: App, request: Request) -> Response:

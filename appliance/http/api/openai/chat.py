@@ -17,6 +17,7 @@ from appliance.engine.events import Delta, Done, Progress
 from appliance.errors import ApplianceError, BadRequest
 from appliance.http.api.openai.formats import parse_response_format
 from appliance.http.choices import Choice
+from appliance.http.grounded import Check
 from appliance.http.intake import intake
 from appliance.http.messages import message_chars, parse_messages, parse_tools
 from appliance.http.pipeline import Answer, Job, Timing, choices, respond
@@ -150,6 +151,7 @@ class ChatShape:
         self.extra: dict[str, Any] = {}
         self.timing = Timing()
         self.meter = Meter(req.telemetry, req.n)
+        self.check: Check | None = None  # "library": true: the answer's sources and grounding at its end
         # On every chunk and body, as llama-server (and OpenAI) write it.
         self.fingerprint = {"system_fingerprint": app.engine.system_fingerprint}
         if dropped:
@@ -182,6 +184,8 @@ class ChatShape:
         # llama-server's timings ride on the stream's last chunk: the usage chunk when there is one.
         self.timing = timing
         extra = {} if self.req.include_usage else {"timings": timings(done, timing)}
+        if self.check is not None:
+            extra.update(self.check.wire(i))
         return [*out, self._chunk([{**self.choices[i].entry({}), "finish_reason": reason}], **extra)]
 
     def close(self, ends: list[Done]) -> list[bytes]:
@@ -203,8 +207,9 @@ class ChatShape:
                 choice.delta(d)
             messages.append(choice.message(done))
         ends = [d for _, d in answer]
+        checked = self.check.wire(0) if self.check is not None else {}  # the first choice's, as its sources
         body = completion_of(self.cid, self.created, self.model, messages, _usage(ends), **self.fingerprint,
-                             **self.extra, timings=timings(_all(ends), timing))
+                             **{**self.extra, **checked}, timings=timings(_all(ends), timing))
         return JSONResponse(body, headers=self._headers)
 
 
@@ -216,10 +221,10 @@ async def chat(app: App, request: Request) -> Response:
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params, req.bias, req.ignore_eos,
                                               req.grammar_param, cite=citing(app, caller, req.library)))
     job = Job(caller, ready.prompt, choices(ready.params, req.n), req.stream, req.session_id or new_session_id(),
-              named=req.session_id is not None, report=req.telemetry.report)
+              named=req.session_id is not None, report=req.telemetry.report, review=ready.check)
     shape = ChatShape(app, req, job.session, ready.dropped)
-    if ready.sources is not None:  # in the first chunk, and in a whole answer's body
-        shape.extra["sources"] = ready.sources
+    if ready.check is not None:  # in the first chunk, and checked at the end (a whole answer's body)
+        shape.extra["sources"], shape.check = ready.check.sources, ready.check
     return await respond(app, request, job, shape)
 
 

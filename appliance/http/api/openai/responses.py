@@ -63,8 +63,8 @@ async def create(store: ResponseStore, app: App, request: Request) -> Response:
     # The conversation continues in its own session, so the next turn finds its KV cells; the
     # id is the server's, never the client's, so it is not kept on disk (named=False).
     job = Job(caller, ready.prompt, (ready.params,), req.stream, asked.session or new_session_id(),
-              report=req.telemetry.report)
-    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session, ready.sources)
+              report=req.telemetry.report, review=ready.check)
+    shape = ResponseShape(app, req, store if req.store else None, asked.client, job.session, ready.check)
     return await respond(app, request, job, shape)
 
 

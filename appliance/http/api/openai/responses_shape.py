@@ -17,6 +17,7 @@ from appliance.errors import ApplianceError
 from appliance.http import wire
 from appliance.http.api.openai.response_store import ResponseStore
 from appliance.http.api.openai.responses_input import ResponsesRequest
+from appliance.http.grounded import Check
 from appliance.http.pipeline import Answer, Timing
 from appliance.http.state import App
 from appliance.http.telemetry import Meter, timings
@@ -47,10 +48,12 @@ class ResponseShape:
     notes = True  # SSE comments: the SDK's decoder skips them
 
     def __init__(self, app: App, req: ResponsesRequest, store: ResponseStore | None, client: str, session: str,
-                 sources: list[dict[str, Any]] | None = None) -> None:
+                 check: Check | None = None) -> None:
         self.model, self.req, self.store, self.client, self.session = app.model_id, req, store, client, session
-        # Ours, with "library": true: on the response object, so in every event that carries it.
-        self.cited = {"sources": sources} if sources is not None else {}
+        # Ours, with "library": true: the sources on the response object, so in every event
+        # that carries it; once it is done, checked (grounded.py), with the grounding.
+        self.check = check
+        self.cited = {"sources": check.sources} if check is not None else {}
         self.id, self.created = new_id("resp"), int(time.time())
         self.calls: CallStream[None] = CallStream(req.tool_names)
         self.output: list[dict[str, Any]] = []
@@ -69,7 +72,7 @@ class ResponseShape:
                 "temperature": p.temperature, "top_p": p.top_p, "tool_choice": echo.get("tool_choice", "auto"),
                 "tools": echo.get("tools", []), "text": echo.get("text", {"format": {"type": "text"}}),
                 "store": self.store is not None, "metadata": echo.get("metadata", {}), "usage": response_usage(done),
-                **self.cited}
+                **(self.check.wire(0) if self.check is not None and done is not None else self.cited)}
 
     def event(self, kind: str, **fields: Any) -> bytes:
         obj = {"type": kind, "sequence_number": self.seq, **fields}

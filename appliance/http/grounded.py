@@ -1,0 +1,56 @@
+"""A library chat's answer checked against its sources (library/attribute.py), for every chat
+API the same way: the server's own answer when nothing in the library was close enough to
+ask the model (library/grounding.py; no slot spent), a note at the end of an answer whose
+figures and names are in no source, and what the answer's last chunk (a whole answer's
+body) carries: the sources again, each with `used` and `support`, and `grounding`.
+The pipeline calls it per choice (pipeline.Review); the shapes put `wire(i)` on the wire."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance.library.attribute import Attribution, Verdict, attribute
+from appliance.library.grounding import not_in_library, unsupported_note
+
+
+class Check:
+    """One library chat: its question, the sources its prompt numbered, and each choice's
+    answer attributed to them once it is written."""
+
+    def __init__(self, question: str, sources: list[dict[str, Any]], close: bool = True) -> None:
+        self.question, self.sources = question, sources
+        # Nothing close enough: the server answers, in the question's language.
+        self.answer = None if close else not_in_library(question)
+        self._got: dict[int, tuple[Attribution, str, str]] = {}  # choice: (attribution, answer, without dropped [n])
+
+    def _attribute(self, i: int, text: str) -> Attribution:
+        got, cleaned = attribute(text, [s["text"] for s in self.sources], self.question)
+        self._got[i] = (got, text, cleaned)
+        return got
+
+    def note(self, i: int, text: str) -> str:
+        """Choice i's answer is written whole: what its end gets ("" nothing). An answer with
+        no source to check (none fitted) is not the library's to judge."""
+        if self.answer is not None:
+            return ""
+        got = self._attribute(i, text)
+        return unsupported_note(self.question, got) if self.sources else ""
+
+    def clean(self, i: int, text: str) -> str:
+        """A whole answer's text as sent: the [n] its passage does not support taken out (the
+        note after it has none)."""
+        got = self._got.get(i)
+        if got is None or not text.startswith(got[1]):
+            return text
+        return got[2] + text[len(got[1]):]
+
+    def wire(self, i: int) -> dict[str, Any]:
+        """What choice i's last chunk carries: the sources, each `used` and its `support`,
+        and `grounding` (its verdict, the figures and names in no source, the [n] dropped)."""
+        if self.answer is not None:
+            return {"sources": [], "grounding": {"verdict": Verdict.NOT_IN_LIBRARY.value, "unsupported": [],
+                                                 "dropped": []}}
+        got = self._got[i][0] if i in self._got else self._attribute(i, "")
+        sources = [{**s, "used": u.used, "support": u.support} for s, u in zip(self.sources, got.uses)]
+        return {"sources": sources, "grounding": {"verdict": got.verdict.value, "unsupported": list(got.unsupported),
+                                                  "dropped": list(got.dropped)}}
