@@ -1,4 +1,4 @@
-"""`appliance serve | config | pull | models | tune | status | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | status | person | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -172,6 +172,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_person(args: argparse.Namespace) -> int:
+    from appliance.ops import person
+
+    cfg, _ = _load_config(args)
+    code, text = person.run(cfg, args.action, args.name, args.admin)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from appliance import bench
 
@@ -190,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
         "status": (cmd_status, "what a running server is doing now and today's usage per person (GET /admin/status)"),
+        "person": (cmd_person, "add a person (the first admin too) and print their invite link and QR code; "
+                               "a new link; list people (works over SSH, also while the server runs)"),
     }
     from appliance.model import hub, requant
 
@@ -218,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
             from appliance.ops import status
 
             status.add_arguments(p)
+        if name == "person":
+            from appliance.ops import person
+
+            person.add_arguments(p)
         if name == "tune":
             from appliance.ops import tune
 

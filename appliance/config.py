@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +86,12 @@ def _presets(v: dict[str, str]) -> str | None:
     if any(not text for text in v.values()):
         return "a preset's text must not be empty"
     return None
+
+
+def _dns_label(v: str) -> str | None:
+    # One DNS label: the box is announced as `<box_name>.local`, and a phone's resolver asks for it so.
+    return None if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v) else \
+        "must be one DNS label: 1-63 letters, digits and '-', not starting or ending with '-'"
 
 
 def _one_of(*choices: str) -> Callable[[str], str | None]:
@@ -236,6 +243,11 @@ class Config:
         "a response whose client reads none of it for this long is cut and its buffer freed, s", _positive))
     max_conns_per_client: int = field(default=64, metadata=_opt(
         "open connections per client address (trusted proxies exempt); 0 = no cap", _non_negative))
+    box_name: str = field(default="appliance", metadata=_opt(
+        "the box's name on the LAN: announced as <box_name>.local (mdns), and what invite and share links "
+        "carry when made on the box itself", _dns_label))
+    mdns: str = field(default="on", metadata=_opt(
+        "announce <box_name>.local and the chat page (_http._tcp) on the LAN by mDNS/DNS-SD", _one_of("on", "off")))
     tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))
     tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
