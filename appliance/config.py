@@ -88,12 +88,6 @@ def _presets(v: dict[str, str]) -> str | None:
     return None
 
 
-def _dns_label(v: str) -> str | None:
-    # One DNS label: the box is announced as `<box_name>.local`, and a phone's resolver asks for it so.
-    return None if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v) else \
-        "must be one DNS label: 1-63 letters, digits and '-', not starting or ending with '-'"
-
-
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -244,10 +238,10 @@ class Config:
     max_conns_per_client: int = field(default=64, metadata=_opt(
         "open connections per client address (trusted proxies exempt); 0 = no cap", _non_negative))
     box_name: str = field(default="appliance", metadata=_opt(
-        "the box's name on the LAN: announced as <box_name>.local (mdns), and what invite and share links "
-        "carry when made on the box itself", _dns_label))
+        "the box's name on the LAN: <box_name>.local (mdns), and in links made on the box itself",
+        lambda v: None if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v) else "must be one DNS label"))
     mdns: str = field(default="on", metadata=_opt(
-        "announce <box_name>.local and the chat page (_http._tcp) on the LAN by mDNS/DNS-SD", _one_of("on", "off")))
+        "announce <box_name>.local and the chat page on the LAN (mDNS/DNS-SD)", _one_of("on", "off")))
     tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))
     tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))

@@ -52,7 +52,9 @@ def compose(cfg: Config, model_path: Path, on_fatal: Callable[[], None] = lambda
     metrics.attach(engine)
     store, people = people_store(cfg)
     library, embedder = build_library(cfg, engine)
-    guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
+    # The name it announces is its own: a browser that found it by name is let in (the DNS rebinding guard).
+    hosts = (*cfg.allowed_hosts, address.box(cfg).host)
+    guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), Path(cfg.web_dir) if cfg.web_dir else None,
               metrics, system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,

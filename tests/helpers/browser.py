@@ -52,6 +52,9 @@ def browser() -> Iterator[Browser]:
     if path is None:
         raise RuntimeError(f"no Chromium at {CHROMIUM}: install Debian's package with  sudo apt-get install -y chromium")
     args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium's sandbox refuses root
+    # Links made on the box name it <box_name>.local (appliance/http/reach.py), which mDNS
+    # resolves on a LAN: here to this machine, with no multicast.
+    args.append("--host-resolver-rules=MAP *.local 127.0.0.1")
     with sync_playwright() as p:
         b = _launch(p, path, args)
         try:
