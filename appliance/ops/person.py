@@ -101,17 +101,23 @@ def run(cfg: Config, action: str, name: str = "", admin: bool = False,
     finally:
         store.close()
     if cfg.auth != "people" and action != "list":
-        text += '\nnote: auth is "open" here: people sign in once the box runs with auth = "people"'
+        text = 'note: auth is "open" here: people sign in once the box runs with auth = "people"\n' + text
     return 0, text
 
 
 def as_owner(state: Path) -> None:
     """Run as root (sudo over SSH), become the state directory's owner (the service's user)
-    first: a people.sqlite3 or its -wal file made by root would lock the service out of it."""
+    first: the store refuses a directory another user owns, and a people.sqlite3 made by root
+    would lock the service out of it."""
     owner = state.stat()
-    if os.geteuid() == 0 and owner.st_uid != 0:
-        os.setgid(owner.st_gid)
-        os.setuid(owner.st_uid)
+    if os.geteuid() != 0 or owner.st_uid == 0:
+        return
+    # Imported before the switch: after it, only what that user may read can be imported.
+    import segno  # noqa: F401
+
+    os.setgroups([])
+    os.setgid(owner.st_gid)
+    os.setuid(owner.st_uid)
 
 
 def _open(cfg: Config) -> People:
