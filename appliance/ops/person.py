@@ -89,7 +89,7 @@ def run(cfg: Config, action: str, name: str = "", admin: bool = False,
         state = Path(cfg.state_dir).resolve()
         if not state.is_dir():  # a relative state_dir read from the wrong directory: a store nobody serves
             return 2, (f"appliance person: no state directory at {state}: run this where the server runs (the "
-                       f"service: cd /var/lib/appliance), or give --state-dir")
+                       f"service's: --state-dir /var/lib/appliance/state)")
         as_owner(state)
     store = (opener or _open)(cfg)
     try:
