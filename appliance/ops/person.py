@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from appliance.config import Config
@@ -80,8 +79,7 @@ def act(cfg: Config, accounts: Accounts, action: str, name: str, admin: bool) ->
     return invited(cfg, found.name, accounts.invite(found.id))
 
 
-def run(cfg: Config, action: str, name: str = "", admin: bool = False,
-        opener: Callable[[Config], People] | None = None) -> tuple[int, str]:
+def run(cfg: Config, action: str, name: str = "", admin: bool = False) -> tuple[int, str]:
     """(exit code, what to print) for `appliance person`."""
     if not cfg.database_url:
         if not cfg.state_dir:
@@ -91,7 +89,7 @@ def run(cfg: Config, action: str, name: str = "", admin: bool = False,
             return 2, (f"appliance person: no state directory at {state}: run this where the server runs (the "
                        f"service's: --state-dir /var/lib/appliance/state)")
         as_owner(state)
-    store = (opener or _open)(cfg)
+    store = _open(cfg)
     try:
         if store.accounts is None:
             return 1, f"appliance person: {store.store_trouble}"
