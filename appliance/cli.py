@@ -1,8 +1,9 @@
-"""`appliance serve | config | pull | models | tune | status | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | status | person | bench`: the command line."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -172,6 +173,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_person(args: argparse.Namespace) -> int:
+    from appliance.ops import person
+
+    cfg, _ = _load_config(args)
+    code, text = person.run(cfg, args.action, args.name, args.admin)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from appliance import bench
 
@@ -190,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
         "status": (cmd_status, "what a running server is doing now and today's usage per person (GET /admin/status)"),
+        "person": (cmd_person, "add a person (the first admin too) with an invite link and QR code; list people"),
     }
     from appliance.model import hub, requant
 
@@ -214,14 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
-        if name == "status":
-            from appliance.ops import status
-
-            status.add_arguments(p)
-        if name == "tune":
-            from appliance.ops import tune
-
-            tune.add_arguments(p)
+        if name in ("status", "person", "tune"):  # flags of their own, in their modules
+            importlib.import_module(f"appliance.ops.{name}").add_arguments(p)
     from appliance import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")

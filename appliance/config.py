@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -236,6 +237,11 @@ class Config:
         "a response whose client reads none of it for this long is cut and its buffer freed, s", _positive))
     max_conns_per_client: int = field(default=64, metadata=_opt(
         "open connections per client address (trusted proxies exempt); 0 = no cap", _non_negative))
+    box_name: str = field(default="appliance", metadata=_opt(
+        "the box's name on the LAN: <box_name>.local (mdns), and in links made on the box itself",
+        lambda v: None if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v) else "must be one DNS label"))
+    mdns: str = field(default="on", metadata=_opt(
+        "announce <box_name>.local and the chat page on the LAN (mDNS/DNS-SD)", _one_of("on", "off")))
     tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))
     tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))

@@ -31,6 +31,9 @@ async def running(app: App) -> AsyncIterator[None]:
         app.engine.start(asyncio.get_running_loop())
         stack.push_async_callback(asyncio.to_thread, app.engine.stop)
         start_library(app, stack)
+        if app.announcer is not None:  # last, so its goodbye goes out first at shutdown
+            app.announcer.start()  # announcing itself runs on its thread: the start never waits for the LAN
+            stack.push_async_callback(asyncio.to_thread, app.announcer.stop)
         yield
 
 

@@ -20,6 +20,7 @@ from appliance.http.guard import GuardPolicy
 from appliance.http.keys import KeyRing
 from appliance.http.metrics import Metrics
 from appliance.http.people import People
+from appliance.http.reach import Box
 from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
@@ -43,6 +44,17 @@ class Embeddings(Protocol):
     def workers(self) -> Sequence[Worker[Any]]: ...
 
 
+class Announcing(Protocol):
+    """What the app holds of ops/mdns.Announcer: a worker the lifespan starts and stops, and
+    how its announcement went (/admin/status)."""
+
+    state: str
+
+    def start(self) -> None: ...
+    def stop(self, timeout: float | None = None) -> None: ...
+    def health(self) -> Health: ...
+
+
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
@@ -54,7 +66,8 @@ class App:
                  guard: GuardPolicy | None = None, parse_concurrency: int = 4, parse_per_client: int = 2,
                  documents: DocumentReader | None = None, usage: Accounting | None = None,
                  people: People | None = None, library: Library | None = None, embedder: Embeddings | None = None,
-                 store: People | None = None) -> None:
+                 store: People | None = None, box: Box | None = None,
+                 announcer: Announcing | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model_id = model_id
@@ -75,6 +88,9 @@ class App:
         # Workers the process runs beside these services, listed by /admin/status too (the
         # systemd watchdog, which ops/serve.py starts around the server).
         self.beside: list[Worker[Any]] = []
+        self.box = box or Box()  # its name on the LAN: links made on the box itself carry it (http/reach.py)
+        # The mDNS announcer (ops/mdns.py), started and stopped by the lifespan (None: mdns off).
+        self.announcer = announcer
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:
@@ -94,7 +110,9 @@ class App:
     def workers(self) -> list[Health]:
         """The background threads of the services this app holds (the engine's loop is its
         own: /health and the watchdog watch it), for /admin/status."""
-        found: list[Worker[Any]] = [*self.usage.ledger.workers(), *self.beside]
+        found: list[Worker[Any] | Announcing] = [*self.usage.ledger.workers(), *self.beside]
+        if self.announcer is not None:
+            found.append(self.announcer)
         if self.people is not None:
             found += self.people.workers()
         if self.embedder is not None:

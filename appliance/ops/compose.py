@@ -22,8 +22,10 @@ from appliance.http.metrics import Metrics
 from appliance.http.people import People
 from appliance.http.state import App
 from appliance.http.validate import RequestBounds
+from appliance.ops import address
 from appliance.ops.engine import build_engine
 from appliance.ops.library import build_library
+from appliance.ops.mdns import Announcer
 from appliance.usage.ledger import Ledger
 from appliance.usage.shared import SharedUsageStore
 
@@ -50,12 +52,15 @@ def compose(cfg: Config, model_path: Path, on_fatal: Callable[[], None] = lambda
     metrics.attach(engine)
     store, people = people_store(cfg)
     library, embedder = build_library(cfg, engine)
-    guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), cfg.allowed_hosts, cfg.allowed_origins,
+    # The name it announces is its own: a browser that found it by name is let in (the DNS rebinding guard).
+    hosts = (*cfg.allowed_hosts, address.box(cfg).host)
+    guard = GuardPolicy.build(keys, parse_networks(cfg.trusted_proxies), hosts, cfg.allowed_origins,
                               cfg.rate_limit_per_s, people)
     app = App(engine, cfg.model_name or model_path.stem, request_bounds(cfg), Path(cfg.web_dir) if cfg.web_dir else None,
               metrics, system_prompts=cfg.system_prompts, guard=guard, parse_concurrency=cfg.parse_concurrency,
               parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg, store),
-              people=people, library=library, embedder=embedder, store=store)
+              people=people, library=library, embedder=embedder, store=store, box=address.box(cfg),
+              announcer=Announcer(address.box(cfg), cfg.host) if cfg.mdns == "on" else None)
     return Process(app, engine, keys, metrics)
 
 

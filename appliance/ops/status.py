@@ -81,6 +81,9 @@ def render(body: dict[str, Any]) -> str:
         + ("ok" if dog["ok"] else f"STALLED {dog['stalled_s']} s"),
         f"clients    {n['active_clients']} active in the last 5 min",
     ]
+    box = n.get("box")
+    if box is not None:
+        lines.insert(0, f"box        {box['url']} (mDNS: {box['mdns']})")
     state = n.get("state_dir")
     if state is not None and not state.get("writable", True):
         lines.append(f"state dir  NOT WRITABLE: {state.get('error') or '?'} (counting in memory, retried every minute)")

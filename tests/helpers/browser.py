@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
@@ -52,6 +53,9 @@ def browser() -> Iterator[Browser]:
     if path is None:
         raise RuntimeError(f"no Chromium at {CHROMIUM}: install Debian's package with  sudo apt-get install -y chromium")
     args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium's sandbox refuses root
+    # Links made on the box name it <box_name>.local (appliance/http/reach.py), which mDNS
+    # resolves on a LAN: here to this machine, with no multicast.
+    args.append("--host-resolver-rules=MAP *.local 127.0.0.1")
     with sync_playwright() as p:
         b = _launch(p, path, args)
         try:
@@ -89,13 +93,19 @@ class Watched:
         self.context.close()
 
 
+def secure_origin(url: str) -> bool:
+    """A secure context to the browser: https, or this machine's own address."""
+    parts = urlsplit(url)
+    return parts.scheme == "https" or parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
 def open_page(b: Browser, url: str, *, viewport: dict[str, int] | None = None, secure_apis: bool = True,
               color_scheme: str = "light", init: str = "", storage: Path | None = None,
               wait_ready: bool = True) -> Watched:
     ctx = b.new_context(viewport=viewport or DESKTOP, color_scheme=color_scheme,  # type: ignore[arg-type]
                         accept_downloads=True, storage_state=str(storage) if storage else None,
                         has_touch=viewport == PHONE, is_mobile=viewport == PHONE)
-    if secure_apis:
+    if secure_apis and secure_origin(url):  # an invite link by name (http://appliance.local) is not one
         ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=url.rstrip("/"))
     ctx.add_init_script(WATCH + ("" if secure_apis else NO_SECURE_APIS) + init)
     page = ctx.new_page()

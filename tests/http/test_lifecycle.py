@@ -22,6 +22,7 @@ from appliance.http.validate import RequestBounds
 from appliance.people.db import Database
 from appliance.people.passwords import Hasher
 from appliance.usage.ledger import Ledger
+from appliance.workers import Worker
 
 
 def app_owning(people: People, usage: Accounting) -> App:
@@ -61,3 +62,23 @@ def test_a_people_store_the_app_was_lent_stays_open(tmp_path: Path) -> None:
         wait_health(client.get, is_ready)
     assert asyncio.run(people.hashing().run(lambda: 2)) == 2
     assert people.accounts is not None and people.accounts.add("Ann")
+
+
+class Quiet(Worker[None]):
+    """An announcer that announces nothing: what the lifespan does with one."""
+
+    def __init__(self) -> None:
+        super().__init__("mdns")
+        self.state = "announced"
+
+
+def test_the_announcer_starts_with_the_app_and_stops_with_it(tmp_path: Path) -> None:
+    app = app_owning(People(Database(tmp_path / "state"), hasher=Hasher(n=2**10)), Accounting())
+    app.announcer = announcer = Quiet()
+    with TestClient(create_app(app), base_url="http://localhost", client=("127.0.0.1", 50000)) as client:
+        wait_health(client.get, is_ready)
+        now = client.get("/admin/status").json()
+        assert now["now"]["box"] == {"name": "appliance.local", "url": "http://appliance.local:8080/",
+                                     "mdns": "announced"}
+        assert {"name": "mdns", "alive": True, "depth": 0} in now["workers"]
+    assert announcer.started and not announcer.health().alive

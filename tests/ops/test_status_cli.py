@@ -45,3 +45,10 @@ def test_the_default_url_follows_the_config() -> None:
     assert status.status_url(Config(port=9000)) == "http://127.0.0.1:9000/admin/status"
     assert status.status_url(Config(host="10.0.0.5", tls_cert="c.pem")) == "https://10.0.0.5:8080/admin/status"
     assert status.status_url(Config(), "http://box:8080/") == "http://box:8080/admin/status"
+
+
+def test_status_shows_the_box_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with Served(lambda: FakeModel(reply=REPLY)) as s:
+        assert cli.main(["status", "--url", s.url]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "box        http://appliance.local:8080/ (mDNS: off)"  # the app's defaults, nothing announced

@@ -65,6 +65,9 @@ def now(app: App) -> dict[str, Any]:
         "watchdog": {"ok": not stalled and e.status in ("ok", "draining"), "stalled_s": round(stalled, 1)},
         "active_clients": app.usage.minutes.active(),
         "state_dir": app.state_dir(),
+        # Its name on the LAN and whether it is announced (ops/mdns.py): `appliance status` shows them.
+        "box": {"name": app.box.host, "url": app.box.url,
+                "mdns": app.announcer.state if app.announcer is not None else "off"},
     }
 
 

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import BadRequest, NotFound
 from appliance.http.api.people.auth import person
 from appliance.http.api.people.common import accounts_of, body, chats_of, run, text
+from appliance.http.reach import invite_link, origin
 from appliance.http.state import App
 from appliance.people.accounts import Role
 
@@ -37,9 +38,8 @@ def _role(data: dict[str, Any]) -> Role:
         raise BadRequest("'role' is 'user' or 'admin'", param="role") from None
 
 
-def _invite(request: Request, token: str) -> dict[str, str]:
-    # In the fragment: a browser never sends it to a server, so no proxy or log sees the token.
-    url = f"{str(request.base_url).rstrip('/')}/#invite={token}"
+def _invite(app: App, request: Request, token: str) -> dict[str, str]:
+    url = invite_link(origin(request, app.box), token)  # never a loopback address: a phone scans it
     import segno  # here: 9 MiB once imported, paid only by a box whose operator adds people
     return {"invite_url": url, "invite_qr_svg": segno.make(url, error="m").svg_inline(scale=4, border=2)}
 
@@ -52,7 +52,7 @@ async def collection(app: App, request: Request) -> Response:
                                         for a, n in rows]}, headers={"Cache-Control": "no-store"})
     data = await body(app, request)
     account, token = await run(accounts.add, text(data, "name"), _role(data), _quota(data))
-    return JSONResponse({"person": person(account), **_invite(request, token)}, status_code=201,
+    return JSONResponse({"person": person(account), **_invite(app, request, token)}, status_code=201,
                         headers={"Cache-Control": "no-store"})
 
 
@@ -79,4 +79,4 @@ async def invite(app: App, request: Request) -> Response:
     accounts, pid = accounts_of(app), request.path_params["pid"]
     if await run(accounts.get, pid) is None:
         raise NotFound("no such person", code="person_not_found")
-    return JSONResponse(_invite(request, await run(accounts.invite, pid)), headers={"Cache-Control": "no-store"})
+    return JSONResponse(_invite(app, request, await run(accounts.invite, pid)), headers={"Cache-Control": "no-store"})

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import BadRequest, Conflict, NotFound
 from appliance.http.api.people.common import body, chats_of, run, signed_in, text
 from appliance.http.guard import caller_of
+from appliance.http.reach import origin
 from appliance.http.state import App
 from appliance.people.chats import CHAT_ID, MAX_MESSAGES, ChatChanged, Message
 
@@ -98,7 +99,8 @@ async def share(app: App, request: Request) -> Response:
     token = await run(chats.share, account.id, cid)
     if token is None:
         raise NotFound(NO_CHAT, code="chat_not_found")
-    return _no_store({"token": token, "url": f"{str(request.base_url).rstrip('/')}/#share={token}"})
+    base = origin(request, app.box)  # never a loopback address: the link is for someone else's device
+    return _no_store({"token": token, "origin": base, "url": f"{base}/#share={token}"})
 
 
 async def shared(app: App, request: Request) -> Response:

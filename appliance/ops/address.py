@@ -1,0 +1,19 @@
+"""The box's address from the config: its name on the LAN, its port, and whether it serves
+HTTPS, for the announcer (ops/mdns.py), the links it hands out (http/reach.py) and the
+terminal's invite link (ops/person.py)."""
+
+from __future__ import annotations
+
+from appliance.config import Config
+from appliance.http.reach import Box
+
+
+def scheme(cfg: Config) -> str:
+    """https when the box serves TLS: an operator's certificate, or in people mode its own
+    (the `tls` setting, unless "off")."""
+    own = cfg.auth == "people" and getattr(cfg, "tls", "off") != "off"
+    return "https" if cfg.tls_cert or own else "http"
+
+
+def box(cfg: Config) -> Box:
+    return Box(cfg.box_name, cfg.port, scheme(cfg))
