@@ -1,4 +1,4 @@
-"""`appliance serve | config | pull | models | tune | status | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | status | backup | restore | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -172,6 +172,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from appliance.ops import backup
+
+    cfg, _ = _load_config(args)
+    code, text = backup.run(cfg, args.config, args.to)
+    print(text)
+    return code
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from appliance.ops import restore
+
+    cfg, _ = _load_config(args)
+    code, text = restore.run(cfg, args)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from appliance import bench
 
@@ -190,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
         "status": (cmd_status, "what a running server is doing now and today's usage per person (GET /admin/status)"),
+        "backup": (cmd_backup, "a consistent copy of the state (accounts, chats, library, usage), keys and config, "
+                               "made while the box serves"),
+        "restore": (cmd_restore, "a backup back into a state directory (checked whole; never from a newer version)"),
     }
     from appliance.model import hub, requant
 
@@ -222,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
             from appliance.ops import tune
 
             tune.add_arguments(p)
+        if name in ("backup", "restore"):
+            from appliance.ops import backup, restore
+
+            (backup if name == "backup" else restore).add_arguments(p)
     from appliance import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")
