@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -196,6 +197,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def _add_backup_commands(sub: Any) -> None:
+    from appliance.ops import backup, restore
+
+    for name, func, module, help_text in (
+            ("backup", cmd_backup, backup, "a consistent copy of the state (accounts, chats, library, usage), keys "
+                                           "and config, made while the box serves"),
+            ("restore", cmd_restore, restore, "a backup back into a state directory (checked whole; never one "
+                                              "from a newer version)")):
+        p = sub.add_parser(name, help=help_text)
+        _add_config_flags(p)
+        p.set_defaults(func=func)
+        module.add_arguments(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="A CPU-only LLM chat appliance for a LAN.")
     sub = parser.add_subparsers(dest="command")
@@ -208,9 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
                                        "report the perplexity change, then switch to it"),
         "tune": (cmd_tune, "measure this machine, pick settings that fit it and write them to --config FILE"),
         "status": (cmd_status, "what a running server is doing now and today's usage per person (GET /admin/status)"),
-        "backup": (cmd_backup, "a consistent copy of the state (accounts, chats, library, usage), keys and config, "
-                               "made while the box serves"),
-        "restore": (cmd_restore, "a backup back into a state directory (checked whole; never from a newer version)"),
     }
     from appliance.model import hub, requant
 
@@ -235,18 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--chunks", type=int, default=0, help="only the first N chunks of the text (0 = all)")
             p.add_argument("--llama-quantize", default="", metavar="PATH", help="the llama-quantize binary")
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
-        if name == "status":
-            from appliance.ops import status
-
-            status.add_arguments(p)
-        if name == "tune":
-            from appliance.ops import tune
-
-            tune.add_arguments(p)
-        if name in ("backup", "restore"):
-            from appliance.ops import backup, restore
-
-            (backup if name == "backup" else restore).add_arguments(p)
+        if name in ("status", "tune"):  # their own arguments, in their modules
+            importlib.import_module(f"appliance.ops.{name}").add_arguments(p)
+    _add_backup_commands(sub)
     from appliance import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")
