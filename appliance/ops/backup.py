@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from appliance import __version__
 from appliance.config import SYSTEM_CONFIG, Config
@@ -79,10 +80,12 @@ class Plan:
 
 
 def pg_dump_line(database_url: str, where: Path) -> str:
-    """The command that backs up the PostgreSQL database (its password stays in ~/.pgpass)."""
-    from appliance.store.postgres import redact
-
-    return f"pg_dump --format=custom --file={where / 'postgres.dump'} '{redact(database_url)}'"
+    """The command that backs up the PostgreSQL database: the URL without its password, which
+    pg_dump reads from ~/.pgpass or PGPASSWORD (never printed, never in a manifest)."""
+    url = urlsplit(database_url)
+    if url.password is not None:
+        url = url._replace(netloc=f"{url.username}@{url.netloc.rsplit('@', 1)[1]}")
+    return f"pg_dump --format=custom --file={where / 'postgres.dump'} '{urlunsplit(url)}'"
 
 
 def _state_files(state_dir: Path) -> list[Path]:
@@ -151,11 +154,11 @@ def make(plan: Plan, parent: Path, now: Callable[[], datetime] = lambda: datetim
         manifest = {"format": FORMAT, "app_version": __version__, "created_at": started.isoformat(),
                     "state_dir": str(plan.state_dir or ""), "schemas": plan.schemas, "files": plan.files,
                     "config_file": str(plan.config_file or ""), "keys_file": str(plan.keys_file or "")}
+        final = work.with_name(work.name.removesuffix(PARTIAL))
         if plan.database_url:
-            manifest["postgres"] = {"not_included": pg_dump_line(plan.database_url, parent)}
+            manifest["postgres"] = {"not_included": pg_dump_line(plan.database_url, final)}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         (work / MANIFEST).chmod(0o600)
-        final = work.with_name(work.name.removesuffix(PARTIAL))
         work.rename(final)
         return final
     except BaseException:

@@ -153,3 +153,13 @@ def test_the_commands(state: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["restore", str(made), "--state-dir", str(tmp_path / "new")]) == 0
     assert main(["restore", str(made), "--state-dir", str(tmp_path / "new")]) == 1
     assert "not empty" in capsys.readouterr().err
+
+
+def test_with_postgresql_the_backup_says_what_to_run(state: Path, tmp_path: Path) -> None:
+    # The database's password never reaches the output or the manifest (~/.pgpass holds it).
+    url = "postgresql://appliance:hunter2@db.office/appliance"
+    made = backup.make(backup.Plan(state, None, None, url), tmp_path / "b")
+    manifest = (made / "manifest.json").read_text()
+    assert "pg_dump --format=custom" in manifest and "hunter2" not in manifest
+    line = backup.pg_dump_line(url, made)
+    assert line == f"pg_dump --format=custom --file={made}/postgres.dump 'postgresql://appliance@db.office/appliance'"
