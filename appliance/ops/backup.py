@@ -88,11 +88,12 @@ def pg_dump_line(database_url: str, where: Path) -> str:
     return f"pg_dump --format=custom --file={where / 'postgres.dump'} '{urlunsplit(url)}'"
 
 
-def _state_files(state_dir: Path) -> list[Path]:
-    """The state directory's files to keep, by their path under it (symlinks never followed)."""
+def _state_files(state_dir: Path, skip: Path) -> list[Path]:
+    """The state directory's files to keep, by their path under it (symlinks never followed),
+    but none under `skip` (backups written inside it are not backed up again)."""
     found: list[Path] = []
     for root, dirs, names in os.walk(state_dir):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if (Path(root) / d).resolve() != skip)
         for name in sorted(names):
             path = Path(root) / name
             if not name.endswith(SKIPPED) and path.is_file() and not path.is_symlink():
@@ -102,7 +103,7 @@ def _state_files(state_dir: Path) -> list[Path]:
 
 def _copy_state(plan: Plan, into: Path) -> None:
     assert plan.state_dir is not None
-    for rel in _state_files(plan.state_dir):
+    for rel in _state_files(plan.state_dir, into.parent.resolve()):
         dst = into / "state" / rel
         dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if rel.suffix == ".sqlite3":

@@ -164,3 +164,11 @@ def test_with_postgresql_the_backup_says_what_to_run(state: Path, tmp_path: Path
     assert "pg_dump --format=custom" in manifest and "hunter2" not in manifest
     line = backup.pg_dump_line(url, made)
     assert line == f"pg_dump --format=custom --file={made}/postgres.dump 'postgresql://appliance@db.office/appliance'"
+
+
+def test_backups_kept_inside_the_state_directory_are_not_backed_up_again(state: Path) -> None:
+    first = backup.make(backup.Plan(state, None, None), state / "backups")
+    second = backup.make(backup.Plan(state, None, None), state / "backups")
+    paths = [f["path"] for f in json.loads((second / "manifest.json").read_text())["files"]]
+    assert sorted(paths) == ["state/library.sqlite3", "state/people.sqlite3", "state/usage.sqlite3"], paths
+    assert first != second
