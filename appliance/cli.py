@@ -1,4 +1,4 @@
-"""`appliance serve | config | pull | models | tune | status | person | bench`: the command line."""
+"""`appliance serve | config | pull | models | tune | status | person | backup | restore | bench`: the command line."""
 
 from __future__ import annotations
 
@@ -182,10 +182,42 @@ def cmd_person(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from appliance.ops import backup
+
+    cfg, _ = _load_config(args)
+    code, text = backup.run(cfg, args.config, args.to)
+    print(text)
+    return code
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from appliance.ops import restore
+
+    cfg, _ = _load_config(args)
+    code, text = restore.run(cfg, args)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from appliance import bench
 
     return bench.run(args)
+
+
+def _add_backup_commands(sub: Any) -> None:
+    from appliance.ops import backup, restore
+
+    for name, func, module, help_text in (
+            ("backup", cmd_backup, backup, "a consistent copy of the state (accounts, chats, library, usage), keys "
+                                           "and config, made while the box serves"),
+            ("restore", cmd_restore, restore, "a backup back into a state directory (checked whole; never one "
+                                              "from a newer version)")):
+        p = sub.add_parser(name, help=help_text)
+        _add_config_flags(p)
+        p.set_defaults(func=func)
+        module.add_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--yes", action="store_true", help="switch the config file to the new file without asking")
         if name in ("status", "person", "tune"):  # flags of their own, in their modules
             importlib.import_module(f"appliance.ops.{name}").add_arguments(p)
+    _add_backup_commands(sub)
     from appliance import bench
 
     p = sub.add_parser("bench", help="measure an OpenAI-compatible server (optionally beside a second one)")

@@ -174,6 +174,12 @@ class Config:
     state_dir: str = field(default="state", metadata=_opt(
         "where sessions are saved at shutdown and found after a restart; empty = off"))
     state_max_mb: int = field(default=1024, metadata=_opt("disk budget for saved sessions, MiB", _non_negative))
+    backup_dir: str = field(default="backups", metadata=_opt(
+        "where `appliance backup` (and the daily appliance-backup.timer) writes backups; relative to the working "
+        "directory as state_dir is: /var/lib/appliance/backups for the service"))
+    backup_keep: int = field(default=7, metadata=_opt(
+        "`appliance backup` keeps the newest this many backups in backup_dir and removes older ones; 0 = keep all",
+        _non_negative))
     usage_retention_days: int = field(default=90, metadata=_opt(
         "days of per-person usage counts kept in state_dir/usage.sqlite3 (older days are pruned)", _positive))
     quota_tokens_per_day: int = field(default=0, metadata=_opt(

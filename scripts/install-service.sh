@@ -14,7 +14,9 @@
 #   4. as the service user, checks the configuration and assembles the bundled model into
 #      /var/lib/appliance/models if no model is there yet;
 #   5. installs systemd/appliance.service to /etc/systemd/system, then daemon-reload,
-#      enable and (re)start, unless --no-start or systemd is not PID 1.
+#      enable and (re)start, unless --no-start or systemd is not PID 1;
+#   6. installs the daily backup (systemd/appliance-backup.service and .timer) and enables
+#      its timer with the service, unless --no-backup (docs/OPERATING.md).
 # With --root DIR all of this goes into the tree DIR instead of /: the user through
 # `useradd --prefix DIR`, enabling through `systemctl --root=DIR`, nothing started.
 set -euo pipefail
@@ -30,6 +32,7 @@ unit_dst=/etc/systemd/system/appliance.service
 marker=.appliance-install  # marks a PREFIX this script owns (and may empty on upgrade)
 root=  # --root: the tree to install into ("" = /)
 start=1
+backup=1  # a box that keeps an office's chats backs them up unless told not to
 action=install
 args=("$@")
 
@@ -38,11 +41,14 @@ die() { say "$*"; exit 1; }
 
 usage() {
   cat <<EOF
-Usage: sudo scripts/$me [--no-start] [--prefix DIR] [--root DIR]
+Usage: sudo scripts/$me [--no-start] [--no-backup] [--prefix DIR] [--root DIR]
 
 Install or upgrade the appliance as the systemd service 'appliance' (idempotent).
 
   --no-start      install everything and daemon-reload, but do not enable or (re)start
+  --no-backup     install the daily backup's timer (appliance-backup.timer) but do not
+                  enable it (by default it is enabled with the service: a backup a day,
+                  the newest backup_keep kept in backup_dir)
   --prefix DIR    where the code and its .venv go (default /opt/appliance); not under
                   /home, /root or /tmp, which the service cannot see. Give the checkout's
                   own directory to run it in place.
@@ -109,13 +115,14 @@ default_config() {
 EOF
 }
 
-unit_text() {
-  sed "s|/opt/appliance|$prefix|g" "$repo/systemd/appliance.service"
+unit_text() {  # $1: a unit in systemd/ (default the service's)
+  sed "s|/opt/appliance|$prefix|g" "$repo/systemd/${1:-appliance.service}"
 }
 
 while [ $# -gt 0 ]; do
   case $1 in
     --no-start) start=0 ;;
+    --no-backup) backup=0 ;;
     --prefix) [ $# -ge 2 ] || { usage >&2; exit 2; }; prefix=$2; shift ;;
     --prefix=*) prefix=${1#--prefix=} ;;
     --root) [ $# -ge 2 ] || { usage >&2; exit 2; }; root=$2; shift ;;
@@ -344,10 +351,20 @@ else
   mv "$dunit.new" "$dunit"
   say "installed $dunit"
 fi
+for u in appliance-backup.service appliance-backup.timer; do
+  d=$root/etc/systemd/system/$u
+  if [ ! -f "$d" ] || [ "$(unit_text $u)" != "$(cat "$d")" ]; then
+    unit_text $u > "$d.new"
+    chmod 0644 "$d.new"
+    mv "$d.new" "$d"
+    say "installed $d"
+  fi
+done
 
 if [ -n "$root" ]; then
   if [ $start = 1 ]; then
     systemctl --root="$root" enable --quiet appliance.service
+    [ $backup = 0 ] || systemctl --root="$root" enable --quiet appliance-backup.timer
     say "enabled in $root: it starts when that tree boots (nothing started here)"
   else
     say "not enabled (--no-start); enable with:  systemctl --root=$root enable appliance"
@@ -367,6 +384,7 @@ if [ $start = 0 ]; then
   exit 0
 fi
 systemctl enable --quiet appliance
+[ $backup = 0 ] || systemctl enable --now --quiet appliance-backup.timer
 systemctl restart appliance  # starts it, or restarts it onto the new code on an upgrade
 say "started; logs: journalctl -u appliance -f   status: systemctl status appliance"
 port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' <<<"$summary")

@@ -74,12 +74,14 @@ fi
 if [ -n "$root" ]; then
   if [ -e "$root$unit_dst" ] && command -v systemctl >/dev/null; then
     systemctl --root="$root" disable --quiet appliance.service || true
+    systemctl --root="$root" disable --quiet appliance-backup.timer || true
   fi
   booted=0
 elif [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
   # disable --now: stop (the app drains running answers first) and remove the boot links.
   if systemctl cat appliance.service >/dev/null 2>&1; then
     systemctl disable --now --quiet appliance.service || true
+    systemctl disable --now --quiet appliance-backup.timer 2>/dev/null || true
     say "stopped and disabled appliance.service"
   fi
   booted=1
@@ -89,6 +91,9 @@ else
 fi
 # The link `systemctl enable` made; also present if it was enabled offline.
 rm -f "$root/etc/systemd/system/multi-user.target.wants/appliance.service"
+# The daily backup's units (the backups themselves stay in the state, as the state does).
+rm -f "$root/etc/systemd/system/timers.target.wants/appliance-backup.timer" \
+  "$root/etc/systemd/system/appliance-backup.service" "$root/etc/systemd/system/appliance-backup.timer"
 if [ -e "$root$unit_dst" ]; then
   rm -f "$root$unit_dst"
   say "removed $root$unit_dst"

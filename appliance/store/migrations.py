@@ -9,7 +9,6 @@ before owners had their own).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 # pg_advisory_xact_lock's key ("app1") under which PostgreSQL's migrations run: two boxes
@@ -27,8 +26,15 @@ class Migrations:
     def table(self) -> str:
         return self.version_table or f"{self.owner}_schema_version"
 
-    def due(self, have: int) -> Iterator[tuple[int, tuple[str, ...]]]:
-        """The steps after version `have`, with their numbers, in order."""
-        for number, statements in enumerate(self.steps, 1):
-            if number > have:
-                yield number, statements
+    def due(self, have: int) -> list[tuple[int, tuple[str, ...]]]:
+        """The steps after version `have`, with their numbers, in order. A version above the last
+        step is a newer release's (a downgrade): NewerSchema, as this code would misread its tables."""
+        if have > len(self.steps):
+            raise NewerSchema(f"{self.owner}'s tables are at schema version {have}, written by a newer version of "
+                              f"the appliance (this one knows {len(self.steps)}): not opened, so nothing is lost; "
+                              "run that version again, or restore a backup this one made")
+        return [(number, statements) for number, statements in enumerate(self.steps, 1) if number > have]
+
+
+class NewerSchema(Exception):
+    """A database written by a newer release: opening it is refused (no downgrade)."""

@@ -27,7 +27,7 @@ except ModuleNotFoundError as e:  # config.load says so first for `appliance ser
 
 from appliance.store.database import Backend, Naming, Params, Tx
 from appliance.store.errors import StoreConflict
-from appliance.store.migrations import MIGRATION_LOCK, Migrations
+from appliance.store.migrations import MIGRATION_LOCK, Migrations, NewerSchema
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,7 +44,7 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def _line(e: psycopg.Error) -> str:
+def _line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -81,7 +81,7 @@ class PgDatabase(Backend):
         with self._lock:
             try:
                 self._connect()
-            except psycopg.Error as e:
+            except (psycopg.Error, NewerSchema) as e:
                 raise self._open_failed(_line(e)) from None
 
     def _connect(self) -> psycopg.Connection[Any]:

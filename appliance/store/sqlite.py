@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from appliance.statedir import private_file
 from appliance.store.database import Backend, Naming, Params, Tx
 from appliance.store.errors import StoreConflict
-from appliance.store.migrations import Migrations
+from appliance.store.migrations import Migrations, NewerSchema
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,7 +64,7 @@ class SqliteDatabase(Backend):
                     self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate(migrations)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, NewerSchema) as e:
             self._conn.close()
             raise self._open_failed(e) from None
 

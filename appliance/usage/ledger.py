@@ -58,6 +58,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._days: dict[str, dict[str, Tally]] = {}
         self._pending: dict[tuple[str, str], Tally] = {}
+        self._forget: set[str] = set()  # identities whose rows the next flush removes from the file
         self._today = local_day(clock())
         self._dir = Path(state_dir) if state_dir else None
         # Several boxes' one table (PostgreSQL): today's counts are read back after each write,
@@ -145,11 +146,14 @@ class Ledger:
                 return
         with self._lock:
             pending, self._pending = self._pending, {}
+            forget, self._forget = self._forget, set()
             cutoff = self._cutoff(self._today)
         store = self._store
         try:
             if pending:
                 store.add((day, who, t) for (day, who), t in pending.items())
+            for who in forget:  # after the add, on this one thread: no row of theirs comes back
+                store.forget(who)
             store.prune(cutoff)
             if self._shared is not None:
                 self._read_back(store)
@@ -157,6 +161,7 @@ class Ledger:
             with self._lock:  # the transaction was rolled back: these counts are still to write
                 for key, t in pending.items():
                     self._pending.setdefault(key, Tally()).add(t)
+                self._forget |= forget
             self._store = None
             store.close()  # a fresh connection next time: nothing of a failed transaction stays
             self._failed(f"state directory not writable: usage database {store.path} cannot be written ({e})")
@@ -195,6 +200,17 @@ class Ledger:
             today.setdefault(who, Tally()).add(tally)
             if self._dir is not None:
                 self._pending.setdefault((day, who), Tally()).add(tally)
+
+    def forget(self, who: str) -> None:
+        """Remove every count of `who` (a person removed with everything of theirs): from memory
+        now, from the file at the next flush (the writer's, so a flush under way cannot add them back)."""
+        with self._lock:
+            for counts in self._days.values():
+                counts.pop(who, None)
+            for key in [k for k in self._pending if k[1] == who]:
+                del self._pending[key]
+            if self._dir is not None:
+                self._forget.add(who)
 
     def today(self, who: str) -> Tally:
         with self._lock:

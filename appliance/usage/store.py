@@ -80,6 +80,10 @@ class UsageTable:
             f"SELECT day, who, {', '.join(COLUMNS)} FROM usage WHERE day >= ? ORDER BY day, who", (since,)))
         return [(day, who, Tally(*(int(x) for x in counts))) for day, who, *counts in got]
 
+    def forget(self, who: str) -> int:
+        """Remove every row of `who` (a person removed with everything of theirs); the rows removed."""
+        return self.db.write(lambda tx: tx.run("DELETE FROM usage WHERE who = ?", (who,)))
+
     def prune(self, before: str) -> int:
         """Forget the days before `before` (YYYY-MM-DD); the rows removed."""
         return self.db.write(lambda tx: tx.run("DELETE FROM usage WHERE day < ?", (before,)))

@@ -375,6 +375,10 @@ def test_install_with_root_twice_changes_nothing_and_systemd_accepts_the_unit(
     assert unit.read_text() == UNIT.read_text(encoding="utf-8")
     assert os.readlink(t / "etc/systemd/system/multi-user.target.wants/appliance.service") \
         == "/etc/systemd/system/appliance.service"
+    # The daily backup, installed and its timer enabled (--no-backup: installed only).
+    assert (t / "etc/systemd/system/appliance-backup.service").is_file()
+    assert os.readlink(t / "etc/systemd/system/timers.target.wants/appliance-backup.timer") \
+        == "/etc/systemd/system/appliance-backup.timer"
     assert (t / PREFIX.lstrip("/") / "appliance" / "__pycache__").is_dir()
     assert os.access(t / PREFIX.lstrip("/") / ".venv/bin/appliance", os.X_OK)
 
@@ -406,6 +410,7 @@ def test_install_with_root_twice_changes_nothing_and_systemd_accepts_the_unit(
     assert r.returncode == 0, r.stderr
     assert not unit.exists() and not (t / PREFIX.lstrip("/")).exists()
     assert not (t / "etc/systemd/system/multi-user.target.wants/appliance.service").exists()
+    assert not [p.name for p in (t / "etc/systemd/system").rglob("appliance-backup*")]
     assert config.exists() and (state / "sessions" / "abc.bin").exists()
     r = tree.run("uninstall-service.sh", "--purge")
     assert r.returncode == 0, r.stderr

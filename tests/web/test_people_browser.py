@@ -6,6 +6,7 @@ colleague and is a 404 after revocation and for a signed-out browser."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,21 @@ def test_two_people_two_devices_one_cache_and_a_share_link(live: Live, page_of: 
     admin.reload()
     admin.wait_for_function("() => document.querySelectorAll('#accounts tbody tr').length === 2")
     assert "rainbow" not in admin.content()
+
+
+def test_a_person_downloads_their_own_data_from_settings(live: Live, page_of: Any) -> None:
+    admin = page_of(live.url + "/admin").page
+    admin.wait_for_selector("#people-admin:not([hidden])")
+    PASSWORDS["Cleo"] = "cleo's long password"
+    cleo = ready(accept_invite(page_of, add_person(admin, "Cleo"), "Cleo").page)
+    ask(cleo, "Name a colour.", 1)
+    cleo.wait_for_function("() => document.querySelector('.chat-item') !== null")
+    chat_id = cleo.evaluate("() => document.querySelector('.chat-item').dataset.id")
+    cleo.wait_for_function(f"() => fetch('v1/chats/{chat_id}').then(r => r.ok)")  # saved on the box
+    cleo.click("#open-settings")
+    with cleo.expect_download() as got:
+        cleo.click("#export-mine")
+    body = json.loads(Path(got.value.path()).read_text())
+    assert got.value.suggested_filename == "appliance-Cleo.json"
+    assert body["person"]["name"] == "Cleo" and [c["id"] for c in body["chats"]] == [chat_id]
+    assert body["chats"][0]["messages"][0]["content"] == "Name a colour."

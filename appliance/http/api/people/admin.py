@@ -6,6 +6,7 @@ The operator sees names, roles and counts: never a chat, a key or a password.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -16,6 +17,7 @@ from appliance.http.api.people.auth import person
 from appliance.http.api.people.common import accounts_of, body, chats_of, run, text
 from appliance.http.reach import invite_link, origin
 from appliance.http.state import App
+from appliance.library.scopes import own
 from appliance.people.accounts import Role
 
 QUOTA_MAX = 2**31 - 1  # PostgreSQL's INTEGER
@@ -61,8 +63,8 @@ async def one(app: App, request: Request) -> Response:
     if request.method == "DELETE":
         if request.query_params.get("only") == "chats":
             await run(chats_of(app).delete_all, pid)
-        elif not await run(accounts.remove, pid):
-            raise NotFound("no such person", code="person_not_found")
+        else:
+            await remove(app, pid)
         return Response(status_code=204)
     data = await body(app, request)
     disabled = data.get("disabled")
@@ -73,6 +75,19 @@ async def one(app: App, request: Request) -> Response:
     account = await run(accounts.update, pid, role=_role(data) if "role" in data else None,
                         quota=_quota(data) if "quota" in data else False, disabled=disabled)
     return JSONResponse({**person(account), "disabled": account.disabled})
+
+
+async def remove(app: App, pid: str) -> None:
+    """The person and everything of theirs: sessions, keys, chats and shares (their rows, by the
+    store's cascade), their own library documents, and the usage counted under their name (a
+    new person given the name later starts from nothing)."""
+    account = await run(accounts_of(app).get, pid)
+    if account is None or not await run(accounts_of(app).remove, pid):
+        raise NotFound("no such person", code="person_not_found")
+    if app.library is not None:
+        for row in await asyncio.to_thread(app.library.documents, [own(pid)]):
+            await app.library.delete(row)
+    app.usage.ledger.forget(account.name)
 
 
 async def invite(app: App, request: Request) -> Response:

@@ -4,7 +4,7 @@ the caller is a signed-in person is the handlers' to say (common.signed_in), aft
 
 from __future__ import annotations
 
-from appliance.http.api.people import admin, auth, chats, keys
+from appliance.http.api.people import admin, auth, chats, export, keys
 from appliance.http.routing import POST, Access, Api, Endpoint
 from appliance.http.wire import openai_error
 
@@ -27,6 +27,7 @@ def routes() -> list[Endpoint]:
         API.route("/v1/shared", chats.shared, POST, access=Access.SHARED),
         API.route("/v1/me/keys", keys.collection, ["GET", "POST"]),
         API.route("/v1/me/keys/{kid}", keys.one, ["DELETE"]),
+        API.route("/v1/me/export", export.export, ["GET"]),  # a session only: the handler says so
         API.route("/admin/people", admin.collection, ["GET", "POST"], access=ADMIN),
         API.route("/admin/people/{pid}", admin.one, ["PATCH", "DELETE"], access=ADMIN),
         API.route("/admin/people/{pid}/invite", admin.invite, POST, access=ADMIN),
