@@ -9,31 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.config_checks import MAX_PRESETS, Network, parse_cpu_list, parse_networks  # noqa: F401 (re-exported)
+from appliance.config_checks import cpus as _cpus
+from appliance.config_checks import networks as _networks
+from appliance.config_checks import non_negative as _non_negative
+from appliance.config_checks import one_of as _one_of
+from appliance.config_checks import port as _port
+from appliance.config_checks import positive as _positive
+from appliance.config_checks import presets as _presets
 from appliance.config_groups import GROUP_OF, GROUPS, in_group_order
-
-# Trusted proxies' addresses (http/identity.py reads client addresses through them).
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def parse_networks(items: Iterable[str]) -> tuple[Network, ...]:
-    """'10.0.0.1', '10.0.0.0/24' or '::1' -> networks; ValueError names a bad entry."""
-    nets = []
-    for item in items:
-        try:
-            nets.append(ipaddress.ip_network(item.strip(), strict=False))
-        except ValueError:
-            raise ValueError(f"not an IP address or network: {item!r}") from None
-    return tuple(nets)
-
 
 SYSTEM_CONFIG = Path("/etc/appliance/appliance.toml")
 ENV_PREFIX = "APPLIANCE_"
@@ -46,50 +38,6 @@ NOT_SETTINGS = frozenset({
 
 class ConfigError(Exception):
     """A configuration problem; str() is the one line shown to the user."""
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else "must be >= 0"
-
-
-def _port(v: int) -> str | None:
-    return None if 0 <= v <= 65535 else "must be a port number 0-65535"
-
-
-def _cpus(v: str) -> str | None:
-    try:
-        parse_cpu_list(v)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def _networks(v: tuple[str, ...]) -> str | None:
-
-    try:
-        parse_networks(v)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-MAX_PRESETS = 32  # each is a pinned KV sequence
-
-
-def _presets(v: dict[str, str]) -> str | None:
-    if len(v) > MAX_PRESETS:
-        return f"at most {MAX_PRESETS} presets"
-    if any(not text for text in v.values()):
-        return "a preset's text must not be empty"
-    return None
-
-
-def _one_of(*choices: str) -> Callable[[str], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
 def _opt(help: str, check: Callable[[Any], str | None] | None = None) -> dict[str, Any]:
@@ -272,20 +220,6 @@ class Config:
 # In group order (config_groups.py): `appliance config`, `--help` and the docs list them so.
 _DECLARED = {f.name: f for f in dataclasses.fields(Config)}
 FIELDS: dict[str, dataclasses.Field[Any]] = {name: _DECLARED[name] for name in in_group_order(list(_DECLARED))}
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """'0-3,6' -> [0, 1, 2, 3, 6]; '' -> []."""
-    cpus: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, dash, hi = part.partition("-")
-        if not (lo.isdigit() and (hi.isdigit() or not dash)):
-            raise ValueError(f"must be a CPU list like '0-3' or '0,2', got {text!r}")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            raise ValueError(f"range {part!r} is reversed")
-        cpus.extend(range(a, b + 1))
-    return sorted(set(cpus))
 
 
 def _coerce(name: str, raw: Any, from_text: bool) -> Any:
