@@ -1,4 +1,4 @@
-"""The parsers, run inside the worker: PDF page by page (pypdf), DOCX paragraphs and tables in
+"""The parsers, run inside the worker: PDF page by page (pypdf; tables in rows, pdf_tables.py), DOCX paragraphs and tables in
 document order (python-docx; headers, footers, footnotes and text boxes are left out), and
 UTF-8 text as it is. Each stops at max_chars and refuses what it cannot read with a coded error."""
 
@@ -16,6 +16,7 @@ from pypdf.errors import DependencyError, FileNotDecryptedError, LimitReachedErr
 from appliance.documents.document import Document, DocumentLimits
 from appliance.documents.failures import failure
 from appliance.documents.kinds import Kind
+from appliance.documents.pdf_tables import read_page
 from appliance.documents.zipguard import check_docx
 from appliance.errors import ApplianceError
 
@@ -90,7 +91,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         sink = TextSink(limits.max_chars)
         starts: list[int] = []  # the page number of each marked start
         for number in range(count):
-            text = clean(reader.pages[number].extract_text()).strip()  # cleaned before its start is noted
+            text = clean(read_page(reader.pages[number])).strip()  # cleaned before its start is noted
             if text:
                 starts.append(number + 1)
                 if not sink.add(text, "\n\n", mark=True):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import struct
@@ -304,19 +305,19 @@ def _cid_font(writer: PdfWriter, chars: str) -> tuple[DictionaryObject, dict[str
 def laid_out_pdf(title: str, pages: list[Page], *, by_column: bool = False) -> bytes:
     """The PDF of `office_files`: each line, and each table cell, a text object of its own at
     its x,y (as word processors write them), so a table's cells stand in aligned columns.
-    by_column: draw each line's pieces right to left, as some writers order a table's cells
-    (pypdf's plain extraction then gives a cell a line, and the row is lost)."""
+    by_column: a table's cells drawn column by column, as some writers order them (pypdf's
+    plain extraction then gives a cell a line, and the row is lost)."""
     writer = PdfWriter()
-    chars = title + "".join(json.dumps(pages, ensure_ascii=False))
-    font, codes = _cid_font(writer, chars)
+    font, codes = _cid_font(writer, title + json.dumps(pages, ensure_ascii=False))
     font_ref = writer._add_object(font)
     for number, page in enumerate(pages):
         size, lines = _fit(page, title if number == 0 else None)
         ops = []
-        for row, line in enumerate(lines):
-            y = TOP - row * size * 1.3
-            for x, text in reversed(line) if by_column else line:
+        for table, run in itertools.groupby(enumerate(lines), key=lambda item: len(item[1]) > 1):
+            placed = [(x, row, text) for row, line in run for x, text in line]
+            for x, row, text in sorted(placed) if table and by_column else placed:
                 glyphs = "".join(f"{codes[c]:04X}" for c in text)
+                y = TOP - row * size * 1.3
                 ops.append(f"BT /F1 {size:g} Tf 1 0 0 1 {MARGIN + x:.2f} {y:.2f} Tm <{glyphs}> Tj ET")
         pdf_page = writer.add_blank_page(612, 792)
         pdf_page[NameObject("/Resources")] = DictionaryObject(
