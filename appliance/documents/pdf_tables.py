@@ -21,6 +21,9 @@ from pypdf.generic import ContentStream, NameObject
 
 CELL_GAP = 0.6  # ems between two pieces of one line that part cells (a justified space is ~0.3-0.5)
 PROSE_CELL = 40  # characters: columns whose cells are all this long are a two-column page, not a table
+ALIGN = 0.5  # ems within which two cells of a column line up (left, right or centred)
+_MARKER = re.compile(r"[•◦▪▫●○■□‣⁃∙·*–—-]|\(?[0-9A-Za-z]{1,2}[.)]|\d+(?:\.\d+)*\.?")  # a list's
+_CJK = re.compile("[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
 _RUN = re.compile(r"\S+(?: \S+)*")  # a piece of a text object: words parted by single spaces
 _SPACE = re.compile(r"\s+")
 
@@ -37,13 +40,21 @@ class Piece:
 class Column:
     x0: float  # as far as its cells reach
     x1: float
+    edges: list[tuple[float, float]] = field(default_factory=list)  # each of its cells' left and right
+
+    def aligned(self, cell: Piece) -> bool:
+        """The cell lines up with one above it: on the left, the right or the centre (words
+        that only happen to stand apart in two lines of justified text do not)."""
+        tol = ALIGN * cell.size
+        return not self.edges or any(abs(cell.x0 - x0) <= tol or abs(cell.x1 - x1) <= tol
+                                     or abs(cell.x0 + cell.x1 - x0 - x1) <= 2 * tol for x0, x1 in self.edges)
 
 
 @dataclass(slots=True)
 class Table:
     columns: list[Column]
     rows: list[dict[int, str]] = field(default_factory=list)  # each row's cell texts by id(column)
-    pieces: list[str] = field(default_factory=list)  # every piece of text the table holds
+    cells: list[Piece] = field(default_factory=list)  # every piece of text the table holds
 
     def add(self, row: list[Piece], at: list[Column], new_row: bool) -> None:
         if new_row:
@@ -54,17 +65,33 @@ class Table:
                 self.columns.append(column)  # a header over an empty corner, a first filled cell
             cells[id(column)] = f"{cells.get(id(column), '')} {cell.text}".strip()  # a wrapped cell joins
             column.x0, column.x1 = min(column.x0, cell.x0), max(column.x1, cell.x1)
-            self.pieces.append(cell.text)
+            column.edges.append((cell.x0, cell.x1))
+            self.cells.append(cell)
+
+    @property
+    def monospaced(self) -> bool:
+        """Every piece's characters equally wide (CJK aside, which is so in any font)."""
+        per = [(p.x1 - p.x0) / len(p.text) for p in self.cells if len(p.text) >= 3 and not _CJK.search(p.text)]
+        return len(per) >= 4 and max(per) <= 1.03 * min(per)
 
     def lines(self) -> list[str]:
         order = sorted(self.columns, key=lambda c: c.x0)
         return [" | ".join(row.get(id(c), "") for c in order) for row in self.rows]
 
     @property
-    def prose(self) -> bool:
-        """Two columns of running text (a newsletter's page) rather than a table."""
-        return all(statistics.median(len(row.get(id(c), "")) for row in self.rows) > PROSE_CELL
-                   for c in self.columns)
+    def kept(self) -> bool:
+        """A header and two rows at least (two lines of justified text can happen to stand in
+        columns), and not text that stands in columns without being a table: code set in a
+        fixed-width font (its characters line up by the grid), two columns of running text (a
+        newsletter's page), a list (a column of bullets or numbers before its items), or terms
+        and their definitions ("name: the name of ...")."""
+        if len(self.rows) < 3 or self.monospaced:
+            return False
+        order = sorted(self.columns, key=lambda c: c.x0)
+        texts = [[row.get(id(c), "") for row in self.rows] for c in order]
+        if all(statistics.median(len(t) for t in column) > PROSE_CELL for column in texts):
+            return False
+        return len(order) > 2 or not all(_MARKER.fullmatch(t) or t.endswith(":") for t in texts[0] if t)
 
 
 def read_page(page: PageObject) -> str:
@@ -100,7 +127,7 @@ def page_text(page: PageObject, plain: str, stream: ContentStream) -> str:
     lines = plain.split("\n")
     done = 0  # lines up to here are settled: the next table is looked for after them
     for table in tables(positioned_lines(page, stream)):
-        found = _locate(lines, done, table.pieces)
+        found = _locate(lines, done, [c.text for c in table.cells])
         if found is not None:
             start, end = found
             lines[start:end] = table.lines()
@@ -152,13 +179,13 @@ def tables(lines: list[list[Piece]]) -> list[Table]:
                 table.add(wrapped, where, new_row=False)
             table.add(row, at, new_row=True)
         else:
-            if table is not None and len(table.rows) >= 2 and not table.prose:
+            if table is not None and table.kept:
                 found.append(table)
             table = Table([]) if len(row) > 1 else None
             if table is not None:
                 table.add(row, [Column(c.x0, c.x1) for c in row], new_row=True)
         held = []
-    if table is not None and len(table.rows) >= 2 and not table.prose:
+    if table is not None and table.kept:
         found.append(table)
     return found
 
@@ -173,6 +200,8 @@ def _columns(table: Table, row: list[Piece]) -> list[Column] | None:
         if len(hits) > 1 or (len(row) == 1 and not hits):
             return None
         column = hits[0] if hits else Column(cell.x0, cell.x1)
+        if not column.aligned(cell):
+            return None
         if at and column.x0 <= at[-1].x0:
             return None
         at.append(column)
