@@ -156,8 +156,9 @@ def _blocks(content: Iterable[Paragraph | Table]) -> Iterator[str]:
 
 
 def _table_rows(table: Table) -> list[str]:
-    """One line per row, cells joined by " | "; a merged cell (repeated by python-docx) once;
-    a cell's own paragraphs and nested tables flattened onto its row."""
+    """One line per row, cells joined by " | "; a cell merged across columns (repeated by
+    python-docx) once, one merged down rows on each (each row reads alone); a cell's own
+    paragraphs, line breaks and nested tables flattened onto its row."""
     rows = []
     for row in table.rows:
         cells: list[str] = []
@@ -166,7 +167,8 @@ def _table_rows(table: Table) -> list[str]:
             if id(cell._tc) in seen:
                 continue
             seen.add(id(cell._tc))
-            cells.append(" ".join(line.strip() for line in _blocks(cell.iter_inner_content()) if line.strip()))
+            # A line break within a cell's paragraph (Shift+Enter) would cut the row's line.
+            cells.append(" ".join(" ".join(line.split()) for line in _blocks(cell.iter_inner_content()) if line.strip()))
         rows.append(" | ".join(cells))
     return rows
 

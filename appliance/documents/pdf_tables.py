@@ -10,6 +10,7 @@ the lines that hold a table's cells and nothing else are replaced by its rows, "
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pypdf.generic import ContentStream, NameObject
 
 CELL_GAP = 0.6  # ems between two pieces of one line that part cells (a justified space is ~0.3-0.5)
 PROSE_CELL = 40  # characters: columns whose cells are all this long are a two-column page, not a table
+WRAP = 0.15  # ems by which rows stand further apart than a wrapped cell's lines, at the least
+LINE = 1.4  # ems from one line of a cell to the next, at the most
 ALIGN = 0.5  # ems within which two cells of a column line up (left, right or centred)
 _MARKER = re.compile(r"[•◦▪▫●○■□‣⁃∙·*–—-]|\(?[0-9A-Za-z]{1,2}[.)]|\d+(?:\.\d+)*\.?")  # a list's
 _CJK = re.compile("[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
@@ -52,21 +55,35 @@ class Column:
 
 @dataclass(slots=True)
 class Table:
-    columns: list[Column]
-    rows: list[dict[int, str]] = field(default_factory=list)  # each row's cell texts by id(column)
+    columns: list[Column] = field(default_factory=list)
+    lines: list[tuple[float, list[Piece], list[Column]]] = field(default_factory=list)  # y, cells, their columns
     cells: list[Piece] = field(default_factory=list)  # every piece of text the table holds
 
-    def add(self, row: list[Piece], at: list[Column], new_row: bool) -> None:
-        if new_row:
-            self.rows.append({})
-        cells = self.rows[-1]
+    def add(self, y: float, row: list[Piece], at: list[Column]) -> None:
         for cell, column in zip(row, at, strict=True):
             if not any(c is column for c in self.columns):
                 self.columns.append(column)  # a header over an empty corner, a first filled cell
-            cells[id(column)] = f"{cells.get(id(column), '')} {cell.text}".strip()  # a wrapped cell joins
             column.x0, column.x1 = min(column.x0, cell.x0), max(column.x1, cell.x1)
             column.edges.append((cell.x0, cell.x1))
             self.cells.append(cell)
+        self.lines.append((y, row, at))
+
+    def rows(self) -> list[dict[int, str]]:
+        """Each row's cell texts by id(column). A line joins the row above (its cells wrapped)
+        when it holds one cell, or when it leaves a column empty and stands closer to the line
+        above than rows stand apart (a cell's lines are set closer than rows with padding)."""
+        size = statistics.median(c.size for c in self.cells)
+        pitches = [0.0] + [a[0] - b[0] for a, b in itertools.pairwise(self.lines)]
+        tight = min(pitches[1:], default=0.0)
+        apart = max(pitches, default=0.0) - tight > WRAP * size and tight <= LINE * size
+        rows: list[dict[int, str]] = []
+        for (_, row, at), pitch in zip(self.lines, pitches, strict=True):
+            wrapped = len(row) == 1 or (apart and pitch <= tight + WRAP * size and len(row) < len(self.columns))
+            if not rows or not wrapped:
+                rows.append({})
+            for cell, column in zip(row, at, strict=True):
+                rows[-1][id(column)] = f"{rows[-1].get(id(column), '')} {cell.text}".strip()
+        return rows
 
     @property
     def monospaced(self) -> bool:
@@ -74,9 +91,9 @@ class Table:
         per = [(p.x1 - p.x0) / len(p.text) for p in self.cells if len(p.text) >= 3 and not _CJK.search(p.text)]
         return len(per) >= 4 and max(per) <= 1.03 * min(per)
 
-    def lines(self) -> list[str]:
+    def text(self) -> list[str]:
         order = sorted(self.columns, key=lambda c: c.x0)
-        return [" | ".join(row.get(id(c), "") for c in order) for row in self.rows]
+        return [" | ".join(row.get(id(c), "") for c in order) for row in self.rows()]
 
     @property
     def kept(self) -> bool:
@@ -85,10 +102,11 @@ class Table:
         fixed-width font (its characters line up by the grid), two columns of running text (a
         newsletter's page), a list (a column of bullets or numbers before its items), or terms
         and their definitions ("name: the name of ...")."""
-        if len(self.rows) < 3 or self.monospaced:
+        rows = self.rows()
+        if len(rows) < 3 or self.monospaced:
             return False
         order = sorted(self.columns, key=lambda c: c.x0)
-        texts = [[row.get(id(c), "") for row in self.rows] for c in order]
+        texts = [[row.get(id(c), "") for row in rows] for c in order]
         if all(statistics.median(len(t) for t in column) > PROSE_CELL for column in texts):
             return False
         return len(order) > 2 or not all(_MARKER.fullmatch(t) or t.endswith(":") for t in texts[0] if t)
@@ -130,18 +148,20 @@ def page_text(page: PageObject, plain: str, stream: ContentStream) -> str:
         found = _locate(lines, done, [c.text for c in table.cells])
         if found is not None:
             start, end = found
-            lines[start:end] = table.lines()
-            done = start + len(table.rows)
+            rows = table.text()
+            lines[start:end] = rows
+            done = start + len(rows)
     return "\n".join(lines)
 
 
-def positioned_lines(page: PageObject, stream: ContentStream) -> list[list[Piece]]:
-    """The page's lines top to bottom, each its pieces left to right: a text object's text cut
+def positioned_lines(page: PageObject, stream: ContentStream) -> list[tuple[float, list[Piece]]]:
+    """The page's lines top to bottom, each its height and its pieces: a text object's text cut
     where it holds two spaces or more (a writer that places cells within one text object)."""
     groups = _layout_mode.text_show_operations(iter(stream.operations), page._layout_mode_fonts(), True, None)
     if not groups:
         return []
-    return [[p for g in line for p in _pieces(g)] for line in _layout_mode.y_coordinate_groups(groups).values()]
+    lines = _layout_mode.y_coordinate_groups(groups).items()
+    return [(float(y), [p for g in line for p in _pieces(g)]) for y, line in lines]
 
 
 def _pieces(group: Any) -> list[Piece]:
@@ -162,28 +182,28 @@ def cells(line: list[Piece]) -> list[Piece]:
     return out
 
 
-def tables(lines: list[list[Piece]]) -> list[Table]:
-    """Runs of lines whose cells fall in the same columns, two rows of two cells at least; a
+def tables(lines: list[tuple[float, list[Piece]]]) -> list[Table]:
+    """Runs of lines whose cells fall in the same columns, the first of two cells or more; a
     line of one cell inside a column, between two rows, continues the row above (a wrapped cell)."""
     found: list[Table] = []
     table: Table | None = None
-    held: list[tuple[list[Piece], list[Column]]] = []  # one-cell lines: a wrapped cell, or text below
-    for line in lines:
+    held: list[tuple[float, list[Piece], list[Column]]] = []  # one-cell lines: a wrapped cell, or text below
+    for y, line in lines:
         row = cells(line)
         at = _columns(table, row) if table is not None else None
         if table is not None and at is not None:
             if len(row) == 1:
-                held.append((row, at))
+                held.append((y, row, at))
                 continue
-            for wrapped, where in held:
-                table.add(wrapped, where, new_row=False)
-            table.add(row, at, new_row=True)
+            for wrapped in held:
+                table.add(*wrapped)
+            table.add(y, row, at)
         else:
             if table is not None and table.kept:
                 found.append(table)
-            table = Table([]) if len(row) > 1 else None
+            table = Table() if len(row) > 1 else None
             if table is not None:
-                table.add(row, [Column(c.x0, c.x1) for c in row], new_row=True)
+                table.add(y, row, [Column(c.x0, c.x1) for c in row])
         held = []
     if table is not None and table.kept:
         found.append(table)

@@ -27,6 +27,12 @@ AFTER = "Unused leave beyond the carry-over lapses on 31 March."
 PAGE = ["Annual leave", INTRO, LEAVE, AFTER]
 
 
+def pdf_without_padding(title: str, grid: list[list[str]]) -> bytes:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("helpers.documents.PADDING", 0.0)
+        return laid_out_pdf(title, [grid])
+
+
 def plain(pdf: bytes) -> list[str]:
     """pypdf's plain extraction, page by page: what the reader gave before tables were found."""
     return [page.extract_text() for page in PdfReader(io.BytesIO(pdf)).pages]
@@ -62,13 +68,24 @@ def test_two_columns_of_running_text_are_not_a_table() -> None:
     assert " | " not in read_pdf(pdf, LIMITS).text
 
 
-def test_a_wrapped_cell_joins_its_row_and_an_empty_corner_keeps_its_column() -> None:
-    grid = [["", "Q1", "Q2"], ["North", "1,200", "1,350"], ["South", "980", "1,010 (after the"],
-            ["", "", "March correction)"], ["West", "640", "700"]]
-    text = read_pdf(laid_out_pdf("Sales", [["Sales by region.", grid, "Figures in pounds."]]), LIMITS).text
-    assert text.split("\n") == ["Sales", "Sales by region.", " | Q1 | Q2", "North | 1,200 | 1,350",
-                                "South | 980 | 1,010 (after the March correction)", "West | 640 | 700",
-                                "Figures in pounds."]
+@pytest.mark.parametrize("by_column", [False, True])
+def test_wrapped_cells_join_their_row_and_an_empty_corner_keeps_its_column(by_column: bool) -> None:
+    # A cell's lines stand closer than rows (the cells' padding): a line that leaves a column
+    # empty at that distance continues the row; one cell alone continues it at any distance.
+    grid = [["", "Q1", "Q2"], ["North", "1,200", "1,350"], ["South", "980", "1,010 (after the\nMarch correction)"],
+            ["East and\nNorth-East", "1,100 (two\nshops)", "1,200"], ["West", "640", "700"]]
+    pdf = laid_out_pdf("Sales", [["Sales by region.", grid, "Figures in pounds."]], by_column=by_column)
+    assert read_pdf(pdf, LIMITS).text.split("\n") == [
+        "Sales", "Sales by region.", " | Q1 | Q2", "North | 1,200 | 1,350", "South | 980 | 1,010 (after the March correction)",
+        "East and North-East | 1,100 (two shops) | 1,200", "West | 640 | 700", "Figures in pounds."]
+
+
+def test_rows_set_as_close_as_a_cells_lines_stay_rows() -> None:
+    # Every row one line apart and none padded: nothing tells a wrapped cell from a row, so
+    # a row with an empty cell stays a row.
+    grid = [["Site", "Open", "Note"], ["Leeds", "Mon-Fri", ""], ["York", "Mon-Sat", "closed in August"], ["Hull", "", ""]]
+    text = read_pdf(pdf_without_padding("Sites", grid), LIMITS).text
+    assert "Site | Open | Note\nLeeds | Mon-Fri | \nYork | Mon-Sat | closed in August" in text
 
 
 def test_chinese_tables_and_tables_on_later_pages() -> None:
@@ -104,3 +121,10 @@ def test_docx_vertically_merged_cell_names_each_row_it_spans() -> None:
     document.save(out)
     assert read_docx(out.getvalue(), LIMITS).text.split("\n") == [
         "Leave | Service", "Annual leave | Under 5 years | 25", "Annual leave | 5 to 9 years | 27", "Sick leave | Any | 10"]
+
+
+def test_docx_cell_with_line_breaks_stays_on_its_row() -> None:
+    grid = [["Region", "Total"], ["South", "1,010 (after the\nMarch correction)"], ["West", "700"]]
+    _, data = office_files("Sales", [["Sales by region.", grid]])
+    assert read_docx(data, LIMITS).text.split("\n") == [
+        "Sales", "Sales by region.", "Region | Total", "South | 1,010 (after the March correction)", "West | 700"]

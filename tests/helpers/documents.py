@@ -256,32 +256,41 @@ def _wrap(text: str, size: float, width: float) -> list[str]:
     return [*lines, line.rstrip()] if line.strip() else lines
 
 
-def _lines(page: Page, size: float) -> list[list[tuple[float, str]]]:
-    """The page's drawn lines at font `size`, each its (x offset, text) pieces: a paragraph's line
-    one piece, a table's row one a cell at its column's x; an empty line between blocks."""
-    out: list[list[tuple[float, str]]] = []
+Line = tuple[float, list[tuple[float, str]]]  # the advance from the line above (ems), its (x, text) pieces
+LEADING, PADDING = 1.3, 0.5  # ems: a line's advance, and the space a table's rows add between them
+
+
+def _lines(page: Page, size: float) -> list[Line]:
+    """The page's drawn lines at font `size`: a paragraph's line one piece; a table's row a
+    cell at its column's x, a cell's lines ("\n" parts them) one under the other, the rows
+    set further apart (a cell's padding); an empty line between blocks."""
+    out: list[Line] = []
     for block in blocks(page):
         if isinstance(block, str):
             for para in re.split(r"\n\s*\n", block.strip()):
-                out.extend([(0.0, line)] for raw in para.split("\n") for line in _wrap(raw, size, WIDTH))
-                out.append([])
+                out.extend((LEADING, [(0.0, line)]) for raw in para.split("\n") for line in _wrap(raw, size, WIDTH))
+                out.append((LEADING, []))
             continue
-        widths = [max(_em(row[c]) for row in block if c < len(row)) * size + COLUMN_GAP
-                  for c in range(max(len(row) for row in block))]
+        widths = [max(_em(line) for row in block if c < len(row) for line in row[c].split("\n")) * size
+                  + COLUMN_GAP for c in range(max(len(row) for row in block))]
         starts = [sum(widths[:c]) for c in range(len(widths))]
-        out.extend([(starts[c], cell) for c, cell in enumerate(row) if cell.strip()] for row in block)
-        out.append([])
+        for row in block:
+            parts = [cell.split("\n") for cell in row]
+            for i in range(max(len(p) for p in parts)):
+                pieces = [(starts[c], p[i]) for c, p in enumerate(parts) if i < len(p) and p[i].strip()]
+                out.append((LEADING + (PADDING if i == 0 else 0.0), pieces))
+        out.append((LEADING, []))
     return out
 
 
-def _fit(page: Page, title: str | None) -> tuple[float, list[list[tuple[float, str]]]]:
+def _fit(page: Page, title: str | None) -> tuple[float, list[Line]]:
     """The largest font size up to 11 pt at which the page fits (a wide table or a long page
     is set smaller, never spilled onto a page of its own: the set cites pages)."""
     size = 11.0
     while True:
-        lines = ([[(0.0, title)], []] if title else []) + _lines(page, size)
-        wide = max((x + _em(text) * size for line in lines for x, text in line), default=0.0)
-        if (wide <= WIDTH and len(lines) * size * 1.3 <= TOP - BOTTOM) or size < 4:
+        lines = ([(0.0, [(0.0, title)]), (LEADING, [])] if title else []) + _lines(page, size)
+        wide = max((x + _em(text) * size for _, line in lines for x, text in line), default=0.0)
+        if (wide <= WIDTH and sum(lead for lead, _ in lines) * size <= TOP - BOTTOM) or size < 4:
             return size, lines
         size -= 0.5
 
@@ -323,13 +332,13 @@ def laid_out_pdf(title: str, pages: list[Page], *, by_column: bool = False) -> b
     font_ref = writer._add_object(font)
     for number, page in enumerate(pages):
         size, lines = _fit(page, title if number == 0 else None)
+        ys = [TOP - down * size for down in itertools.accumulate((lead for lead, _ in lines[1:]), initial=0.0)]
         ops = []
-        for table, run in itertools.groupby(enumerate(lines), key=lambda item: len(item[1]) > 1):
-            placed = [(x, row, text) for row, line in run for x, text in line]
+        for table, run in itertools.groupby(enumerate(lines), key=lambda item: len(item[1][1]) > 1):
+            placed = [(x, row, text) for row, (_, line) in run for x, text in line]
             for x, row, text in sorted(placed) if table and by_column else placed:
                 glyphs = "".join(f"{codes[c]:04X}" for c in text)
-                y = TOP - row * size * 1.3
-                ops.append(f"BT /F1 {size:g} Tf 1 0 0 1 {MARGIN + x:.2f} {y:.2f} Tm <{glyphs}> Tj ET")
+                ops.append(f"BT /F1 {size:g} Tf 1 0 0 1 {MARGIN + x:.2f} {ys[row]:.2f} Tm <{glyphs}> Tj ET")
         pdf_page = writer.add_blank_page(612, 792)
         pdf_page[NameObject("/Resources")] = DictionaryObject(
             {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font_ref})})
