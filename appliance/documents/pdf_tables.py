@@ -238,10 +238,12 @@ def _locate(lines: list[str], start: int, pieces: list[str]) -> tuple[int, int] 
         j = i
         while j < len(lines) and _only_pieces(lines[j], vocabulary):
             j += 1
-        sizes = [len(_SPACE.sub("", line)) for line in lines[i:j]]
-        for first in range(len(sizes)):  # a heading that is also a cell's text may stand first
-            if sum(sizes[first:]) == want:
-                return i + first, j
+        # A heading above or a line below may be made of the cells' words too ("Total"): the
+        # table is the part of the run that holds as many characters as its cells.
+        ends = list(itertools.accumulate((len(_SPACE.sub("", line)) for line in lines[i:j]), initial=0))
+        for first, last in itertools.combinations(range(len(ends)), 2):
+            if ends[last] - ends[first] == want:
+                return i + first, i + last
         i = j + 1
     return None
 

@@ -128,3 +128,27 @@ def test_docx_cell_with_line_breaks_stays_on_its_row() -> None:
     _, data = office_files("Sales", [["Sales by region.", grid]])
     assert read_docx(data, LIMITS).text.split("\n") == [
         "Sales", "Sales by region.", "Region | Total", "South | 1,010 (after the March correction)", "West | 700"]
+
+
+def test_lists_and_definitions_in_columns_are_text_and_a_numbered_table_a_table() -> None:
+    bullets = [["•", "Desks are cleared every Friday."], ["•", "Lockers are emptied in August."],
+               ["•", "Coffee machines are descaled monthly."]]
+    terms = [["Owner:", "the person who books the room."], ["Host:", "the person who meets the visitor."],
+             ["Guest:", "anyone without a badge."]]
+    for block in (bullets, terms):
+        pdf = laid_out_pdf("Rules", [["The rules.", block, "End of the rules."]])
+        assert read_pdf(pdf, LIMITS).text == plain(pdf)[0].strip()
+    numbered = [["No.", "Item", "Quantity"], ["1", "Paper, A4", "20 reams"], ["2", "Toner", "3"]]
+    # The line below is made of a cell's words, yet is no part of the table.
+    assert read_pdf(laid_out_pdf("Order", [[numbered, "Toner"]]), LIMITS).text.split("\n") == [
+        "Order", "No. | Item | Quantity", "1 | Paper, A4 | 20 reams", "2 | Toner | 3", "Toner"]
+
+
+def test_a_failure_to_find_tables_leaves_the_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    pdf = laid_out_pdf("Staff Handbook", [PAGE], by_column=True)
+
+    def broken(*_: object) -> None:
+        raise KeyError("/Font")
+
+    monkeypatch.setattr("appliance.documents.pdf_tables.positioned_lines", broken)
+    assert read_pdf(pdf, LIMITS).text == plain(pdf)[0].strip()
