@@ -1,5 +1,7 @@
 """Builders of the documents the document tests read: PDFs with hand-written text streams
-(and a ToUnicode map for any characters), DOCX files, zip bombs, lying zip directories."""
+(and a ToUnicode map for any characters), DOCX files, zip bombs, lying zip directories; and
+office documents with tables, a PDF laid out at x,y and the same DOCX (`office_files`, which
+the library's evaluation set uses too)."""
 
 from __future__ import annotations
 

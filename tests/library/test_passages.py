@@ -3,7 +3,10 @@ of its rows begins with its header row, so any of them tells which column is whi
 
 from __future__ import annotations
 
-from appliance.documents.document import Document
+from helpers.documents import office_files
+
+from appliance.documents.document import Document, DocumentLimits
+from appliance.documents.extract import read_docx, read_pdf
 from appliance.library.passages import TARGET_TOKENS, estimate_tokens, split
 
 HEADER = "Grade | Role | Daily allowance | Hotel limit"
@@ -57,3 +60,15 @@ def test_a_lone_line_with_a_bar_is_text_and_text_without_tables_is_cut_as_before
     long = " ".join(f"Sentence {i} of a long paragraph about desks." for i in range(60))
     pieces = [p.text for p in split(doc(long))]
     assert len(pieces) > 1 and " ".join(pieces).replace("\n", " ") == long
+
+
+def test_a_pdf_and_a_docx_table_give_the_same_passages_each_with_the_header() -> None:
+    grid = [[cell.strip() for cell in HEADER.split("|")]] + [[cell.strip() for cell in row.split("|")] for row in ROWS]
+    pdf, data = office_files("Travel", [[INTRO, grid[:21], AFTER], [INTRO, [grid[0], *grid[21:]]]])
+    from_pdf, from_docx = split(read_pdf(pdf, DocumentLimits())), split(read_docx(data, DocumentLimits()))
+    for passages in (from_pdf, from_docx):
+        with_rows = [p for p in passages if any(row in p.text for row in ROWS)]
+        assert all(HEADER in p.text.split("\n")[:3] for p in with_rows) and len(with_rows) >= 4
+        assert sum(p.text.count(" a night") for p in passages) == len(ROWS)  # each row once, whole
+    assert {p.page for p in from_pdf} == {1, 2}
+    assert [p.text for p in from_pdf if p.page == 2][0].startswith(f"{INTRO}\n{HEADER}\n{ROWS[20]}")
