@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 
 from appliance.documents.document import Document
@@ -87,8 +87,26 @@ def _units(text: str) -> list[_Unit]:
         for at, segment, rows in _segments(part, start):
             out.extend(rows or _prose(text, at, segment))
     # A row too long for a passage is no data row (a page laid out in a table): cut as text.
-    return [piece for u in out for piece in ([u] if u.table is None or estimate_tokens(u.text) <= MOST_TOKENS
-                                            else _prose(text, u.start, u.text))]
+    return _continued([piece for u in out for piece in (
+        [u] if u.table is None or estimate_tokens(u.text) <= MOST_TOKENS else _prose(text, u.start, u.text))])
+
+
+def _continued(units: list[_Unit]) -> list[_Unit]:
+    """A table right after another's last row (past a page break or a blank line), with as many
+    cells and a first row that is not that table's header, is that table going on (a long
+    table over pages, its header not repeated): its rows take that table's header."""
+    going_on: dict[int, _Unit] = {}  # a table's start: a row of the table it continues
+    out: list[_Unit] = []
+    for unit in units:
+        before = out[-1] if out else None
+        if unit.table is not None and unit.table in going_on:
+            unit = replace(unit, table=going_on[unit.table].table, header=going_on[unit.table].header)
+        elif (unit.table == unit.start and before is not None and before.table is not None
+              and unit.text.count(_ROW) == before.text.count(_ROW) and unit.text != before.header):
+            going_on[unit.start] = before
+            unit = replace(unit, table=before.table, header=before.header)
+        out.append(unit)
+    return out
 
 
 def _segments(part: str, start: int) -> list[tuple[int, str, list[_Unit]]]:

@@ -49,9 +49,14 @@ def test_a_header_at_a_passage_end_moves_on_with_its_rows() -> None:
 def test_a_table_over_two_pages_repeats_its_header_on_the_second() -> None:
     first = "\n".join([HEADER, *ROWS[:2]])
     second = "\n".join(ROWS[2:4])
-    text = f"{first}\n{second}"
-    passages = split(doc(text, [(1, 0), (2, len(first) + 1)]))
+    text = f"{first}\n\n{second}"  # as the PDF reader parts pages; the second without a header row
+    passages = split(doc(text, [(1, 0), (2, len(first) + 2)]))
     assert [(p.page, p.text) for p in passages] == [(1, first), (2, f"{HEADER}\n{second}")]
+    # Its header repeated by the writer, or a table of other columns: a table of its own.
+    repeated = f"{first}\n\n{HEADER}\n{second}"
+    assert [p.text for p in split(doc(repeated, [(1, 0), (2, len(first) + 2)]))] == [first, f"{HEADER}\n{second}"]
+    other = f"{first}\n\nRoom | Seats\nKestrel | 12\nHeron | 8"
+    assert [p.text for p in split(doc(other))] == [f"{first}\nRoom | Seats\nKestrel | 12\nHeron | 8"]
 
 
 def test_a_lone_line_with_a_bar_is_text_and_text_without_tables_is_cut_as_before() -> None:
