@@ -1,6 +1,7 @@
-"""The parsers, run inside the worker: PDF page by page (pypdf; tables in rows, pdf_tables.py), DOCX paragraphs and tables in
-document order (python-docx; headers, footers, footnotes and text boxes are left out), and
-UTF-8 text as it is. Each stops at max_chars and refuses what it cannot read with a coded error."""
+"""The parsers, run inside the worker: PDF page by page (pypdf; its tables in rows, see
+pdf_tables.py), DOCX paragraphs and tables in document order (python-docx; headers, footers,
+footnotes and text boxes are left out), and UTF-8 text as it is. Each stops at max_chars and
+refuses what it cannot read with a coded error."""
 
 from __future__ import annotations
 
