@@ -1,6 +1,7 @@
-"""The parsers, run inside the worker: PDF page by page (pypdf), DOCX paragraphs and tables in
-document order (python-docx; headers, footers, footnotes and text boxes are left out), and
-UTF-8 text as it is. Each stops at max_chars and refuses what it cannot read with a coded error."""
+"""The parsers, run inside the worker: PDF page by page (pypdf; its tables in rows, see
+pdf_tables.py), DOCX paragraphs and tables in document order (python-docx; headers, footers,
+footnotes and text boxes are left out), and UTF-8 text as it is. Each stops at max_chars and
+refuses what it cannot read with a coded error."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pypdf.errors import DependencyError, FileNotDecryptedError, LimitReachedErr
 from appliance.documents.document import Document, DocumentLimits
 from appliance.documents.failures import failure
 from appliance.documents.kinds import Kind
+from appliance.documents.pdf_tables import read_page
 from appliance.documents.zipguard import check_docx
 from appliance.errors import ApplianceError
 
@@ -90,7 +92,7 @@ def read_pdf(data: bytes, limits: DocumentLimits) -> Document:
         sink = TextSink(limits.max_chars)
         starts: list[int] = []  # the page number of each marked start
         for number in range(count):
-            text = clean(reader.pages[number].extract_text()).strip()  # cleaned before its start is noted
+            text = clean(read_page(reader.pages[number])).strip()  # cleaned before its start is noted
             if text:
                 starts.append(number + 1)
                 if not sink.add(text, "\n\n", mark=True):
@@ -155,8 +157,9 @@ def _blocks(content: Iterable[Paragraph | Table]) -> Iterator[str]:
 
 
 def _table_rows(table: Table) -> list[str]:
-    """One line per row, cells joined by " | "; a merged cell (repeated by python-docx) once;
-    a cell's own paragraphs and nested tables flattened onto its row."""
+    """One line per row, cells joined by " | "; a cell merged across columns (repeated by
+    python-docx) once, one merged down rows on each (each row reads alone); a cell's own
+    paragraphs, line breaks and nested tables flattened onto its row."""
     rows = []
     for row in table.rows:
         cells: list[str] = []
@@ -165,7 +168,8 @@ def _table_rows(table: Table) -> list[str]:
             if id(cell._tc) in seen:
                 continue
             seen.add(id(cell._tc))
-            cells.append(" ".join(line.strip() for line in _blocks(cell.iter_inner_content()) if line.strip()))
+            # A line break within a cell's paragraph (Shift+Enter) would cut the row's line.
+            cells.append(" ".join(" ".join(line.split()) for line in _blocks(cell.iter_inner_content()) if line.strip()))
         rows.append(" | ".join(cells))
     return rows
 
