@@ -13,10 +13,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from appliance.engine.engine import Engine
+from appliance.engine.turn import Lane
 from appliance.errors import ContextLengthExceeded
 from appliance.http.guard import Caller
 from appliance.http.state import App
+from appliance.http.translate import crossed
 from appliance.library.cite import FRAME, block, keep, question_of, sources, with_sources
 from appliance.library.library import Library
 from appliance.library.scopes import readable, required
@@ -34,14 +38,19 @@ class Cite:
 
     library: Library
     scopes: list[str]
+    caller: Caller | None = None  # whose question: its translation runs in their name and lane (translate.py)
+    lane: Lane = Lane.PEOPLE
 
 
-def citing(app: App, caller: Caller, asked: bool) -> Cite | None:
+def citing(app: App, caller: Caller, asked: bool, request: Request | None = None) -> Cite | None:
     """What a chat may cite when it asks for the library (None: it did not ask): the
-    scopes the caller reads (library/scopes.py). A 404 when the library is off."""
+    scopes the caller reads (library/scopes.py), and who asks in which lane (intake.py
+    decided it). A 404 when the library is off."""
     if not asked:
         return None
-    return Cite(required(app.library), readable(caller.account.id if caller.account is not None else None))
+    lane = request.scope.get("state", {}).get("lane", Lane.PEOPLE) if request is not None else Lane.PEOPLE
+    return Cite(required(app.library), readable(caller.account.id if caller.account is not None else None),
+                caller, lane)
 
 
 Cited = tuple[Prompt, list[dict[str, Any]]]
@@ -56,7 +65,8 @@ async def cited(engine: Engine, cite: Cite, messages: list[dict[str, Any]], tool
     if question is None:
         return plain, []
     limits = cite.library.limits
-    found = await cite.library.search(cite.scopes, question, limits.top_k * CANDIDATES, sys.maxsize)
+    also = await crossed(engine, cite.library, cite.scopes, cite.caller, cite.lane, question) if cite.caller else ""
+    found = await cite.library.search(cite.scopes, question, limits.top_k * CANDIDATES, sys.maxsize, also=also)
     if not found:
         return plain, []
     counts = await asyncio.gather(*(engine.tokenize(text) for text in

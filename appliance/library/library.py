@@ -21,6 +21,7 @@ from appliance.errors import Conflict, PayloadTooLarge, Unavailable, Unprocessab
 from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
+from appliance.library.language import SAMPLE, Lang, Languages, crossing
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, codes, estimate_tokens, html_text, split, terms
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.vectors import Vectors
@@ -49,6 +50,11 @@ class LibraryLimits:
     # (0.033) or by meaning and second by words (0.049) would tie or beat it.
     code_weight: float = 2.0
     most_unknown: float = 0.3  # a question with more of its word pieces unknown to the embedding model is searched by words only
+    # A question is also searched in the other language, put into it by the chat model, when
+    # the documents searched hold some in it (http/translate.py), its rankings weighted so
+    # (bench/library/crossing.py measured it).
+    translate: bool = True
+    translated_weight: float = 1.0
 
 
 class Library:
@@ -63,6 +69,7 @@ class Library:
         self.limits = limits or LibraryLimits()
         self.vectors = Vectors()
         self.indexer = Indexer(store, self.vectors, embed_background, busy)
+        self.languages = Languages(self._sample)
         self._embed = embed
         self._unknown_share = unknown_share
         self._clock = clock
@@ -161,13 +168,26 @@ class Library:
 
     # -- search -------------------------------------------------------------------------
     async def search(self, scopes: list[str], question: str, top_k: int | None = None, budget: int | None = None,
-                     ways: tuple[str, ...] = ("words", "meaning")) -> list[Found]:
+                     ways: tuple[str, ...] = ("words", "meaning"), also: str = "") -> list[Found]:
         """The passages that best answer `question` among the scopes' documents, best first,
         at most top_k and budget_tokens of them (ways: the rankings fused; the evaluation
-        compares each alone)."""
+        compares each alone). `also`: the question in the other language (crossing), its
+        rankings fused in at translated_weight."""
         top_k = top_k or self.limits.top_k
         budget = budget if budget is not None else self.limits.budget_tokens
-        question = question[:MAX_QUESTION]
+        lists, weights = await self._rankings(scopes, question[:MAX_QUESTION], ways)
+        if also.strip():
+            more, scale = await self._rankings(scopes, also[:MAX_QUESTION], ways)
+            lists, weights = lists + more, weights + [w * self.limits.translated_weight for w in scale]
+        ranked = fuse(lists, weights)
+        found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
+        best = [found[pid] for pid in ranked if pid in found]
+        return keep(best, [estimate_tokens(f.text) for f in best], top_k, budget)
+
+    async def _rankings(self, scopes: list[str], question: str,
+                        ways: tuple[str, ...]) -> tuple[list[list[int]], list[float]]:
+        """The question's rankings (by words, by meaning when the embedding model can read it)
+        and their weights in the fusion."""
         lists, weights = await asyncio.to_thread(self._words, scopes, question) if "words" in ways else ([], [])
         if len(self.vectors) and question.strip() and "meaning" in ways and self._readable(question, ways):
             try:
@@ -176,10 +196,24 @@ class Library:
                 weights.append(self.limits.meaning_weight)
             except (EmbedBusy, EmbedStopped):  # 256 texts waiting, or stopping: words alone rank this one
                 log.warning("library: the embedding model is busy or stopping; searched by words only")
-        ranked = fuse(lists, weights)
-        found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
-        best = [found[pid] for pid in ranked if pid in found]
-        return keep(best, [estimate_tokens(f.text) for f in best], top_k, budget)
+        return lists, weights
+
+    async def crossing(self, scopes: list[str], question: str) -> Lang | None:
+        """The language the question should also be searched in (language.crossing): the
+        other one, when the scopes hold documents in it; None when translating is off."""
+        if not self.limits.translate:
+            return None
+
+        def holds(lang: Lang) -> bool:
+            return self.languages.holds(self.store.docs(scopes), lang)
+        return await asyncio.to_thread(crossing, question[:MAX_QUESTION], holds)
+
+    def _sample(self, row: DocRow) -> list[str]:
+        """A document's first passages: of its embeddings in memory, else of those not yet made."""
+        ids = self.vectors.first(row.id, SAMPLE)
+        if ids:
+            return [f.text for f in self.store.found(ids, [row.scope]).values()]
+        return [text for _, text in self.store.unembedded(row.id, SAMPLE)]
 
 
 def fuse(lists: list[list[int]], weights: list[float] | None = None) -> list[int]:

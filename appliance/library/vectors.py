@@ -62,3 +62,9 @@ class Vectors:
         scores = np.concatenate([s.matrix @ query for s in shelves])
         top = np.argsort(-scores, kind="stable")[:limit]
         return [int(ids[i]) for i in top]
+
+    def first(self, doc: str, n: int) -> list[int]:
+        """The ids of a document's first n embedded passages (none while it is indexed)."""
+        with self._lock:
+            shelf = self._shelves.get(doc)
+        return [int(i) for i in shelf.ids[:n]] if shelf is not None else []
