@@ -177,8 +177,12 @@ class Library:
         budget = budget if budget is not None else self.limits.budget_tokens
         lists, weights = await self._rankings(scopes, question[:MAX_QUESTION], ways)
         if also.strip():
-            more, scale = await self._rankings(scopes, also[:MAX_QUESTION], ways)
-            lists, weights = lists + more, weights + [w * self.limits.translated_weight for w in scale]
+            more, theirs = await self._rankings(scopes, also[:MAX_QUESTION], ways)
+            # Each language's rankings have the same say in all, times translated_weight: a Chinese
+            # question is ranked by its words alone (1), its English by words and meaning (3), which
+            # would otherwise put an English passage first for every Chinese question.
+            scale = self.limits.translated_weight * (sum(weights) or 1.0) / (sum(theirs) or 1.0)
+            lists, weights = lists + more, weights + [w * scale for w in theirs]
         ranked = fuse(lists, weights)
         found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
         best = [found[pid] for pid in ranked if pid in found]

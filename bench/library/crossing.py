@@ -34,7 +34,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
-WEIGHTS = (0.5, 1.0, 2.0)  # the translated question's rankings against the question's own (1)
+WEIGHTS = (0.25, 0.5, 0.75, 1.0)  # the translated question's rankings' say against the question's own (1)
 
 
 def free_port() -> int:
@@ -66,10 +66,10 @@ def serve(state: Path, model: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def translate(client: httpx.Client, question: str, into: Any) -> dict[str, Any]:
     """What translate.translate asks the engine, asked through the API: the text and its times."""
-    from appliance.http.translate import ASK, MAX_TOKENS, MOST_CHARS
+    from appliance.http.translate import MAX_TOKENS, MOST_CHARS, messages
 
-    body = {"messages": [{"role": "system", "content": ASK[into]}, {"role": "user", "content": question[:MOST_CHARS]}],
-            "max_tokens": MAX_TOKENS, "temperature": 0, "stop": ["\n"]}
+    body = {"messages": messages(question[:MOST_CHARS], into), "max_tokens": MAX_TOKENS, "temperature": 0,
+            "stop": ["\n"]}
     t0 = time.perf_counter()
     r = client.post("/v1/chat/completions", json=body, timeout=120)
     wall = time.perf_counter() - t0

@@ -13,17 +13,15 @@ import pytest
 from helpers.engines import run, started, turns_of
 from helpers.fakes import FakeModel
 from helpers.inprocess import CHAT, serving
-from helpers.polling import until
+from helpers.library import open_library
+from helpers.polling import until, wait_until
 from starlette.testclient import TestClient
-from test_library_http import FakeEmbedService, ready, upload
 
-from appliance.documents.reader import DocumentReader
 from appliance.engine.turn import Lane
 from appliance.http.guard import Caller
-from appliance.http.translate import MAX_TOKENS, MOST_CHARS, translate
-from appliance.library.language import Lang, cjk_share
-from appliance.library.library import Library, LibraryLimits
-from appliance.library.store import LibraryStore
+from appliance.http.translate import MAX_TOKENS, MOST_CHARS, messages, translate
+from appliance.library.language import Lang
+from appliance.library.library import LibraryLimits
 
 CALLER = Caller("10.0.0.5", None)
 QUESTION = "停车证在哪里办？"
@@ -40,9 +38,9 @@ def test_the_translation_is_a_short_greedy_job_in_the_callers_name_and_lane() ->
         assert (first.client, first.lane, second.lane) == (CALLER.client, Lane.BACKGROUND, Lane.PEOPLE)
         assert first.params.max_tokens == second.params.max_tokens == MAX_TOKENS
         assert first.params.greedy and first.params.stop == ("\n",)
-        # The fake tokenizer reads a character a token: the question's MOST_CHARS and the
-        # instruction and template around it, not its 5,000.
-        assert MOST_CHARS < len(second.prompt) < MOST_CHARS + 200
+        # The question's first MOST_CHARS characters only, not its 5,000.
+        cut = await eng.prepare(messages("停" * MOST_CHARS, Lang.EN), MAX_TOKENS)
+        assert second.prompt == cut.tokens
         # Each in a session of its own that nobody continues.
         assert first.session != second.session and not first.named and not second.named
         eng.stop()
@@ -67,17 +65,10 @@ def test_a_stopped_engine_or_a_late_answer_searches_the_question_alone(caplog: p
     run(main())
 
 
-def library(state: Path, limits: LibraryLimits | None = None) -> Library:
-    """Chinese unreadable by meaning, as by the real embedding model (English only)."""
-    service = FakeEmbedService()
-    return Library(LibraryStore(state), DocumentReader(), service.embed, service.embed_sync, limits,
-                   unknown_share=cjk_share)
-
-
 def ask(client: TestClient) -> list[tuple[str, int]]:
-    upload(client, "/admin/library?title=Handbook", "handbook.txt",
-           b"Welcome to the office.\fParking permits are issued by reception.")
-    ready(client, "/admin/library")
+    client.post("/admin/library?title=Handbook", content=b"Welcome to the office.\fParking permits are issued by reception.",
+                headers={"content-type": "text/plain", "x-file-name": "handbook.txt"})
+    wait_until(lambda: client.get("/admin/library").json()["data"][0]["status"] == "ready", 30, "the handbook indexed")
     r = client.post(CHAT, json={"messages": [{"role": "user", "content": QUESTION}], "library": True})
     assert r.status_code == 200, r.text
     return [(s["title"], s["page"]) for s in r.json().get("sources", [])]
@@ -85,9 +76,8 @@ def ask(client: TestClient) -> list[tuple[str, int]]:
 
 def test_a_chinese_question_finds_the_english_passage_through_its_translation(tmp_path: Path) -> None:
     # The fake model says the same to every job: its first line is the translation.
-    with serving(lambda: FakeModel(reply="parking permits\nSee [1]."), library=library(tmp_path / "on"),
-                 embedder=FakeEmbedService()) as client:
+    with serving(lambda: FakeModel(reply="parking permits\nSee [1]."), library=open_library(tmp_path / "on")) as client:
         assert ask(client)[0] == ("Handbook", 2)
-    with serving(lambda: FakeModel(reply="parking permits\nSee [1]."), embedder=FakeEmbedService(),
-                 library=library(tmp_path / "off", LibraryLimits(translate=False))) as client:
+    with serving(lambda: FakeModel(reply="parking permits\nSee [1]."),
+                 library=open_library(tmp_path / "off", LibraryLimits(translate=False))) as client:
         assert ask(client) == []  # library_translate = false: pairs of characters match no English word
