@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers.library import indexed, open_library
 
 from appliance.library.language import Lang, Languages, crossing, language
-from appliance.library.library import Library, LibraryLimits
+from appliance.library.library import Library, LibraryLimits, interleave
 from appliance.library.store import OFFICE, DocRow, person_scope
 
 PARKING = "Parking permits are issued by reception on the ground floor for a yearly fee of twenty pounds."
@@ -114,13 +114,17 @@ def test_the_translated_question_finds_what_the_question_alone_cannot(tmp_path: 
     lib.stop()
 
 
-def test_the_translated_rankings_count_at_their_weight(tmp_path: Path) -> None:
-    lib = make(tmp_path)
+def test_the_translated_search_takes_every_other_place() -> None:
+    assert interleave([1, 2, 3], [7, 8], 2) == [1, 7, 2, 8, 3]
+    assert interleave([1, 2, 3, 4], [7, 8], 3) == [1, 2, 7, 3, 4, 8]
+    assert interleave([1, 2], [2, 9, 8], 2) == [1, 2, 9, 8]  # each once; what is left of either comes last
+    assert interleave([], [7, 8], 2) == [7, 8] and interleave([1], [], 2) == [1]
+
+
+def test_the_translated_search_can_neither_push_out_nor_be_pushed_out(tmp_path: Path) -> None:
+    lib = make(tmp_path, LibraryLimits(translated_every=2))
     english = add(lib, PARKING)
     chinese = add(lib, "停车证由前台办理，每年二十英镑。")
-    words = ("words",)  # each found by one question only: the question's own, or its translation
-    for weight, best in ((0.5, chinese), (2.0, english)):
-        lib.limits = dataclasses.replace(lib.limits, translated_weight=weight)
-        found = asyncio.run(lib.search([OFFICE], QUESTION_ZH, ways=words, also="parking permits"))
-        assert [f.doc for f in found][:1] == [best.id], weight
+    found = asyncio.run(lib.search([OFFICE], QUESTION_ZH, also="parking permits"))
+    assert [f.doc for f in found][:2] == [chinese.id, english.id]  # the question's own best, then the other's
     lib.stop()
