@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A question in the other language than its document's (issue 49): retrieval hit@1 and hit@3
-before and after the question is also searched in the library's other language, put into it
+"""A question in the other language than its document's (issue 49): retrieval hit@1, @3 and @4
+(a chat is given 4 passages) before and after the question is also searched in the library's other language, put into it
 by the real chat model (http/translate.py's instruction and bounds, through a real server's
 /v1/chat/completions, one question at a time, the model otherwise idle), and the time that
 translation adds before the first token.
@@ -9,9 +9,11 @@ The library runs in this process on the real embedding model, as bench/library/e
 retrieval does; the chat model in a server this script starts (library off: it only
 translates). Every question of the set is measured: the cross-language ones (`"cross": true`)
 for the gain, the others for what translating costs them (the set's library holds both
-languages, so every question is translated).
+languages, so every question is translated). The translated search's best takes every 2nd,
+3rd or 4th place (LibraryLimits.translated_every), each measured.
 
     .venv/bin/python bench/library/crossing.py --json out/crossing.json [--set path/to/set.json]
+    .venv/bin/python bench/library/crossing.py --translations out/crossing.json   # the searches again, no model
 """
 
 from __future__ import annotations
