@@ -13,11 +13,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from appliance.engine.engine import Engine
+from appliance.engine.turn import Lane
 from appliance.errors import ContextLengthExceeded
 from appliance.http.grounded import Check
 from appliance.http.guard import Caller
 from appliance.http.state import App
+from appliance.http.translate import crossed
 from appliance.library.cite import FRAME, block, keep, question_of, sources, with_sources
 from appliance.library.grounding import closeness
 from appliance.library.library import Library
@@ -36,14 +40,19 @@ class Cite:
 
     library: Library
     scopes: list[str]
+    caller: Caller | None = None  # whose question: its translation runs in their name and lane (translate.py)
+    lane: Lane = Lane.PEOPLE
 
 
-def citing(app: App, caller: Caller, asked: bool) -> Cite | None:
+def citing(app: App, caller: Caller, asked: bool, request: Request | None = None) -> Cite | None:
     """What a chat may cite when it asks for the library (None: it did not ask): the
-    scopes the caller reads (library/scopes.py). A 404 when the library is off."""
+    scopes the caller reads (library/scopes.py), and who asks in which lane (intake.py
+    decided it). A 404 when the library is off."""
     if not asked:
         return None
-    return Cite(required(app.library), readable(caller.account.id if caller.account is not None else None))
+    lane = request.scope.get("state", {}).get("lane", Lane.PEOPLE) if request is not None else Lane.PEOPLE
+    return Cite(required(app.library), readable(caller.account.id if caller.account is not None else None),
+                caller, lane)
 
 
 Cited = tuple[Prompt, Check]
@@ -59,8 +68,9 @@ async def cited(engine: Engine, cite: Cite, messages: list[dict[str, Any]], tool
     if question is None:
         return plain, Check("", [])
     limits = cite.library.limits
-    found = await cite.library.search(cite.scopes, question, limits.top_k * CANDIDATES, sys.maxsize)
-    if not found or not closeness([question], found).close():
+    also = await crossed(engine, cite.library, cite.scopes, cite.caller, cite.lane, question) if cite.caller else ""
+    found = await cite.library.search(cite.scopes, question, limits.top_k * CANDIDATES, sys.maxsize, also=also)
+    if not found or not closeness([question, *([also] if also else [])], found).close():
         return plain, Check(question, [], close=False)
     counts = await asyncio.gather(*(engine.tokenize(text) for text in
                                     [FRAME, *(block(n, f) + "\n\n" for n, f in enumerate(found, 1))]))

@@ -77,3 +77,9 @@ class Vectors:
             if len(rows):
                 out[pid] = float(shelf.matrix[rows[0]] @ query)
         return out
+
+    def first(self, doc: str, n: int) -> list[int]:
+        """The ids of a document's first n embedded passages (none while it is indexed)."""
+        with self._lock:
+            shelf = self._shelves.get(doc)
+        return [int(i) for i in shelf.ids[:n]] if shelf is not None else []

@@ -50,7 +50,7 @@ def build_library(cfg: Config, engine: Engine) -> tuple[Library | None, EmbedSer
     except StoreError as e:
         log.error("library off (/v1/embeddings stays on): %s", e)
         return None, service
-    limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens)
+    limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens, translate=cfg.library_translate)
     library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits,
                       unknown_share=service.unknown_share, busy=lambda: engine_busy(engine))
     return library, service

@@ -1,8 +1,13 @@
-"""A library for in-process tests: a fake embedding model of hashed words (the real
-document reader and library store), and uploading to it as a client does."""
+"""Libraries for in-process tests, on the real document reader and library store: one with a
+fake embedding model of hashed words, and uploading to it as a client does; and one for
+tests of what reaches it, not of meaning (`open_library`), whose embedding model gives every
+text the same vector (the meaning ranking then only keeps the passages in the order they
+came) and, as the real one (English only), cannot read Chinese. `gate`, when cleared, holds
+its indexer's embeddings back."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +15,14 @@ import numpy as np
 from starlette.testclient import TestClient
 
 from appliance.documents.reader import DocumentReader
-from appliance.library.library import Library
+from appliance.library.language import cjk_share
+from appliance.library.library import Library, LibraryLimits
 from appliance.library.passages import terms
 from appliance.library.store import LibraryStore
+from helpers.polling import wait_until
 
 DIM = 32
+SAME_DIM = 8
 
 
 class FakeEmbedService:
@@ -60,3 +68,28 @@ def ready(client: TestClient, path: str, headers: dict[str, str] | None = None) 
         if all(d["status"] != "indexing" for d in docs):
             return list(docs)
     raise AssertionError("indexing never finished")
+
+
+def same(texts: list[str]) -> np.ndarray:
+    return np.full((len(texts), SAME_DIM), SAME_DIM ** -0.5, np.float32)
+
+
+def open_library(state: Path, limits: LibraryLimits | None = None, gate: threading.Event | None = None) -> Library:
+    async def embed(texts: list[str]) -> np.ndarray:
+        return same(texts)
+
+    def embed_background(texts: list[str]) -> np.ndarray:
+        if gate is not None:
+            gate.wait(30)
+        return same(texts)
+
+    lib = Library(LibraryStore(state), DocumentReader(), embed, embed_background, limits, unknown_share=cjk_share)
+    return lib
+
+
+def indexed(lib: Library, doc: str) -> None:
+    """Wait until the document's embeddings are made (the indexer thread's)."""
+    def done() -> bool:
+        row = lib.store.doc(doc)
+        return row is not None and row.status != "indexing"
+    wait_until(done, 30, f"{doc} to be indexed")

@@ -51,7 +51,7 @@ async def create(app: App, request: Request) -> Response:
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse(data, app.bounds, header)) as (caller, req):
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params,
-                                              cite=citing(app, caller, req.library)))
+                                              cite=citing(app, caller, req.library, request)))
     job = Job(caller, ready.prompt, (ready.params,), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None, review=ready.check)
     shape = MessageShape(app.model_id, req.tool_names, len(ready.tokens), job.session, ready.check)

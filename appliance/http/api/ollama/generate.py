@@ -335,7 +335,7 @@ async def chat(app: App, request: Request) -> Response:
         if not req.messages:
             return _loaded(app.engine, common, chat_part(common.model, "", True))
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), common.params,
-                                              cite=citing(app, caller, library)))
+                                              cite=citing(app, caller, library, request)))
     return await respond(app, request, Job(caller, ready.prompt, (ready.params,), common.stream, review=ready.check),
                          ChatShape(req, ready.check))
 

@@ -219,7 +219,7 @@ async def chat(app: App, request: Request) -> Response:
     header = request.headers.get("x-session-id")
     async with intake(app, request, lambda data: parse_chat_request(data, app.bounds, header)) as (caller, req):
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params, req.bias, req.ignore_eos,
-                                              req.grammar_param, cite=citing(app, caller, req.library)))
+                                              req.grammar_param, cite=citing(app, caller, req.library, request)))
     job = Job(caller, ready.prompt, choices(ready.params, req.n), req.stream, req.session_id or new_session_id(),
               named=req.session_id is not None, report=req.telemetry.report, review=ready.check)
     shape = ChatShape(app, req, job.session, ready.dropped)

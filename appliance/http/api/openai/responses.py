@@ -59,7 +59,7 @@ async def create(store: ResponseStore, app: App, request: Request) -> Response:
     asked = Asked(caller_of(request.scope["state"]).client)
     async with intake(app, request, lambda data: asked.parse(store, app.bounds, data)) as (caller, req):
         ready = await prepare(app.engine, Ask(Messages(req.messages, req.tools), req.params,
-                                              cite=citing(app, caller, asked.library)))
+                                              cite=citing(app, caller, asked.library, request)))
     # The conversation continues in its own session, so the next turn finds its KV cells; the
     # id is the server's, never the client's, so it is not kept on disk (named=False).
     job = Job(caller, ready.prompt, (ready.params,), req.stream, asked.session or new_session_id(),

@@ -1,0 +1,130 @@
+"""A question in the other language than the library's documents (issue 49): a text's language
+by its CJK share, each document's read once and kept in memory, the decision to search in the
+other language too (only when the scopes hold documents in it, and not when it is turned
+off), and the translated question's rankings fused with the question's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from pathlib import Path
+
+from helpers.library import indexed, open_library
+
+from appliance.library.language import Lang, Languages, crossing, language
+from appliance.library.library import Library, LibraryLimits, interleave
+from appliance.library.store import OFFICE, DocRow, person_scope
+
+PARKING = "Parking permits are issued by reception on the ground floor for a yearly fee of twenty pounds."
+LUNCH = "午餐补贴：每个工作日二十八元，随工资发放。"
+QUESTION_ZH = "停车证在哪里办？"
+
+
+def make(state: Path, limits: LibraryLimits | None = None, gate: threading.Event | None = None) -> Library:
+    lib = open_library(state, limits, gate)
+    lib.start()
+    return lib
+
+
+def add(lib: Library, text: str, scope: str = OFFICE) -> DocRow:
+    row = asyncio.run(lib.add(scope, "op", "d.txt", "text/plain", text.encode()))
+    indexed(lib, row.id)
+    got = lib.store.doc(row.id)
+    assert got is not None
+    return got
+
+
+def test_a_text_is_chinese_by_its_share_of_cjk_letters() -> None:
+    assert language("AED 在哪里？") is Lang.ZH
+    assert language("请问 Microsoft Teams 会议怎么预约") is Lang.ZH
+    assert language("Ask 张伟 for the keys to the store room.") is Lang.EN
+    assert language("How many days of holiday do I get?") is Lang.EN
+    assert language("2026 -- 15:00 ?") is None  # nothing to tell by: not translated
+    assert Lang.EN.other is Lang.ZH and Lang.ZH.other is Lang.EN
+
+
+def test_the_question_is_searched_in_the_other_language_only_where_documents_are_in_it(tmp_path: Path) -> None:
+    lib = make(tmp_path)
+    add(lib, PARKING)
+    # English documents only: a Chinese question crosses, an English one does not.
+    assert asyncio.run(lib.crossing([OFFICE], QUESTION_ZH)) is Lang.EN
+    assert asyncio.run(lib.crossing([OFFICE], "Where do I get a parking permit?")) is None
+    # A Chinese document in a scope the caller does not read does not count...
+    mine = person_scope("p1")
+    add(lib, LUNCH, mine)
+    assert asyncio.run(lib.crossing([OFFICE], "How much is the lunch allowance?")) is None
+    # ...in one they read, it does.
+    assert asyncio.run(lib.crossing([OFFICE, mine], "How much is the lunch allowance?")) is Lang.ZH
+    assert asyncio.run(lib.crossing([OFFICE], "2026?")) is None
+    lib.stop()
+
+
+def test_translating_turned_off_never_crosses(tmp_path: Path) -> None:
+    lib = make(tmp_path, LibraryLimits(translate=False))
+    add(lib, PARKING)
+    assert asyncio.run(lib.crossing([OFFICE], QUESTION_ZH)) is None
+    lib.stop()
+
+
+def test_a_documents_language_is_read_once_and_again_when_it_is_replaced() -> None:
+    read: list[str] = []
+
+    def sample(row: DocRow) -> list[str]:
+        read.append(row.id)
+        return [LUNCH if row.chars == 20 else PARKING]
+
+    langs = Languages(sample)
+    row = DocRow("lib_1", OFFICE, "t", "d.txt", "text", 10, None, 90, False, 1, 1, "ready", None, 1.0, "op")
+    assert langs.of(row) is Lang.EN and langs.of(row) is Lang.EN
+    assert read == ["lib_1"]
+    replaced = dataclasses.replace(row, chars=20)  # the same id, another file
+    assert langs.of(replaced) is Lang.ZH and read == ["lib_1", "lib_1"]
+    # Asked whether any is English, it reads no further than the first that is.
+    other = dataclasses.replace(row, id="lib_2")
+    assert langs.holds([row, other], Lang.EN) and read == ["lib_1", "lib_1"]
+    assert crossing("停车证？", lambda lang: langs.holds([replaced], lang)) is None
+    assert crossing("停车证？", lambda lang: langs.holds([replaced, row], lang)) is Lang.EN
+
+
+def test_a_document_still_being_indexed_is_read_from_its_passages(tmp_path: Path) -> None:
+    gate = threading.Event()  # its embeddings wait: nothing of it in memory yet
+    lib = make(tmp_path, gate=gate)
+    row = asyncio.run(lib.add(OFFICE, "op", "d.txt", "text/plain", PARKING.encode()))
+    assert lib.vectors.first(row.id, 8) == []
+    assert asyncio.run(lib.crossing([OFFICE], QUESTION_ZH)) is Lang.EN
+    gate.set()
+    indexed(lib, row.id)
+    lib.stop()
+
+
+def test_the_translated_question_finds_what_the_question_alone_cannot(tmp_path: Path) -> None:
+    lib = make(tmp_path)
+    add(lib, "The canteen opens at noon and closes at two; lunch is served hot.")
+    add(lib, LUNCH)
+    parking = add(lib, PARKING)  # last: first only by its words
+    # Chinese pairs match no English word, and the embedding model cannot read Chinese.
+    assert asyncio.run(lib.search([OFFICE], QUESTION_ZH)) == []
+    english = "Where do I get a parking permit?"
+    words = ("words",)
+    assert [f.doc for f in asyncio.run(lib.search([OFFICE], QUESTION_ZH, ways=words, also=english))] == [parking.id]
+    assert asyncio.run(lib.search([OFFICE], QUESTION_ZH, also=english))[0].doc == parking.id
+    # A blank translation (it failed) searches the question alone.
+    assert asyncio.run(lib.search([OFFICE], QUESTION_ZH, also=" ")) == []
+    lib.stop()
+
+
+def test_the_translated_search_takes_every_other_place() -> None:
+    assert interleave([1, 2, 3], [7, 8], 2) == [1, 7, 2, 8, 3]
+    assert interleave([1, 2, 3, 4], [7, 8], 3) == [1, 2, 7, 3, 4, 8]
+    assert interleave([1, 2], [2, 9, 8], 2) == [1, 2, 9, 8]  # each once; what is left of either comes last
+    assert interleave([], [7, 8], 2) == [7, 8] and interleave([1], [], 2) == [1]
+
+
+def test_the_translated_search_can_neither_push_out_nor_be_pushed_out(tmp_path: Path) -> None:
+    lib = make(tmp_path, LibraryLimits(translated_every=2))
+    english = add(lib, PARKING)
+    chinese = add(lib, "停车证由前台办理，每年二十英镑。")
+    found = asyncio.run(lib.search([OFFICE], QUESTION_ZH, also="parking permits"))
+    assert [f.doc for f in found][:2] == [chinese.id, english.id]  # the question's own best, then the other's
+    lib.stop()
