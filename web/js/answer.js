@@ -1,6 +1,7 @@
 // Asking the model: an answer pending at once, asked for (request.js), read as it streams
 // (stream.js), painted as it grows, then settled (stats, notes, saved).
 import { renderList, save, touch } from './chats.js';
+import { groundingOf } from './ground.js';
 import { checkHealth } from './health.js';
 import { addMessage, clearWait, label, renderMessages, scrollDown, sourcesOf, update, updateControls, views } from './messages.js';
 import { els, finePointer, page, say } from './page.js';
@@ -82,6 +83,7 @@ function take(r, e) {
   else if (e.type === 'usage') r.usage = e.usage;
   else if (e.type === 'dropped') bot.dropped = e.count;
   else if (e.type === 'sources') { bot.sources = sourcesOf(e.sources); schedulePaint(r); }
+  else if (e.type === 'grounding') bot.grounding = groundingOf(e.grounding) || undefined;
   else if (e.type === 'error') bot.error = `The server stopped this answer${e.message ? `: ${e.message}` : '.'}`;
 }
 
