@@ -156,6 +156,7 @@ def test_a_figure_in_no_source_is_marked(live: Live, page_of: Any,
     assert grounding == {"verdict": "partly", "unsupported": ["41"], "dropped": [2]}, answers
 
     marks = answer.locator("mark.unsupported")
+    marks.first.wait_for()
     assert marks.count() == 1 and marks.first.evaluate("m => m.parentElement.tagName") == "STRONG"
     assert marks.first.get_attribute("title") == "Not found in the library's sources"
     assert marks.first.text_content() == "41 (not in the library)"  # what a screen reader says
@@ -169,17 +170,17 @@ def test_a_figure_in_no_source_is_marked(live: Live, page_of: Any,
     assert "Not in the library's sources: 41" in markdown_export(p)
 
 
-RENDER = """([m]) => import('./static/js/messages.js').then((M) => {
-  M.addMessage(m);
-  const a = [...document.querySelectorAll('article.assistant')].pop();
-  const md = a.querySelector('.md');
-  return { marks: [...md.querySelectorAll('mark.unsupported')].map((k) => [k.parentElement.tagName, k.firstChild.data]),
+ADD = "([m]) => import('./static/js/messages.js').then((M) => M.addMessage(m))"
+LAST = "[...document.querySelectorAll('article.assistant')].pop()"
+SNAPSHOT = f"""() => {{
+  const a = {LAST}, md = a.querySelector('.md');
+  return {{ marks: [...md.querySelectorAll('mark.unsupported')].map((k) => [k.parentElement.tagName, k.firstChild.data]),
     text: md.textContent, html: md.innerHTML, cites: [...md.querySelectorAll('button.cite')].map((b) => +b.dataset.cite),
     used: [...a.querySelectorAll('.sources details:not(.unused) summary')].map((s) => s.textContent),
     unused: [...a.querySelectorAll('.sources details.unused summary')].map((s) => s.textContent),
     sources: !!a.querySelector('.sources'), notes: a.querySelector('.notes').textContent,
-    imgs: a.querySelectorAll('img').length, pwned: window.__pwned || null };
-})"""
+    imgs: a.querySelectorAll('img').length, pwned: window.__pwned || null }};
+}}"""
 
 
 def source(n: int, used: bool | None = None, support: str | None = None) -> dict[str, Any]:
@@ -191,7 +192,10 @@ def shown(p: Any, content: str, sources: list[dict[str, Any]], grounding: dict[s
     m: dict[str, Any] = {"role": "assistant", "content": content, "sources": sources}
     if grounding is not None:
         m["grounding"] = grounding
-    return dict(p.evaluate(RENDER, [m]))
+    p.evaluate(ADD, [m])
+    if grounding and grounding["unsupported"]:  # js/ground.js loads with the first answer to mark
+        p.wait_for_function(f"() => {LAST}.querySelector('mark.unsupported')")
+    return dict(p.evaluate(SNAPSHOT))
 
 
 def test_marks_dropped_citations_and_old_messages_render_from_text(live: Live, page_of: Any) -> None:

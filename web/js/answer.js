@@ -1,9 +1,8 @@
 // Asking the model: an answer pending at once, asked for (request.js), read as it streams
 // (stream.js), painted as it grows, then settled (stats, notes, saved).
 import { renderList, save, touch } from './chats.js';
-import { groundingOf } from './ground.js';
 import { checkHealth } from './health.js';
-import { addMessage, clearWait, label, renderMessages, scrollDown, sourcesOf, update, updateControls, views } from './messages.js';
+import { addMessage, clearWait, groundingOf, label, renderMessages, scrollDown, sourcesOf, update, updateControls, views } from './messages.js';
 import { els, finePointer, page, say } from './page.js';
 import { Shown, openAnswer, requestBody } from './request.js';
 import { readAnswer } from './stream.js';

@@ -1,21 +1,7 @@
-// What the server found checking a library answer against its sources (the stream's last
-// chunk: `grounding`, and `sources` with `used` and `support`), kept with the message and
-// shown in its text: the figures and names in no source marked. Works on the rendered DOM's
-// text nodes (after Markdown and DOMPurify): nothing the server sent becomes markup.
-
-const VERDICTS = new Set(['supported', 'partly', 'unsupported', 'not_in_library']);
-export const DOUBTFUL = new Set(['partly', 'unsupported']); // verdicts the page warns about
-
-// The stream's `grounding` as kept with a message; null when it is not one.
-export function groundingOf(g) {
-  if (!g || !VERDICTS.has(g.verdict)) return null;
-  const list = (a) => (Array.isArray(a) ? a.slice(0, 50) : []);
-  return {
-    verdict: g.verdict,
-    unsupported: list(g.unsupported).filter((w) => typeof w === 'string' && w.trim()).map((w) => w.slice(0, 100)),
-    dropped: list(g.dropped).filter(Number.isInteger),
-  };
-}
+// The figures and names a library answer's check found in no source (its `grounding`'s
+// `unsupported`), marked in the answer's rendered text: in the DOM's text nodes, after Markdown
+// and DOMPurify, so nothing the server sent becomes markup. Loaded by messages.js with the
+// first answer that has one (the page's weight).
 
 const escape = (w) => w.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 

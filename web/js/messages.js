@@ -1,11 +1,11 @@
 // The conversation on screen: messages, their notes and wait labels, which buttons are
 // live; editing an earlier message; when Enter sends.
 import { chipText } from './attach.js';
-import { DOUBTFUL, markUnsupported } from './ground.js';
 import { button, el, els, page } from './page.js';
 import { renderMarkdown, renderPlain } from './render.js';
 
 export const views = new WeakMap(); // message -> its elements, for the chat on screen
+let ground = null; // js/ground.js, loaded with the first answer that has a figure to mark
 let stick = true; // follow the bottom of the log while streaming
 els.log.addEventListener('scroll', () => {
   stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
@@ -45,7 +45,10 @@ export function update(m, final) {
   else renderMarkdown(v.text, m.content, final);
   const g = m.grounding;
   if (m.sources && m.sources.length) cite(v.text, m.sources, g ? g.dropped : []);
-  if (g && g.unsupported.length) markUnsupported(v.text, g.unsupported);
+  if (g && g.unsupported.length) {
+    if (ground) ground.markUnsupported(v.text, g.unsupported);
+    else import('./ground.js').then((mod) => { ground = mod; update(m, !m.pending); });
+  }
   if (v.shown !== m.sources) { // built again only when they change: an open passage stays open while the answer grows
     v.shown = m.sources;
     if (v.sources) v.sources.remove();
@@ -54,7 +57,7 @@ export function update(m, final) {
   }
   const notes = [];
   if (m.dropped) notes.push(['note', `${m.dropped} earlier message${m.dropped === 1 ? ' was' : 's were'} left out to fit the model's context.`]);
-  if (g && DOUBTFUL.has(g.verdict)) notes.push(['warn', "Some figures in this answer are not in the library's sources."]);
+  if (g && ['partly', 'unsupported'].includes(g.verdict)) notes.push(['warn', "Some figures in this answer are not in the library's sources."]);
   if (m.note) notes.push(['note', `(${m.note})`]);
   if (m.error) notes.push(['error', m.error]);
   v.notes.replaceChildren(...notes.map(([cls, t]) => el('p', cls, t)));
@@ -74,6 +77,13 @@ export const sourcesOf = (list) => (Array.isArray(list) ? list : [])
     page: Number.isInteger(s.page) ? s.page : null, text: String(s.text || '').slice(0, 8000),
     ...(typeof s.used === 'boolean' ? { used: s.used, support: s.support ? String(s.support).slice(0, 2000) : null } : {}) }))
   .sort((a, b) => (a.used === false) - (b.used === false));
+// The stream's `grounding` (the answer checked against its sources) as kept with it; null: not one.
+export function groundingOf(g) {
+  if (!g || !['supported', 'partly', 'unsupported', 'not_in_library'].includes(g.verdict)) return null;
+  const list = (a, ok) => (Array.isArray(a) ? a.slice(0, 50).filter(ok) : []);
+  return { verdict: g.verdict, dropped: list(g.dropped, Number.isInteger),
+    unsupported: list(g.unsupported, (w) => typeof w === 'string' && w.trim()).map((w) => w.slice(0, 100)) };
+}
 const where = (s) => `${s.title}${s.page != null ? `, p. ${s.page}` : ''}`;
 
 // "Sources:" and each one a <details>: [n], the sentence that supports the answer, title,
