@@ -89,11 +89,11 @@ def opened(page_of: Any, live: Live) -> Any:
     return p
 
 
-def ask(p: Any, text: str) -> Any:
+def ask(p: Any, text: str, max_tokens: int = 48) -> Any:
     """Greedy, short, from the library: the question sent, its answer's article once complete."""
     p.click("#open-settings")
     p.fill("#temperature", "0")
-    p.fill("#max-tokens", "48")
+    p.fill("#max-tokens", str(max_tokens))
     p.click("#settings button[value=close]")
     p.wait_for_selector("#library-row:not([hidden])")
     p.check("#library")
@@ -149,7 +149,7 @@ def test_a_figure_in_no_source_is_marked(live: Live, page_of: Any,
 
     p = opened(page_of, live)
     p.route("**/v1/chat/completions", replay)
-    answer = ask(p, ASKED)
+    answer = ask(p, ASKED, max_tokens=200)  # the scripted reply whole (its tokens are characters)
     # The premise: the server's check of the scripted reply, as the page received it.
     end = [json.loads(x[6:]) for x in answers[0]["text"].splitlines() if x.startswith("data: {")]
     grounding = next(e["grounding"] for e in end if "grounding" in e)
@@ -175,7 +175,7 @@ LAST = "[...document.querySelectorAll('article.assistant')].pop()"
 SNAPSHOT = f"""() => {{
   const a = {LAST}, md = a.querySelector('.md');
   return {{ marks: [...md.querySelectorAll('mark.unsupported')].map((k) => [k.parentElement.tagName, k.firstChild.data]),
-    text: md.textContent, html: md.innerHTML, cites: [...md.querySelectorAll('button.cite')].map((b) => +b.dataset.cite),
+    text: md.textContent.trim(), html: md.innerHTML, cites: [...md.querySelectorAll('button.cite')].map((b) => +b.dataset.cite),
     used: [...a.querySelectorAll('.sources details:not(.unused) summary')].map((s) => s.textContent),
     unused: [...a.querySelectorAll('.sources details.unused summary')].map((s) => s.textContent),
     sources: !!a.querySelector('.sources'), notes: a.querySelector('.notes').textContent,
