@@ -127,13 +127,13 @@ def test_an_answer_shows_the_sentence_that_supports_it(live: Live, page_of: Any)
     assert unused.count() >= 1 and "Also given, not used:" in answer.locator(".sources").inner_text()
     assert all(d.get_attribute("open") is None for d in unused.all())
     assert answer.locator("mark.unsupported").count() == 0 and NOTICE not in answer.inner_text()
-    shown = used.locator("q.support").inner_text()
+    shown = used.locator("q.support").text_content()
     assert f"“{shown}”" in markdown_export(p)
 
     p.reload()  # kept with the message: the same after a reload
     p.wait_for_selector("html[data-ready='1']")
     p.wait_for_selector("article.assistant .sources q.support")
-    assert p.locator("article.assistant .sources details:not(.unused) q.support").inner_text() == shown
+    assert p.locator("article.assistant .sources details:not(.unused) q.support").text_content() == shown
 
 
 def test_a_figure_in_no_source_is_marked(live: Live, page_of: Any,

@@ -187,7 +187,7 @@ def test_office_library_answers_with_sources_and_keeps_private_documents_private
         .then(c => c.meta.library === true && c.messages.length === 2 && c.messages[1].meta.sources
               && c.messages[1].meta.grounding ? c : null)""",
                                   polling=250, timeout=10_000).json_value()
-    supports = sources.locator("q.support").all_inner_texts()
+    supports = sources.locator("q.support").evaluate_all("qs => qs.map(q => q.textContent)")
     assert supports == [s["support"] for s in saved["messages"][1]["meta"]["sources"] if s.get("support")]
     assert [s["n"] for s in saved["messages"][1]["meta"]["sources"]] == [int(c[1:c.index("]")]) for c in cited]
     ann.reload()
@@ -195,7 +195,7 @@ def test_office_library_answers_with_sources_and_keeps_private_documents_private
     ann.wait_for_selector("article.assistant .sources")
     assert ann.is_checked("#library")
     assert ann.locator("article.assistant .sources summary").all_inner_texts() == cited
-    assert ann.locator("article.assistant .sources q.support").all_inner_texts() == supports
+    assert ann.locator("article.assistant .sources q.support").evaluate_all("qs => qs.map(q => q.textContent)") == supports
 
     # Ben deletes his document: it is gone from his list and his library.
     ben.click("#open-settings")
