@@ -180,17 +180,22 @@ def test_office_library_answers_with_sources_and_keeps_private_documents_private
     assert ben_doc not in {d["id"] for d in hers} and len(hers) == 2
     assert all(d["scope"] == "office" for d in hers)
 
-    # After a reload the chat keeps its switch and its answer's sources (once the answer is saved on the box).
+    # After a reload the chat keeps its switch and its answer's sources (once the answer is saved on the box:
+    # with its check, which comes at the end; a save while it streamed has the sources unchecked).
     saved = ann.wait_for_function("""() => import('./static/js/api.js').then(api => api.apiFetch(
         `v1/chats/${document.querySelector('.chat-item').dataset.id}`)).then(r => r.json())
-        .then(c => c.meta.library === true && c.messages.length === 2 && c.messages[1].meta.sources ? c : null)""",
+        .then(c => c.meta.library === true && c.messages.length === 2 && c.messages[1].meta.sources
+              && c.messages[1].meta.grounding ? c : null)""",
                                   polling=250, timeout=10_000).json_value()
+    supports = sources.locator("q.support").evaluate_all("qs => qs.map(q => q.textContent)")
+    assert supports == [s["support"] for s in saved["messages"][1]["meta"]["sources"] if s.get("support")]
     assert [s["n"] for s in saved["messages"][1]["meta"]["sources"]] == [int(c[1:c.index("]")]) for c in cited]
     ann.reload()
     ann.wait_for_selector("html[data-ready='1']")
     ann.wait_for_selector("article.assistant .sources")
     assert ann.is_checked("#library")
     assert ann.locator("article.assistant .sources summary").all_inner_texts() == cited
+    assert ann.locator("article.assistant .sources q.support").evaluate_all("qs => qs.map(q => q.textContent)") == supports
 
     # Ben deletes his document: it is gone from his list and his library.
     ben.click("#open-settings")

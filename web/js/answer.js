@@ -2,7 +2,7 @@
 // (stream.js), painted as it grows, then settled (stats, notes, saved).
 import { renderList, save, touch } from './chats.js';
 import { checkHealth } from './health.js';
-import { addMessage, clearWait, label, renderMessages, scrollDown, sourcesOf, update, updateControls, views } from './messages.js';
+import { addMessage, clearWait, groundingOf, label, renderMessages, scrollDown, sourcesOf, update, updateControls, views } from './messages.js';
 import { els, finePointer, page, say } from './page.js';
 import { Shown, openAnswer, requestBody } from './request.js';
 import { readAnswer } from './stream.js';
@@ -82,6 +82,7 @@ function take(r, e) {
   else if (e.type === 'usage') r.usage = e.usage;
   else if (e.type === 'dropped') bot.dropped = e.count;
   else if (e.type === 'sources') { bot.sources = sourcesOf(e.sources); schedulePaint(r); }
+  else if (e.type === 'grounding') bot.grounding = groundingOf(e.grounding) || undefined;
   else if (e.type === 'error') bot.error = `The server stopped this answer${e.message ? `: ${e.message}` : '.'}`;
 }
 

@@ -21,12 +21,19 @@ export function toJSON(chat) {
   }, null, 2);
 }
 
+// A source as the Markdown export lists it: with the sentence that supports the answer, or
+// said to be given and not used (an answer checked by the server; older ones: title and page).
+const source = (s) => `[${s.n}] ${s.title}${s.page != null ? `, p. ${s.page}` : ''}`
+  + (s.support ? `: “${s.support}”` : s.used === false ? ' (also given, not used)' : '');
+
 export function toMarkdown(chat) {
   const parts = [`# ${chat.title}`, ''];
   for (const m of chat.messages) {
     if (!m.content && !m.files) continue;
     parts.push(m.role === 'user' ? '**You:**' : '**Assistant:**', '', m.files ? withFiles(m.files, m.content) : m.content, '');
-    if (m.sources && m.sources.length) parts.push('Sources:  \n' + m.sources.map((s) => `[${s.n}] ${s.title}${s.page != null ? `, p. ${s.page}` : ''}`).join('  \n'), '');
+    if (m.sources && m.sources.length) parts.push('Sources:  \n' + m.sources.map(source).join('  \n'), '');
+    const g = m.grounding;
+    if (g && g.unsupported.length) parts.push(`Not in the library's sources: ${g.unsupported.join(', ')}`, '');
   }
   return parts.join('\n');
 }

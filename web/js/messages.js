@@ -5,6 +5,7 @@ import { button, el, els, page } from './page.js';
 import { renderMarkdown, renderPlain } from './render.js';
 
 export const views = new WeakMap(); // message -> its elements, for the chat on screen
+let ground = null; // js/ground.js, loaded with the first answer that has a figure to mark
 let stick = true; // follow the bottom of the log while streaming
 els.log.addEventListener('scroll', () => {
   stick = els.log.scrollHeight - els.log.scrollTop - els.log.clientHeight < 40;
@@ -42,7 +43,12 @@ export function update(m, final) {
   if (!v) return;
   if (m.role === 'user') renderPlain(v.text, m.content);
   else renderMarkdown(v.text, m.content, final);
-  if (m.sources && m.sources.length) cite(v.text, m.sources);
+  const g = m.grounding;
+  if (m.sources && m.sources.length) cite(v.text, m.sources, g ? g.dropped : []);
+  if (g && g.unsupported.length) {
+    if (ground) ground.markUnsupported(v.text, g.unsupported);
+    else import('./ground.js').then((mod) => { ground = mod; update(m, !m.pending); });
+  }
   if (v.shown !== m.sources) { // built again only when they change: an open passage stays open while the answer grows
     v.shown = m.sources;
     if (v.sources) v.sources.remove();
@@ -51,6 +57,7 @@ export function update(m, final) {
   }
   const notes = [];
   if (m.dropped) notes.push(['note', `${m.dropped} earlier message${m.dropped === 1 ? ' was' : 's were'} left out to fit the model's context.`]);
+  if (g && ['partly', 'unsupported'].includes(g.verdict)) notes.push(['warn', "Some figures in this answer are not in the library's sources."]);
   if (m.note) notes.push(['note', `(${m.note})`]);
   if (m.error) notes.push(['error', m.error]);
   v.notes.replaceChildren(...notes.map(([cls, t]) => el('p', cls, t)));
@@ -63,46 +70,67 @@ export function update(m, final) {
 }
 
 // The library's passages an answer was given (the stream's `sources`), as kept with it.
+// Checked at the answer's end (each `used`, its `support`): kept in the order shown, used first.
 export const sourcesOf = (list) => (Array.isArray(list) ? list : [])
   .filter((s) => s && Number.isInteger(s.n) && typeof s.title === 'string')
   .map((s) => ({ n: s.n, document: String(s.document || ''), title: s.title.slice(0, 300),
-    page: Number.isInteger(s.page) ? s.page : null, text: String(s.text || '').slice(0, 8000) }));
+    page: Number.isInteger(s.page) ? s.page : null, text: String(s.text || '').slice(0, 8000),
+    ...(typeof s.used === 'boolean' ? { used: s.used, support: s.support ? String(s.support).slice(0, 2000) : null } : {}) }))
+  .sort((a, b) => (a.used === false) - (b.used === false));
+// The stream's `grounding` (the answer checked against its sources) as kept with it; null: not one.
+export function groundingOf(g) {
+  if (!g || !['supported', 'partly', 'unsupported', 'not_in_library'].includes(g.verdict)) return null;
+  const list = (a, ok) => (Array.isArray(a) ? a.slice(0, 50).filter(ok) : []);
+  return { verdict: g.verdict, dropped: list(g.dropped, Number.isInteger),
+    unsupported: list(g.unsupported, (w) => typeof w === 'string' && w.trim()).map((w) => w.slice(0, 100)) };
+}
 const where = (s) => `${s.title}${s.page != null ? `, p. ${s.page}` : ''}`;
 
-// "Sources:" and each one a <details>: [n] title, page; opened, the passage. Text only.
+// "Sources:" and each one a <details>: [n], the sentence that supports the answer, title,
+// page; opened, the passage. The ones given but not used apart, after them. Text only.
 function sourceList(list) {
   const box = el('div', 'sources');
   box.setAttribute('role', 'group');
   box.setAttribute('aria-label', 'Sources');
-  box.append(el('p', 'small muted', 'Sources:'));
+  if (list.some((s) => s.used !== false)) box.append(el('p', 'small muted', 'Sources:'));
+  let apart = false;
   for (const s of list) {
-    const d = el('details');
+    if (s.used === false && !apart) { apart = true; box.append(el('p', 'small muted', 'Also given, not used:')); }
+    const d = el('details', s.used === false ? 'unused' : null);
     d.dataset.n = s.n;
-    d.append(el('summary', null, `[${s.n}] ${where(s)}`), el('blockquote', null, s.text));
+    const sum = el('summary', null, `[${s.n}] `);
+    if (s.support) sum.append(el('q', 'support', s.support), ' — ');
+    sum.append(where(s));
+    d.append(sum, el('blockquote', null, s.text));
     box.append(d);
   }
   return box;
 }
 
 // [n] (or [1, 2]) in the rendered answer, outside code and links, becomes a button per
-// source that opens it; a number no source has stays text. Runs after sanitizing.
-function cite(root, list) {
+// source the answer used that opens it; a [n] the server dropped (its passage does not
+// support the sentence) is left out; a number no source has stays text. Runs after sanitizing.
+function cite(root, list, dropped) {
   const byN = new Map(list.map((s) => [s.n, s]));
+  const gone = new Set(dropped);
   const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
   const hits = [];
   for (let t; (t = walk.nextNode());) if (/\[\d/.test(t.data) && !t.parentElement.closest('pre, code, a')) hits.push(t);
   for (const t of hits) {
-    t.replaceWith(...t.data.split(/(\[\d{1,3}(?:,\s*\d{1,3})*\])/).flatMap((part, i) => {
+    t.replaceWith(...t.data.split(/(\s?\[\d{1,3}(?:[,，]\s*\d{1,3})*\])/).flatMap((part, i) => {
       const ns = i % 2 ? part.match(/\d+/g).map(Number) : [];
       if (!ns.length || !ns.every((n) => byN.has(n))) return [part];
-      return ns.map((n) => {
-        const b = button(`[${n}]`, 'cite', `Source ${n}: ${where(byN.get(n))}`);
-        b.className = 'cite';
-        b.dataset.cite = n;
-        return b;
-      });
+      const kept = ns.filter((n) => !gone.has(n));
+      return kept.length ? [part.slice(0, part.indexOf('[')), ...kept.map((n) => citeButton(byN.get(n)))] : [];
     }));
   }
+}
+function citeButton(s) {
+  if (s.used === false) return `[${s.n}]`;
+  const b = button(`[${s.n}]`, 'cite', `Source ${s.n}: ${where(s)}`);
+  b.className = 'cite';
+  b.dataset.cite = s.n;
+  return b;
 }
 els.messages.addEventListener('click', (e) => {
   const b = e.target.closest('button.cite');

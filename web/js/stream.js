@@ -50,7 +50,9 @@ function parseQueueNote(text) {
 //   {type: 'queue', position, eta}  a ': queued N eta S' or ': busy' note (null fields when absent)
 //   {type: 'prompt', done, total}   a ': prompt N/M' note: N of the prompt's M tokens computed
 //   {type: 'dropped', count}        earlier messages were left out to fit the context
-//   {type: 'sources', sources}      the library's passages the answer may cite as [n] (first chunk)
+//   {type: 'sources', sources}      the library's passages the answer may cite as [n] (first chunk; again
+//                                   in the last, each with `used` and `support`)
+//   {type: 'grounding', grounding}  the answer checked against them (last chunk): verdict, unsupported, dropped
 //   {type: 'delta', text}           the next piece of the answer
 //   {type: 'finish', reason}        why the answer ended ('stop', 'length', ...)
 //   {type: 'usage', usage}          the token counts, as the server sent them
@@ -74,7 +76,7 @@ export function readAnswer(body, onEvent) {
   });
 }
 
-// One chunk's events: dropped, sources, delta, finish, usage (each only when present).
+// One chunk's events: dropped, sources, delta, grounding, finish, usage (each only when present).
 function chunkEvents(j) {
   const out = [];
   if (j.dropped_messages > 0) out.push({ type: 'dropped', count: j.dropped_messages });
@@ -82,6 +84,7 @@ function chunkEvents(j) {
   const choice = j.choices && j.choices[0];
   const delta = choice && choice.delta && choice.delta.content;
   if (delta) out.push({ type: 'delta', text: delta });
+  if (j.grounding) out.push({ type: 'grounding', grounding: j.grounding });
   if (choice && choice.finish_reason) out.push({ type: 'finish', reason: choice.finish_reason });
   if (j.usage) out.push({ type: 'usage', usage: j.usage });
   return out;
