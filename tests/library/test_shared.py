@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from helpers.documents import pdf_bytes
+from helpers.library import HANDBOOK, FakeEmbedder, wait_ready
 from helpers.postgres import fresh_database
-from test_library import HANDBOOK, FakeEmbedder, wait_ready
 
 from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, Unavailable
