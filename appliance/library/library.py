@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.sync import Publish, Sync
 from appliance.library.vectors import Vectors
+from appliance.workers import Worker
 
 log = logging.getLogger(__name__)
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009): a rank counts 1 / (60 + rank)
@@ -87,6 +89,10 @@ class Library:
         if self.shared is not None:
             self.shared.close()
         self.store.close()
+
+    def workers(self) -> list[Worker[Any]]:
+        """Its background threads, for /admin/status: the indexer, and with database_url the sync."""
+        return [self.indexer, *([self.sync] if self.sync is not None else [])]
 
     # -- documents ----------------------------------------------------------------------
     def documents(self, scopes: list[str]) -> list[DocRow]:

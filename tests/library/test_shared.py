@@ -240,3 +240,18 @@ def test_the_sync_thread_compares_at_start_and_takes_changes_when_asked(tmp_path
     finally:
         b.stop()
         a.stop()
+
+
+def test_a_file_that_fails_to_embed_is_failed_on_every_box(boxes: tuple[Box, Box]) -> None:
+    a, b = boxes
+
+    def broken(texts: list[str]) -> object:
+        raise RuntimeError("the embedding model fell over")
+
+    a.lib.indexer.embed = broken  # type: ignore[assignment]
+    doc = a.add(OFFICE, "bad.txt", "Nothing to see.")
+    wait_ready(a.lib, doc)
+    b.sync()
+    row = b.lib.store.doc(doc)
+    assert row is not None and row.status == "failed" and row.error == "indexing failed; see the server log"
+    assert [w.name for w in b.lib.workers()] == ["library-indexer", "library-sync"]
