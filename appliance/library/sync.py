@@ -37,6 +37,7 @@ class Sync(Worker[bool]):
         self.whole = True  # the next round compares everything (at start, and until that has worked once)
         self.rounds = 0
         self.synced = threading.Condition()
+        self.trouble = ""  # the last round's failure ("" once one works)
 
     def start(self) -> None:
         super().start()
@@ -52,14 +53,22 @@ class Sync(Worker[bool]):
     def round(self, whole: bool = False) -> int:
         """One round; the documents it copied or forgot."""
         try:
-            return self.reconcile() if whole or self.whole else self.catch_up()
-        except StoreError as e:  # PostgreSQL away (one journal line per outage) or the disk: next tick
-            log.debug("library: sync waits: %s", e)
-            return 0
+            done = self.reconcile() if whole or self.whole else self.catch_up()
+            if self.trouble:
+                log.warning("library: PostgreSQL's library is taken again")
+            self.trouble = ""
+            return done
+        except StoreError as e:  # PostgreSQL away or the disk: one journal line an outage, and the next tick
+            if not self.trouble:
+                log.error("library: %s; this box searches the copy it has, and takes no document", e)
+            self.trouble = str(e)
+        except Exception:  # a fault of one round never ends the thread
+            log.exception("library: a sync round failed")
         finally:
             with self.synced:
                 self.rounds += 1
                 self.synced.notify_all()
+        return 0
 
     def catch_up(self) -> int:
         changes = self.shared.changes(self.store.seen())

@@ -40,14 +40,14 @@ def engine_busy(engine: Engine) -> bool:
     return snap.running > 0 or bool(snap.waiting)
 
 
-def shared_library(cfg: Config) -> SharedLibrary | None:
+def shared_library(database_url: str) -> SharedLibrary | None:
     """The library's tables on PostgreSQL (database_url), connected when first used."""
-    if not cfg.database_url:
+    if not database_url:
         return None
 
     def connect() -> Database:
         from appliance.store.postgres import PgDatabase  # psycopg only where it is asked for
-        return PgDatabase(cfg.database_url, (MIGRATIONS,), NAMING)
+        return PgDatabase(database_url, (MIGRATIONS,), NAMING)
     return SharedLibrary(connect)
 
 
@@ -67,5 +67,5 @@ def build_library(cfg: Config, engine: Engine) -> tuple[Library | None, EmbedSer
     limits = LibraryLimits(budget_tokens=cfg.library_budget_tokens)
     library = Library(store, library_reader(cfg), service.embed, service.embed_sync, limits,
                       unknown_share=service.unknown_share, busy=lambda: engine_busy(engine),
-                      shared=shared_library(cfg), sync_s=cfg.library_sync_s)
+                      shared=shared_library(cfg.database_url), sync_s=cfg.library_sync_s)
     return library, service
