@@ -194,8 +194,8 @@ class Config:
         "state_dir/people.sqlite3)", _one_of("open", "people")))
     database_url: str = field(default="", metadata=_opt(
         "PostgreSQL for several boxes behind one nginx, e.g. postgresql://appliance@db.office/appliance (a "
-        "password from ~/.pgpass or PGPASSWORD): people, keys, chats and the usage table (so quotas count "
-        "every box) are shared; empty = SQLite in state_dir"))
+        "password from ~/.pgpass or PGPASSWORD): people, keys, chats, the usage table (so quotas count "
+        "every box) and the library are shared; empty = SQLite in state_dir"))
     signin_header: str = field(default="", metadata=_opt(
         "people mode behind a proxy that signs people in itself (oauth2-proxy, Authelia): the header naming "
         "the person, e.g. X-Forwarded-User, believed from trusted_proxies only; empty = off (every proxy in "
