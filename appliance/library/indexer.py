@@ -58,9 +58,12 @@ class Indexer(Worker[str]):
         self.paused_s = 0.0  # time spent pausing for the chats (tests and the bench read it)
         self.busy = threading.Event()  # set while a document is being embedded (tests wait on it)
 
-    def start(self) -> None:
+    def start(self, resume: bool = True) -> None:
+        """resume: take up what a restart interrupted now (with database_url, the sync does
+        once it has compared this box's copy with PostgreSQL's: what finished elsewhere
+        meanwhile is not embedded again)."""
         super().start()
-        for doc in self.store.pending():  # what a restart interrupted
+        for doc in self.store.pending() if resume else ():  # what a restart interrupted
             self.submit(doc)
 
     def submit(self, doc: str, weight: int = 1) -> None:

@@ -71,16 +71,17 @@ class Library:
         self.shared = shared
         self.indexer = Indexer(store, self.vectors, embed_background, busy,
                                publish=Publish(store, shared) if shared is not None else None)
-        self.sync = Sync(store, shared, self.vectors, self.indexer.load, sync_s) if shared is not None else None
+        self.sync = Sync(store, shared, self.vectors, self.indexer.load, sync_s,
+                         resume=self.indexer.submit) if shared is not None else None
         self._embed = embed
         self._unknown_share = unknown_share
         self._clock = clock
 
     def start(self) -> None:
         self.vectors.load(self.store.vectors())
+        self.indexer.start(resume=self.sync is None)
         if self.sync is not None:
             self.sync.start()  # its first round compares the cache with PostgreSQL, in the background
-        self.indexer.start()
 
     def stop(self) -> None:
         if self.sync is not None:

@@ -31,9 +31,13 @@ class Sync(Worker[bool]):
     after each round (tests wait on it)."""
 
     def __init__(self, store: LibraryStore, shared: SharedLibrary, vectors: Vectors, load: Callable[[str], None],
-                 every: float) -> None:
+                 every: float, resume: Callable[[str], None] = lambda doc: None) -> None:
         super().__init__("library-sync", every=every)
         self.store, self.shared, self.vectors, self.load = store, shared, vectors, load
+        # After the first comparison, the indexer takes up what this box had left unembedded
+        # and no box has finished since (what another box is embedding now is left to it).
+        self.resume = resume
+        self.first = True
         self.whole = True  # the next round compares everything (at start, and until that has worked once)
         self.rounds = 0
         self.synced = threading.Condition()
@@ -81,11 +85,14 @@ class Sync(Worker[bool]):
         """Every document against PostgreSQL's list: a box's own from before database_url
         (no generation) is left alone."""
         last = self.shared.last()  # first: a change made while this round runs is taken by the next
+        left = set(self.store.pending()) if self.first else set()
         theirs, mine = self.shared.states(), self.store.mirrored()
         done = sum(self.forget(doc) for doc in mine.keys() - theirs.keys())
         done += sum(self.mirror(doc) for doc, state in theirs.items() if mine.get(doc) != state)
         self.store.set_seen(last)
-        self.whole = False
+        for doc in left & set(self.store.pending()):
+            self.resume(doc)
+        self.whole = self.first = False
         return done
 
     def mirror(self, doc: str) -> bool:

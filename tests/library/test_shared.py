@@ -48,7 +48,7 @@ class Box:
         self.lib = Library(LibraryStore(state, cache=True), DocumentReader(), self.fake.embed, self.fake.embed_sync,
                            limits, clock=lambda: 1000.0, shared=shared, sync_s=3600)
         self.lib.vectors.load(self.lib.store.vectors())
-        self.lib.indexer.start()
+        self.lib.indexer.start(resume=False)  # as Library.start with database_url: the first sync round resumes
 
     def add(self, scope: str, name: str, text: str) -> str:
         return asyncio.run(self.lib.add(scope, "op", name, "text/plain", text.encode())).id
@@ -255,3 +255,43 @@ def test_a_file_that_fails_to_embed_is_failed_on_every_box(boxes: tuple[Box, Box
     row = b.lib.store.doc(doc)
     assert row is not None and row.status == "failed" and row.error == "indexing failed; see the server log"
     assert [w.name for w in b.lib.workers()] == ["library-indexer", "library-sync"]
+
+
+def started(state: Path, shared: SharedLibrary) -> tuple[Library, FakeEmbedder]:
+    """A box started again on its file, its first sync round done."""
+    fake = FakeEmbedder()
+    lib = Library(LibraryStore(state, cache=True), DocumentReader(), fake.embed, fake.embed_sync,
+                  shared=shared, sync_s=3600)
+    lib.start()
+    sync = lib.sync
+    assert sync is not None
+    with sync.synced:
+        assert sync.synced.wait_for(lambda: sync.rounds >= 1, timeout=30)
+    return lib, fake
+
+
+def test_a_box_started_again_embeds_only_what_it_left_and_no_box_finished(tmp_path: Path,
+                                                                         shared: SharedLibrary) -> None:
+    a, b = Box(tmp_path / "a", shared), Box(tmp_path / "b", shared)
+    a.fake.gate.clear()
+    finished = a.add(OFFICE, "one.txt", "The printer code is 4711.")
+    b.sync()
+    b.stop()  # box B holds it "indexing"
+    a.fake.gate.set()
+    wait_ready(a.lib, finished)
+    a.lib.indexer.stop()  # box A stops before it embeds the next one
+    left = a.add(OFFICE, "two.txt", "The fridge is cleaned on Fridays.")
+    a.lib.store.close()
+    b2, b_fake = started(tmp_path / "b", shared)
+    try:
+        ready, waiting = b2.store.doc(finished), b2.store.doc(left)
+        assert ready is not None and ready.status == "ready" and b_fake.calls == 0  # box A's embeddings
+        assert waiting is not None and waiting.status == "indexing"  # box A's to finish
+        a2, a_fake = started(tmp_path / "a", shared)
+        try:
+            wait_ready(a2, left)
+            assert a_fake.calls == 1 and shared.states()[left][1] == "ready"
+        finally:
+            a2.stop()
+    finally:
+        b2.stop()
