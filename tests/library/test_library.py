@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.documents import pdf_bytes
-from helpers.library import HANDBOOK, FakeEmbedder, fake_vectors, wait_ready
+from helpers.embedding import HANDBOOK, FakeEmbedder, fake_vectors, wait_ready
 
 from appliance.documents.document import Document
 from appliance.documents.reader import DocumentReader

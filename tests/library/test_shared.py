@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.documents import pdf_bytes
-from helpers.library import HANDBOOK, FakeEmbedder, wait_ready
+from helpers.embedding import HANDBOOK, FakeEmbedder, wait_ready
 from helpers.postgres import fresh_database
 
 from appliance.documents.reader import DocumentReader

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.documents import pdf_bytes
-from helpers.library import HANDBOOK
+from helpers.embedding import HANDBOOK
 from helpers.live import Live
 from helpers.nginx import NGINX, Nginx, two_boxes
 from helpers.polling import wait_until
