@@ -231,8 +231,7 @@ class Config:
     library_budget_tokens: int = field(default=700, metadata=_opt(
         "tokens of library passages a chat is given at most (at most 4 passages)", _positive))
     library_sync_s: float = field(default=2.0, metadata=_opt(
-        "with database_url: how often a box takes the library's changes made on other boxes, s (a document "
-        "added on one box is searched on the others this much later)", _positive))
+        "with database_url: how often a box takes the documents added or deleted on the others, s", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(
         "a connection must deliver a request's headers and body within this, s", _positive))
     response_stall_s: float = field(default=120.0, metadata=_opt(
