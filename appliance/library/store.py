@@ -4,7 +4,8 @@ Words are searched with FTS5, in one table per scope (the office's, and each per
 so that one person's documents never weigh in another's ranking: bm25's word weights are
 counted per table. Each scope has two: its words by their stem (terms_*: policy finds
 policies) and as written (exact_*: AED, A4, VPN, which the porter stemmer cuts to "a" or
-would let a plural match)."""
+would let a plural match). With database_url the file is the box's copy of the library
+PostgreSQL holds (shared.py), kept by sync.py: searched here, changed there first."""
 
 from __future__ import annotations
 

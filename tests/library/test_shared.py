@@ -295,3 +295,25 @@ def test_a_box_started_again_embeds_only_what_it_left_and_no_box_finished(tmp_pa
             a2.stop()
     finally:
         b2.stop()
+
+
+def test_a_box_whose_postgresql_is_away_at_start_searches_its_copy(tmp_path: Path) -> None:
+    from helpers.live import free_port
+
+    from appliance.store.postgres import PgDatabase  # psycopg only where it is asked for
+
+    before = Library(LibraryStore(tmp_path), DocumentReader(), FakeEmbedder().embed, FakeEmbedder().embed_sync)
+    before.start()
+    doc = asyncio.run(before.add(OFFICE, "op", "faq.txt", "text/plain", b"The wifi password is on the fridge.")).id
+    wait_ready(before, doc)
+    before.stop()
+    url = f"postgresql://appliance@127.0.0.1:{free_port()}/appliance"  # nobody listens there
+    box, _ = started(tmp_path, SharedLibrary(lambda: PgDatabase(url, (MIGRATIONS,), NAMING)))
+    try:
+        assert box.sync is not None and "cannot be opened" in box.sync.trouble and box.sync.whole
+        assert [f.doc for f in asyncio.run(box.search([OFFICE], "wifi password"))] == [doc]
+        with pytest.raises(Unavailable) as refused:
+            asyncio.run(box.add(OFFICE, "op", "b.txt", "text/plain", b"more"))
+        assert refused.value.status == 503 and refused.value.code == "library_unavailable"
+    finally:
+        box.stop()
