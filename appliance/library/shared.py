@@ -54,7 +54,7 @@ class Copy:
     vecs: list[bytes | None]
 
 
-def _bump(tx: Tx, doc: str) -> int:
+def bump(tx: Tx, doc: str) -> int:
     """The next change number, for `doc`. Every write takes it first: the counter's row lock
     then orders it after every write that took one before (and what it reads next is theirs)."""
     r = tx.one("UPDATE library_counter SET n = n + 1 RETURNING n")
@@ -94,7 +94,7 @@ class SharedLibrary:
         """A new document (replace: the same id's new file) waiting for its embeddings, the
         scope's room checked in the same transaction; its generation."""
         def put(tx: Tx) -> int:
-            gen = _bump(tx, row.id)
+            gen = bump(tx, row.id)
             check_room(tx, row, len(passages), room, DOCS)
             if replace:
                 tx.run(f"DELETE FROM {DOCS} WHERE id = ?", (row.id,))  # its passages with it
@@ -109,7 +109,7 @@ class SharedLibrary:
 
     def delete(self, doc: str) -> None:
         def drop(tx: Tx) -> None:
-            _bump(tx, doc)
+            bump(tx, doc)
             tx.run(f"DELETE FROM {DOCS} WHERE id = ?", (doc,))
         self.db.write(drop)
 
@@ -124,7 +124,7 @@ class SharedLibrary:
         every passage has one. False: the document was replaced or deleted meanwhile (that
         change is the truth, and these embeddings are of a file no longer there)."""
         def put(tx: Tx) -> bool:
-            _bump(tx, doc)
+            bump(tx, doc)
             if tx.one(f"SELECT 1 FROM {DOCS} WHERE id = ? AND gen = ?", (doc, gen)) is None:
                 return False
             for seq, vec in vecs:
@@ -138,7 +138,7 @@ class SharedLibrary:
     def finish(self, doc: str, gen: int, status: str, error: str | None) -> None:
         """Generation `gen`'s end other than ready (its file failed to embed)."""
         def put(tx: Tx) -> None:
-            _bump(tx, doc)
+            bump(tx, doc)
             tx.run(f"UPDATE {DOCS} SET status = ?, error = ? WHERE id = ? AND gen = ?", (status, error, doc, gen))
         self.db.write(put)
 

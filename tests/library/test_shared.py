@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers.documents import pdf_bytes
 from helpers.embedding import HANDBOOK, FakeEmbedder, wait_ready
+from helpers.polling import wait_until
 from helpers.postgres import fresh_database
 
 from appliance.documents.reader import DocumentReader
 from appliance.errors import Conflict, Unavailable
 from appliance.library.library import Library, LibraryLimits
-from appliance.library.shared import MIGRATIONS, SharedLibrary
+from appliance.library.shared import MIGRATIONS, SharedLibrary, bump
 from appliance.library.store import FILE_NAME, NAMING, OFFICE, LibraryStore, person_scope
-from appliance.store.database import Database
+from appliance.store.database import Database, Tx
 from appliance.store.sqlite import SqliteDatabase
 
 ANN, BEN = person_scope("ann"), person_scope("ben")
@@ -317,3 +319,39 @@ def test_a_box_whose_postgresql_is_away_at_start_searches_its_copy(tmp_path: Pat
         assert refused.value.status == 503 and refused.value.code == "library_unavailable"
     finally:
         box.stop()
+
+
+def test_change_numbers_are_taken_in_the_order_they_commit(postgres: str) -> None:
+    """A box reading change n must have every change before it: a second writer waits for the
+    counter's row until the first commits (a sequence would hand out 2 while 1 is uncommitted)."""
+    import psycopg
+
+    from appliance.store.postgres import PgDatabase  # psycopg only where it is asked for
+
+    url = fresh_database(postgres, "ordered")
+    first, second, reader = (SharedLibrary(lambda: PgDatabase(url, (MIGRATIONS,), NAMING)) for _ in range(3))
+    holding, release = threading.Event(), threading.Event()
+
+    def slow(tx: Tx) -> int:
+        n = bump(tx, "lib_first")
+        holding.set()
+        release.wait(30)
+        return n
+
+    one = threading.Thread(target=lambda: first.db.write(slow))
+    one.start()
+    assert holding.wait(30)
+    two = threading.Thread(target=second.delete, args=("lib_second",))
+    two.start()
+    with psycopg.connect(url, autocommit=True) as watch:
+        def waiting() -> bool:
+            return watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone() \
+                == (1,)
+        wait_until(waiting, 30, "the second writer to wait for the counter")
+    assert reader.changes(0) == []  # nothing committed yet
+    release.set()
+    one.join(30)
+    two.join(30)
+    assert reader.changes(0) == [("lib_first", 1), ("lib_second", 2)]
+    for lib in (first, second, reader):
+        lib.close()
