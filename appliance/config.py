@@ -149,8 +149,8 @@ class Config:
         "state_dir/people.sqlite3)", _one_of("open", "people")))
     database_url: str = field(default="", metadata=_opt(
         "PostgreSQL for several boxes behind one nginx, e.g. postgresql://appliance@db.office/appliance (a "
-        "password from ~/.pgpass or PGPASSWORD): people, keys, chats and the usage table (so quotas count "
-        "every box) are shared; empty = SQLite in state_dir"))
+        "password from ~/.pgpass or PGPASSWORD): people, keys, chats, the usage table (so quotas count "
+        "every box) and the library are shared; empty = SQLite in state_dir"))
     signin_header: str = field(default="", metadata=_opt(
         "people mode behind a proxy that signs people in itself (oauth2-proxy, Authelia): the header naming "
         "the person, e.g. X-Forwarded-User, believed from trusted_proxies only; empty = off (every proxy in "
@@ -189,6 +189,8 @@ class Config:
         "a chat's question is also searched in the library's other language (English, Chinese), put into it by the "
         "chat model first, when the documents it may cite hold some in that language: a short generation before the "
         "first token (median 2.9 s measured on a busy 2-core VM; an estimated 3-4 s on a Pi 4)"))
+    library_sync_s: float = field(default=2.0, metadata=_opt(
+        "with database_url: how often a box takes the documents added or deleted on the others, s", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(
         "a connection must deliver a request's headers and body within this, s", _positive))
     response_stall_s: float = field(default=120.0, metadata=_opt(

@@ -33,7 +33,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "usage": ("usage/: counts per person and quotas", ("usage_retention_days", "quota_tokens_per_day")),
     "documents": ("documents/: reading uploaded files", (
         "document_max_mb", "document_max_pages", "document_timeout_s", "document_workers")),
-    "library": ("library/: the office library and embeddings", ("library", "library_budget_tokens", "library_translate")),
+    "library": ("library/: the office library and embeddings", (
+        "library", "library_budget_tokens", "library_translate", "library_sync_s")),
 }
 GROUP_OF: dict[str, str] = {key: group for group, (_, keys) in GROUPS.items() for key in keys}
 

@@ -118,7 +118,7 @@ class App:
         if self.embedder is not None:
             found += self.embedder.workers()
         if self.library is not None:
-            found.append(self.library.indexer)
+            found += self.library.workers()
         return [w.health() for w in found]
 
     def wait_estimate(self, position: int) -> int | None:

@@ -1,7 +1,9 @@
 """The indexer: one thread that embeds documents' passages in the background, a batch at a
 time, through the embedding service's background context, and while the chat engine
 has work, in small batches with pauses (SHARE of one core). A document becomes searchable by
-meaning when its last batch is stored; its words are searchable from the moment it is added."""
+meaning when its last batch is stored; its words are searchable from the moment it is added.
+With database_url, the embeddings go to PostgreSQL (`publish`, sync.py) before the document is
+ready here: every other box takes them from there instead of computing them again."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +32,13 @@ SHARE = 0.10
 Embed = Callable[[list[str]], np.ndarray]
 
 
+class Publisher(Protocol):
+    """Where a document's embeddings go beside this box's file (sync.Publish: PostgreSQL)."""
+
+    def ready(self, doc: str) -> None: ...
+    def failed(self, doc: str, error: str) -> None: ...
+
+
 class Indexer(Worker[str]):
     """The thread and its queue of document ids. Stopping cancels: the document being
     embedded stops at its next batch, and what waits stays "indexing" for the next start."""
@@ -36,8 +46,10 @@ class Indexer(Worker[str]):
     DRAIN = False
 
     def __init__(self, store: LibraryStore, vectors: Vectors, embed: Embed,
-                 busy: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic) -> None:
+                 busy: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic,
+                 publish: Publisher | None = None) -> None:
         super().__init__("library-indexer")
+        self.publish = publish
         self.store = store
         self.vectors = vectors
         self.embed = embed
@@ -46,9 +58,12 @@ class Indexer(Worker[str]):
         self.paused_s = 0.0  # time spent pausing for the chats (tests and the bench read it)
         self.busy = threading.Event()  # set while a document is being embedded (tests wait on it)
 
-    def start(self) -> None:
+    def start(self, resume: bool = True) -> None:
+        """resume: take up what a restart interrupted now (with database_url, the sync does
+        once it has compared this box's copy with PostgreSQL's: what finished elsewhere
+        meanwhile is not embedded again)."""
         super().start()
-        for doc in self.store.pending():  # what a restart interrupted
+        for doc in self.store.pending() if resume else ():  # what a restart interrupted
             self.submit(doc)
 
     def submit(self, doc: str, weight: int = 1) -> None:
@@ -79,6 +94,8 @@ class Indexer(Worker[str]):
         while True:
             if not self._embed_all(doc):
                 return  # deleted meanwhile, or stopping: taken up again at the next start
+            if self.publish is not None:  # PostgreSQL first: away, the document stays "indexing" till the next start
+                self.publish.ready(doc)
             if self.store.finish_if_complete(doc):
                 break
             row = self.store.doc(doc)
@@ -86,7 +103,7 @@ class Indexer(Worker[str]):
                 return
             if row.status != "indexing":
                 break  # ready already (another run finished it): load what it holds
-        self._load(doc)
+        self.load(doc)
 
     def _embed_all(self, doc: str) -> bool:
         while not self._stopping.is_set() and (batch := self.store.unembedded(doc, self._batch_size())):
@@ -103,7 +120,8 @@ class Indexer(Worker[str]):
                 self._stopping.wait(pause)
         return not self._stopping.is_set()
 
-    def _load(self, doc: str) -> None:
+    def load(self, doc: str) -> None:
+        """A ready document's embeddings, into the vectors searched."""
         row = self.store.doc(doc)
         rows = self.store.vectors(doc)  # a ready document's only
         if row is None or not rows:
@@ -120,5 +138,7 @@ class Indexer(Worker[str]):
     def _finish(self, doc: str, status: str, error: str) -> None:
         try:
             self.store.finish(doc, status, error)
+            if self.publish is not None:
+                self.publish.failed(doc, error)
         except StoreError as e:
             log.error("library: cannot mark %s %s: %s", doc, status, e)

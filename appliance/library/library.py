@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,11 @@ from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
 from appliance.library.language import SAMPLE, Lang, Languages, crossing
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, codes, estimate_tokens, html_text, split, terms
+from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
+from appliance.library.sync import Publish, Sync
 from appliance.library.vectors import Vectors
+from appliance.workers import Worker
 
 log = logging.getLogger(__name__)
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009): a rank counts 1 / (60 + rank)
@@ -68,12 +72,18 @@ class Library:
                  embed_background: Callable[[list[str]], np.ndarray],
                  limits: LibraryLimits | None = None, clock: Callable[[], float] = time.time,
                  unknown_share: Callable[[str], float] = lambda text: 0.0,
-                 busy: Callable[[], bool] = lambda: False) -> None:
+                 busy: Callable[[], bool] = lambda: False, shared: SharedLibrary | None = None,
+                 sync_s: float = 2.0) -> None:
         self.store = store
         self.reader = reader
         self.limits = limits or LibraryLimits()
         self.vectors = Vectors()
-        self.indexer = Indexer(store, self.vectors, embed_background, busy)
+        # shared (database_url): PostgreSQL holds the library, `store` is this box's cache of it.
+        self.shared = shared
+        self.indexer = Indexer(store, self.vectors, embed_background, busy,
+                               publish=Publish(store, shared) if shared is not None else None)
+        self.sync = Sync(store, shared, self.vectors, self.indexer.load, sync_s,
+                         resume=self.indexer.submit) if shared is not None else None
         self.languages = Languages(self._sample)
         self._embed = embed
         self._unknown_share = unknown_share
@@ -81,11 +91,21 @@ class Library:
 
     def start(self) -> None:
         self.vectors.load(self.store.vectors())
-        self.indexer.start()
+        self.indexer.start(resume=self.sync is None)
+        if self.sync is not None:
+            self.sync.start()  # its first round compares the cache with PostgreSQL, in the background
 
     def stop(self) -> None:
+        if self.sync is not None:
+            self.sync.stop()
         self.indexer.stop()
+        if self.shared is not None:
+            self.shared.close()
         self.store.close()
+
+    def workers(self) -> list[Worker[Any]]:
+        """Its background threads, for /admin/status: the indexer, and with database_url the sync."""
+        return [self.indexer, *([self.sync] if self.sync is not None else [])]
 
     # -- documents ----------------------------------------------------------------------
     def documents(self, scopes: list[str]) -> list[DocRow]:
@@ -104,7 +124,7 @@ class Library:
 
     def _room(self, scope: str, replacing: DocRow | None) -> int:
         """The passages the scope has room for; refused when it holds its most documents."""
-        docs, passages = self.store.count(scope)
+        docs, passages = (self.shared or self.store).count(scope)
         most_docs, most_passages = self._most(scope)
         if replacing is None and docs >= most_docs:
             raise Conflict(f"the library holds {docs:,} documents here, the most it takes: delete one first",
@@ -133,14 +153,26 @@ class Library:
         if replacing is not None:
             self.vectors.drop(row.id)
         try:
-            await asyncio.to_thread(self.store.add, row, passages, replacing is not None, self._most(scope))
+            await asyncio.to_thread(self._store, row, passages, replacing is not None)
         except NoRoom as e:  # another upload to the scope came in while this one was read
             raise Conflict(f"the library has room for no more {e.what} here ({e.have:,} of {e.most:,})",
                            code="library_full") from None
         self.indexer.submit(row.id)
         return row
 
+    def _store(self, row: DocRow, passages: list[Passage], replace: bool) -> None:
+        """Into this box's file, and first into PostgreSQL's (database_url), which checks the
+        room of every box's uploads (refused with its 503 while it cannot be reached)."""
+        if self.shared is None:
+            self.store.add(row, passages, replace, self._most(row.scope))
+            return
+        gen = self.shared.add(row, passages, replace, self._most(row.scope))
+        # As a replacement: the sync may have copied it here already.
+        self.store.add(row, passages, True, None, gen)
+
     async def delete(self, row: DocRow) -> None:
+        if self.shared is not None:  # PostgreSQL first: the other boxes forget it from there
+            await asyncio.to_thread(self.shared.delete, row.id)
         await asyncio.to_thread(self.store.delete, row)
         self.vectors.drop(row.id)
 

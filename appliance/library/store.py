@@ -4,7 +4,8 @@ Words are searched with FTS5, in one table per scope (the office's, and each per
 so that one person's documents never weigh in another's ranking: bm25's word weights are
 counted per table. Each scope has two: its words by their stem (terms_*: policy finds
 policies) and as written (exact_*: AED, A4, VPN, which the porter stemmer cuts to "a" or
-would let a plural match)."""
+would let a plural match). With database_url the file is the box's copy of the library
+PostgreSQL holds (shared.py), kept by sync.py: searched here, changed there first."""
 
 from __future__ import annotations
 
@@ -40,9 +41,21 @@ MIGRATIONS = Migrations("library", ((
     "CREATE TABLE build_written (what TEXT)",
     "INSERT INTO build_written VALUES ('exact_* from terms_*')",
 )))
+# With database_url the file is the box's cache of the library PostgreSQL holds (shared.py,
+# sync.py): which generation of each document it holds from there (a document added before
+# database_url has none and stays this box's own) and the last change it has taken. Made
+# when a box first runs with database_url (IF NOT EXISTS: every start), so without it the
+# file is what it always was; older code opening it leaves the two tables alone (deleting a
+# document deletes its row here too: foreign keys are on in every connection of ours).
+_CACHE = (
+    "CREATE TABLE IF NOT EXISTS shared (doc TEXT PRIMARY KEY REFERENCES documents (id) ON DELETE CASCADE, "
+    "gen INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS shared_seen (n INTEGER NOT NULL)",
+    "INSERT INTO shared_seen SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shared_seen)",
+)
 # A failed read and a failed write, as the routes answer them (a 503 either way).
 NAMING = Naming("library", read_code="library_unavailable", write_code="library_not_writable")
-_COLUMNS = "id, scope, title, name, kind, size, pages, chars, truncated, passages, indexed, status, error, added_at, added_by"
+COLUMNS = "id, scope, title, name, kind, size, pages, chars, truncated, passages, indexed, status, error, added_at, added_by"
 
 
 def person_scope(person_id: str) -> str:
@@ -132,8 +145,8 @@ class NoRoom(Exception):
         self.what, self.have, self.most = what, have, most
 
 
-def _check_room(tx: Tx, row: DocRow, passages: int, replace: bool, room: tuple[int, int]) -> None:
-    r = tx.one("SELECT count(*), coalesce(sum(passages), 0) FROM documents WHERE scope = ? AND id != ?",
+def check_room(tx: Tx, row: DocRow, passages: int, room: tuple[int, int], table: str = "documents") -> None:
+    r = tx.one(f"SELECT count(*), coalesce(sum(passages), 0) FROM {table} WHERE scope = ? AND id != ?",
                (row.scope, row.id))
     docs, held = (int(r[0]), int(r[1])) if r is not None else (0, 0)
     if docs >= room[0]:
@@ -142,17 +155,20 @@ def _check_room(tx: Tx, row: DocRow, passages: int, replace: bool, room: tuple[i
         raise NoRoom("passages", held, room[1])
 
 
-def _row(r: Sequence[Any]) -> DocRow:
+def doc_row(r: Sequence[Any]) -> DocRow:
     return DocRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10], r[11], r[12], r[13], r[14])
 
 
 class LibraryStore:
     """Every read and write of the library's file, each one transaction."""
 
-    def __init__(self, state_dir: Path | None) -> None:
+    def __init__(self, state_dir: Path | None, cache: bool = False) -> None:
+        """cache: the file is this box's cache of PostgreSQL's library (database_url)."""
         self.db = SqliteDatabase(state_dir, FILE_NAME, MIGRATIONS, NAMING)
         if not self.db.read_only:  # read-only, an older file is searched by stems alone
             self.db.write(_build_written)
+            if cache:
+                self.db.write(lambda tx: [tx.run(sql) for sql in _CACHE])
         self._stemmer = SqliteDatabase(None, "stems", _STEMMER, NAMING)
 
     @property
@@ -177,10 +193,12 @@ class LibraryStore:
         tx.run(f"CREATE VIRTUAL TABLE IF NOT EXISTS {written} USING {_WRITTEN}")
         return table
 
-    def _put_passages(self, tx: Tx, doc: str, scope: str, passages: list[Passage]) -> None:
+    def _put_passages(self, tx: Tx, doc: str, scope: str, passages: list[Passage],
+                      vecs: Sequence[bytes | None] = ()) -> None:
         table, written = self._terms_table(tx, scope), _table(scope, written=True)
-        for p in passages:
-            tx.run("INSERT INTO passages (doc, seq, page, text) VALUES (?, ?, ?, ?)", (doc, p.seq, p.page, p.text))
+        for p, vec in zip(passages, vecs or [None] * len(passages)):
+            tx.run("INSERT INTO passages (doc, seq, page, text, vec) VALUES (?, ?, ?, ?, ?)",
+                   (doc, p.seq, p.page, p.text, vec))
             row = tx.one("SELECT last_insert_rowid()")
             assert row is not None
             words = " ".join(terms(p.text))
@@ -195,23 +213,60 @@ class LibraryStore:
         tx.run(f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM passages WHERE doc = ?)", (doc,))
         tx.run("DELETE FROM passages WHERE doc = ?", (doc,))
 
+    def _put(self, tx: Tx, row: DocRow, passages: list[Passage], gen: int | None,
+             vecs: Sequence[bytes | None] = ()) -> None:
+        """The row and its passages (vecs: their embeddings, PostgreSQL's copy; none: a new file's)."""
+        tx.run(f"INSERT INTO documents ({COLUMNS}) VALUES ({', '.join('?' * 15)})",
+               (row.id, row.scope, row.title, row.name, row.kind, row.size, row.pages, row.chars,
+                int(row.truncated), row.passages, row.indexed if vecs else 0, row.status, row.error, row.added_at, row.added_by))
+        self._put_passages(tx, row.id, row.scope, passages, vecs)
+        if gen is not None:
+            tx.run("INSERT INTO shared (doc, gen) VALUES (?, ?)", (row.id, gen))
+
     def add(self, row: DocRow, passages: list[Passage], replace: bool = False,
-            room: tuple[int, int] | None = None) -> DocRow:
+            room: tuple[int, int] | None = None, gen: int | None = None) -> DocRow:
         """A new document (or, replace: the same id's new file), its passages searchable by
         their words at once and waiting for their embeddings. room: the scope's most documents
-        and passages, checked in the same transaction (two uploads at once cannot both pass)."""
+        and passages, checked in the same transaction (two uploads at once cannot both pass).
+        gen: the generation PostgreSQL gave it (database_url)."""
         def put(tx: Tx) -> DocRow:
             if room is not None:
-                _check_room(tx, row, len(passages), replace, room)
+                check_room(tx, row, len(passages), room)
             if replace:
                 self._drop_passages(tx, row.id, row.scope)
                 tx.run("DELETE FROM documents WHERE id = ?", (row.id,))
-            tx.run(f"INSERT INTO documents ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
-                   (row.id, row.scope, row.title, row.name, row.kind, row.size, row.pages, row.chars,
-                    int(row.truncated), row.passages, 0, row.status, row.error, row.added_at, row.added_by))
-            self._put_passages(tx, row.id, row.scope, passages)
+            self._put(tx, row, passages, gen)
             return row
         return self.db.write(put)
+
+    def mirror(self, row: DocRow, gen: int, passages: list[Passage], vecs: list[bytes | None]) -> None:
+        """PostgreSQL's copy of a document (its status and embeddings as they are there) in
+        place of what this box held of it."""
+        def put(tx: Tx) -> None:
+            held = tx.one("SELECT scope FROM documents WHERE id = ?", (row.id,))
+            if held is not None:
+                self._drop_passages(tx, row.id, str(held[0]))
+                tx.run("DELETE FROM documents WHERE id = ?", (row.id,))
+            self._put(tx, row, passages, gen, vecs)
+        self.db.write(put)
+
+    def mirrored(self, doc: str | None = None) -> dict[str, tuple[int, str]]:
+        """The documents this box holds from PostgreSQL (or that one): their generation and status."""
+        where, params = ("WHERE s.doc = ?", (doc,)) if doc is not None else ("", ())
+        return {str(r[0]): (int(r[1]), str(r[2])) for r in self.db.read(lambda tx: tx.all(
+            f"SELECT s.doc, s.gen, d.status FROM shared s JOIN documents d ON d.id = s.doc {where}", params))}
+
+    def seen(self) -> int:
+        """The last change to PostgreSQL's library this box has taken."""
+        return int((self.db.read(lambda tx: tx.one("SELECT max(n) FROM shared_seen")) or (0,))[0] or 0)
+
+    def set_seen(self, n: int) -> None:
+        self.db.write(lambda tx: tx.run("UPDATE shared_seen SET n = ?", (n,)))
+
+    def embedded(self, doc: str) -> list[tuple[int, bytes | None]]:
+        """The document's passages by their place (seq) and their embeddings (None: not yet)."""
+        return [(int(r[0]), None if r[1] is None else bytes(r[1])) for r in self.db.read(lambda tx: tx.all(
+            "SELECT seq, vec FROM passages WHERE doc = ? ORDER BY seq", (doc,)))]
 
     def delete(self, doc: DocRow) -> bool:
         def drop(tx: Tx) -> bool:
@@ -220,14 +275,14 @@ class LibraryStore:
         return self.db.write(drop)
 
     def doc(self, doc_id: str) -> DocRow | None:
-        r = self.db.read(lambda tx: tx.one(f"SELECT {_COLUMNS} FROM documents WHERE id = ?", (doc_id,)))
-        return _row(r) if r is not None else None
+        r = self.db.read(lambda tx: tx.one(f"SELECT {COLUMNS} FROM documents WHERE id = ?", (doc_id,)))
+        return doc_row(r) if r is not None else None
 
     def docs(self, scopes: Sequence[str]) -> list[DocRow]:
         marks = ", ".join("?" * len(scopes))
         rows = self.db.read(lambda tx: tx.all(
-            f"SELECT {_COLUMNS} FROM documents WHERE scope IN ({marks}) ORDER BY added_at, id", tuple(scopes)))
-        return [_row(r) for r in rows]
+            f"SELECT {COLUMNS} FROM documents WHERE scope IN ({marks}) ORDER BY added_at, id", tuple(scopes)))
+        return [doc_row(r) for r in rows]
 
     def count(self, scope: str) -> tuple[int, int]:
         """The scope's documents and passages."""

@@ -91,7 +91,7 @@ BUILDERS = {
     ("ops/compose.py", "accounting"): {"usage", "people", "server"},
     ("ops/compose.py", "request_bounds"): {"http", "engine"},
     ("ops/library.py", "library_reader"): {"documents"},
-    ("ops/library.py", "build_library"): {"library", "server"},
+    ("ops/library.py", "build_library"): {"library", "server", "people"},  # database_url: the shared library
 }
 
 

@@ -12,12 +12,12 @@ import hashlib
 import sqlite3
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.documents import pdf_bytes
+from helpers.embedding import HANDBOOK, FakeEmbedder, fake_vectors, wait_ready
 
 from appliance.documents.document import Document
 from appliance.documents.reader import DocumentReader
@@ -28,53 +28,12 @@ from appliance.library.passages import codes, html_text, split, terms
 from appliance.library.store import FILE_NAME, MIGRATIONS, OFFICE, LibraryStore, person_scope
 from appliance.store import sqlite as db
 
-DIM = 64
-
-
-def fake_vectors(texts: list[str]) -> np.ndarray:
-    """Each word hashed to a dimension: texts sharing words are near, as meaning would be."""
-    out = np.zeros((len(texts), DIM), np.float32)
-    for i, t in enumerate(texts):
-        for w in terms(t):
-            out[i, int(hashlib.sha256(w.encode()).hexdigest(), 16) % DIM] += 1.0
-        out[i] /= max(float(np.linalg.norm(out[i])), 1e-6)
-    return out
-
-
-class FakeEmbedder:
-    def __init__(self) -> None:
-        self.calls = 0
-        self.gate = threading.Event()
-        self.gate.set()
-
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        return fake_vectors(texts)
-
-    def embed_sync(self, texts: list[str]) -> np.ndarray:
-        self.gate.wait(timeout=30)
-        self.calls += 1
-        return fake_vectors(texts)
-
 
 def make(state: Path | None, limits: LibraryLimits | None = None) -> tuple[Library, FakeEmbedder]:
     fake = FakeEmbedder()
     lib = Library(LibraryStore(state), DocumentReader(), fake.embed, fake.embed_sync, limits, clock=lambda: 1000.0)
     lib.start()
     return lib, fake
-
-
-def wait_ready(lib: Library, doc: str) -> None:
-    for _ in range(3000):  # a condition, not a time: each turn gives the indexer thread the GIL
-        row = lib.store.doc(doc)
-        if row is not None and row.status != "indexing":
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError(f"{doc} never finished indexing")
-
-
-HANDBOOK = [f"Page {n} of the handbook. " + ("Parking permits are issued by reception. " if n == 3 else "")
-            + ("The emergency assembly point is the car park behind the Linden bakery." if n == 7 else
-               f"General rules number {n} about desks, lockers and coffee.") for n in range(1, 11)]
 
 
 def test_a_pdf_is_cut_into_passages_each_on_one_page() -> None:
