@@ -13,7 +13,8 @@ from typing import Any
 # group -> (what reads it, its keys). Every Config field is in exactly one group.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "server": ("the process: where it listens, the model file, TLS, the state directory, shutdown", (
-        "host", "port", "model", "models_dir", "model_name", "state_dir", "tls_cert", "tls_key", "web_dir",
+        "host", "port", "model", "models_dir", "model_name", "state_dir", "tls_cert", "tls_key", "tls",
+        "http_port", "box_name", "web_dir",
         "log_level", "grace_s", "stall_s")),
     "engine": ("engine/: the scheduler's slots, batches, queue and fairness, and llama.cpp's threads", (
         "slots", "ctx_per_slot", "tools_tokens", "threads", "cpus", "share_cores", "repack", "batch_tokens",

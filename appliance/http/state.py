@@ -24,6 +24,7 @@ from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
 from appliance.library.library import Library
+from appliance.tls.trust import Trust
 from appliance.workers import Health, Worker
 
 
@@ -75,6 +76,7 @@ class App:
         # Workers the process runs beside these services, listed by /admin/status too (the
         # systemd watchdog, which ops/serve.py starts around the server).
         self.beside: list[Worker[Any]] = []
+        self.trust: Trust | None = None  # the box's own CA, for /trust (set by the composition root)
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:
