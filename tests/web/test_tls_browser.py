@@ -60,26 +60,39 @@ def box(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield box
 
 
-@pytest.fixture(scope="module")
-def trusting(box: Box, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Chromium whose user trusts the box's CA: downloaded over https as a person would (past
-    the warning; here with the terminal's fingerprint checked instead), then added to
-    ~/.pki/nssdb, where Chromium on Linux keeps the certificates a user trusts."""
-    home = tmp_path_factory.mktemp("home")
-    with box.client() as c:
-        pem = c.get("/trust/ca.crt").content
-    downloaded = home / "appliance-ca.crt"
-    downloaded.write_bytes(pem)
+def nss_home(home: Path, ca: bytes | None) -> Path:
+    """A user's HOME whose NSS database (~/.pki/nssdb, where Chromium and Firefox on Linux keep
+    the certificates a user trusts) holds `ca`, or nothing."""
     db = home / ".pki" / "nssdb"
     db.mkdir(parents=True)
     subprocess.run(["certutil", "-d", f"sql:{db}", "-N", "--empty-password"], check=True)
-    subprocess.run(["certutil", "-d", f"sql:{db}", "-A", "-t", "C,,", "-n", "appliance", "-i", str(downloaded)],
-                   check=True)
+    if ca is not None:
+        downloaded = home / "appliance-ca.crt"
+        downloaded.write_bytes(ca)
+        subprocess.run(["certutil", "-d", f"sql:{db}", "-A", "-t", "C,,", "-n", "appliance", "-i", str(downloaded)],
+                       check=True)
+    return home
+
+
+@pytest.fixture(scope="module")
+def browsers(box: Box, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """Chromium for a person who trusted the box's CA once (downloaded from /trust/ca.crt, its
+    fingerprint the terminal's), and for one who did not."""
+    with box.client() as c:
+        pem = c.get("/trust/ca.crt").content
     args = ["--no-sandbox"] if os.geteuid() == 0 else []
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=browser_util.chromium_path(), args=args, env={**os.environ, "HOME": str(home)})
-        yield b
-        b.close()
+        launched = [p.chromium.launch(executable_path=browser_util.chromium_path(), args=args,
+                                      env={**os.environ, "HOME": str(nss_home(tmp_path_factory.mktemp("home"), ca))})
+                    for ca in (pem, None)]
+        yield launched[0], launched[1]
+        for b in launched:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def trusting(browsers: tuple[Any, Any]) -> Any:
+    return browsers[0]
 
 
 def printed_fingerprint(live: Live) -> str:
@@ -148,8 +161,8 @@ def test_a_browser_typing_http_lands_on_https(box: Box, trusting: Any) -> None:
         w.close()
 
 
-def test_a_browser_without_the_ca_refuses_the_box(box: Box, chromium: Any) -> None:
-    ctx = chromium.new_context()
+def test_a_browser_without_the_ca_refuses_the_box(box: Box, browsers: tuple[Any, Any]) -> None:
+    ctx = browsers[1].new_context()
     try:
         with pytest.raises(PlaywrightError, match="ERR_CERT_AUTHORITY_INVALID"):
             ctx.new_page().goto(box.url + "/")
