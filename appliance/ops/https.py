@@ -91,7 +91,11 @@ def prepare(cfg: Config, clock: Callable[[], dt.datetime] = lambda: dt.datetime.
     https = Https(mode, files.cert, files.key, cfg.request_deadline_s, cfg.port, cfg.http_port, trust)
     https.renewer = Renewer(files, wanted, https.reload, clock)
     https.renewer.check()
-    https.reload()
+    try:
+        https.reload()
+    except ssl.SSLError:  # a key and certificate that do not match: a crash between their two writes
+        files.issue(wanted(), clock())
+        https.reload()
     _announce(trust, files, made)
     return https
 
