@@ -25,8 +25,8 @@ HEADER = (b"strict-transport-security", f"max-age={MAX_AGE_S}".encode())
 
 def safe_host(host: str) -> bool:
     """A name HSTS may bind: not an IP literal, not localhost."""
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host
-    name = name.strip("[]").lower().rstrip(".")
+    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+    name = name.lower().rstrip(".")
     try:
         ipaddress.ip_address(name)
         return False
