@@ -204,6 +204,12 @@ class Config:
         "announce <box_name>.local and the chat page on the LAN (mDNS/DNS-SD)", _one_of("on", "off")))
     tls_cert: str = field(default="", metadata=_opt("TLS certificate (PEM); with tls_key, serve https"))
     tls_key: str = field(default="", metadata=_opt("TLS private key (PEM)"))
+    tls: str = field(default="auto", metadata=_opt(
+        "https: auto = with the box's own CA (state_dir/tls) where secrets travel (auth = people or api_keys_file) "
+        "and no trusted_proxies front it, else plain http; on; off (a proxy terminates TLS); tls_cert wins over all",
+        _one_of("auto", "on", "off")))
+    http_port: int = field(default=0, metadata=_opt(
+        "with https on, also redirect plain http from this port (80 needs CAP_NET_BIND_SERVICE); 0 = none", _port))
     max_tokens_limit: int = field(default=2048, metadata=_opt("server cap on a request's max_tokens", _positive))
     default_max_tokens: int = field(default=512, metadata=_opt("max_tokens when a request gives none", _positive))
     default_temperature: float = field(default=0.7, metadata=_opt(

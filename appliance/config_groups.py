@@ -14,7 +14,7 @@ from typing import Any
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "server": ("the process: where it listens, the model file, TLS, the state directory, shutdown", (
         "host", "port", "model", "models_dir", "model_name", "state_dir", "box_name", "mdns", "tls_cert", "tls_key",
-        "web_dir", "log_level", "grace_s", "stall_s", "backup_dir", "backup_keep")),
+        "tls", "http_port", "web_dir", "log_level", "grace_s", "stall_s", "backup_dir", "backup_keep")),
     "engine": ("engine/: the scheduler's slots, batches, queue and fairness, and llama.cpp's threads", (
         "slots", "ctx_per_slot", "tools_tokens", "threads", "cpus", "share_cores", "repack", "batch_tokens",
         "ubatch_tokens", "prefill_chunk", "prefill_steps", "prefill_group", "spec_budget", "max_wait_ms",

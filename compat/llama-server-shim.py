@@ -204,6 +204,7 @@ def command(argv: list[str]) -> tuple[list[str], list[str]]:
     model = os.environ.get("MODEL") or str(BUNDLED)
     serve = ["-m", "appliance", "serve", "--model", model, "--state-dir", "", "--log-level", "warning",
              "--grace-s", "1", "--save-timeout-s", "0",
+             "--tls", "off",  # llama-server speaks plain http, with --api-key too (the appliance's https is its own CA's)
              *sized(settings, any(SPELLINGS.get(a, a) == "--kv-unified" for a in argv)), *out]
     if "--api-key" in settings:
         serve += ["--api-keys-file", keys_file(settings["--api-key"])]

@@ -171,6 +171,15 @@ if [[ ,$extras, == *,test,* ]] && ! command -v chromium >/dev/null; then
     say "note: without chromium the chat page's browser tests skip; install it with:  sudo apt-get install -y chromium"
   fi
 fi
+# ...and trusts the box's own CA in that chromium as a person would, with NSS's certutil
+# (tests/web/test_tls_browser.py).
+if [[ ,$extras, == *,test,* ]] && ! command -v certutil >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    missing+=(libnss3-tools)
+  else
+    say "note: without certutil the https browser test skips; install it with:  sudo apt-get install -y libnss3-tools"
+  fi
+fi
 # ...and puts two appliances behind Debian's nginx (tests/ops/test_scaleout_live.py).
 if [[ ,$extras, == *,test,* ]] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -25,6 +25,7 @@ from appliance.http.throttle import ParseGate
 from appliance.http.validate import RequestBounds
 from appliance.http.wire import comment
 from appliance.library.library import Library
+from appliance.tls.trust import Trust
 from appliance.workers import Health, Worker
 
 
@@ -91,6 +92,7 @@ class App:
         self.box = box or Box()  # its name on the LAN: links made on the box itself carry it (http/reach.py)
         # The mDNS announcer (ops/mdns.py), started and stopped by the lifespan (None: mdns off).
         self.announcer = announcer
+        self.trust: Trust | None = None  # the box's own CA, for /trust (set by the composition root)
         self.created = int(time.time())
 
     def refused(self, reason: str) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from appliance.config import Config
 from appliance.http.reach import Box
+from appliance.tls.mode import Mode, mode_of
 
 
 def scheme(cfg: Config) -> str:
-    """https when the box serves TLS: an operator's certificate, or in people mode its own
-    (the `tls` setting, unless "off")."""
-    own = cfg.auth == "people" and getattr(cfg, "tls", "off") != "off"
-    return "https" if cfg.tls_cert or own else "http"
+    """https when the box serves TLS: an operator's certificate, or its own (tls/mode.py)."""
+    return "http" if mode_of(cfg) is Mode.PLAIN else "https"
 
 
 def box(cfg: Config) -> Box:

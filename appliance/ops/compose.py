@@ -24,6 +24,7 @@ from appliance.http.state import App
 from appliance.http.validate import RequestBounds
 from appliance.ops import address
 from appliance.ops.engine import build_engine
+from appliance.ops.https import Https, prepare
 from appliance.ops.library import build_library
 from appliance.ops.mdns import Announcer
 from appliance.usage.ledger import Ledger
@@ -41,12 +42,14 @@ class Process:
     engine: Engine
     keys: KeyRing
     metrics: Metrics
+    https: Https | None = None  # None: plain HTTP
 
 
 def compose(cfg: Config, model_path: Path, on_fatal: Callable[[], None] = lambda: None) -> Process:
-    """Checks what must hold before the model loads (TLS files, the keys file), then builds."""
+    """Checks what must hold before the model loads (TLS files, the keys file, the box's CA), then builds."""
     check_files(cfg)
     keys = keyring(cfg)
+    https = prepare(cfg)
     engine = build_engine(cfg, model_path, on_fatal)
     metrics = Metrics()
     metrics.attach(engine)
@@ -61,7 +64,8 @@ def compose(cfg: Config, model_path: Path, on_fatal: Callable[[], None] = lambda
               parse_per_client=cfg.parse_per_client, documents=document_reader(cfg), usage=accounting(cfg, store),
               people=people, library=library, embedder=embedder, store=store, box=address.box(cfg),
               announcer=Announcer(address.box(cfg), cfg.host) if cfg.mdns == "on" else None)
-    return Process(app, engine, keys, metrics)
+    app.trust = https.trust if https is not None else None
+    return Process(app, engine, keys, metrics, https)
 
 
 def check_files(cfg: Config) -> None:

@@ -21,7 +21,9 @@ from appliance.http.app import create_app
 from appliance.http.identity import parse_networks
 from appliance.http.keys import KeyRing
 from appliance.ops.compose import compose
+from appliance.ops.https import Https
 from appliance.ops.notify import Notifier, Watchdog
+from appliance.tls.hsts import hsts
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,11 @@ class _Server(uvicorn.Server):
     LAST_WRITES_S = 5.0  # after the engine stopped: the error events and stream ends reach their clients
 
     def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float, keys: KeyRing | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, https: Https | None = None) -> None:
         super().__init__(config)
         self.engine = engine
         self.keys = keys
+        self.https = https
         self.notifier = notifier or Notifier()
         self.grace_s = grace_s
         self._draining = False
@@ -71,7 +74,12 @@ class _Server(uvicorn.Server):
         self.loop = asyncio.get_running_loop()
         if self.keys is not None:  # SIGHUP re-reads the keys file (systemctl reload)
             self.loop.add_signal_handler(signal.SIGHUP, self.keys.reload)
-        await super().serve(sockets)
+        plain = await self.https.plain_listener(self.config.host) if self.https is not None else None
+        try:
+            await super().serve(sockets)
+        finally:
+            if plain is not None:
+                plain.close()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._draining:
@@ -114,20 +122,25 @@ def serve(cfg: Config, model_path: Path) -> int:
     # A hang the watchdog kills (SIGABRT) leaves every thread's Python stack in the journal.
     faulthandler.enable()
     notifier = Notifier.from_env()
-    ucfg = uvicorn.Config(create_app(process.app), host=cfg.host, port=cfg.port, log_level=cfg.log_level,
-                          access_log=False, lifespan="on",
+    app: Any = create_app(process.app)
+    http: type[asyncio.Protocol] = conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
+                                                      parse_networks(cfg.trusted_proxies), cfg.response_stall_s)
+    https = process.https
+    if https is not None:  # TLS per connection (tls/listener.py): uvicorn itself listens plain
+        app, http = hsts(app), https.protocol(http)
+    ucfg = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, lifespan="on",
                           # _drain has waited grace_s already: what is left gets a few seconds.
-                          timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))),
-                          ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None,
-                          http=conn.http_protocol(cfg.request_deadline_s, cfg.max_conns_per_client,
-                                                  parse_networks(cfg.trusted_proxies), cfg.response_stall_s))
-    server = _Server(ucfg, engine, cfg.grace_s, process.keys, notifier)
+                          timeout_graceful_shutdown=max(1, min(5, int(cfg.grace_s))), http=http)
+    server = _Server(ucfg, engine, cfg.grace_s, process.keys, notifier, https)
     watchdog = supervise(engine, notifier, lambda: server.started)
-    watchdog.start()
-    process.app.beside.append(watchdog)  # /admin/status lists it with the app's workers
+    helpers = [watchdog] + ([https.renewer] if https is not None and https.renewer is not None else [])
+    for worker in helpers:
+        worker.start()
+        process.app.beside.append(worker)  # /admin/status lists them with the app's workers
     try:
         server.run()
     finally:
-        watchdog.stop()
+        for worker in helpers:
+            worker.stop()
         notifier.close()
     return 1 if engine.state is EngineState.FAILED else 0

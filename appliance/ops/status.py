@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 from appliance.config import Config
+from appliance.ops import address
 
 KEY_ENV = "APPLIANCE_ADMIN_KEY"  # an admin key, for a server on another machine
 
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def status_url(cfg: Config, url: str = "") -> str:
     """The status endpoint: `url`'s root if given, else this machine's server by the config."""
     if not url:
-        scheme = "https" if cfg.tls_cert else "http"
+        scheme = address.scheme(cfg)
         host = "127.0.0.1" if cfg.host in ("0.0.0.0", "", "127.0.0.1") else ("[::1]" if cfg.host == "::" else cfg.host)
         url = f"{scheme}://{host}:{cfg.port}"
     return url.rstrip("/") + "/admin/status"

@@ -37,9 +37,9 @@ start_peer() {  # PORT LOG [llama-server flags]: llama-server on $model in the b
 }
 
 # shellcheck disable=SC2154
-start_app() {  # PORT LOG [appliance serve flags]: the appliance in the background, no saved sessions
+start_app() {  # PORT LOG [appliance serve flags]: the appliance in the background, no saved sessions, plain http
   local port=$1 log=$2; shift 2
-  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" "$@" \
+  "$root/.venv/bin/appliance" serve --host 127.0.0.1 --port "$port" --log-level warning --state-dir "" --tls off "$@" \
     >"$log" 2>&1 &
   pids+=($!)
 }

@@ -183,8 +183,10 @@ def spawn(where: Path, config: dict[str, Any], env: dict[str, str] | None = None
     log_path = where / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     full_env.update(env or {})
-    # No test server announces itself on the LAN unless the test asks (mdns="on").
-    config = {"state_dir": where / "state", "mdns": "off", **config}
+    # No test server announces itself on the LAN unless the test asks (mdns="on"), and tls is
+    # off unless a test asks: the suite's clients speak plain http to people mode and keys
+    # (tests/web/test_tls_browser.py serves the defaults' https).
+    config = {"state_dir": where / "state", "mdns": "off", "tls": "off", **config}
     cmd = [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--model", str(model or bundled()), "--log-level", "info", *flags(config)]
     with open(log_path, "wb") as out:

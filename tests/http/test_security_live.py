@@ -293,7 +293,7 @@ def test_tls_serves_https_with_the_given_certificate(start_server: Callable[...,
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    # ready=False: the model is waited for over https below (plain http gets no answer here).
+    # ready=False: the model is waited for over https below (plain http gets only a redirect here).
     live = start_server(slots=1, ctx_per_slot=256, kv_tokens=1024, tls_cert=cert, tls_key=key, ready=False)
     try:
         live.wait_port()
@@ -302,7 +302,7 @@ def test_tls_serves_https_with_the_given_certificate(start_server: Callable[...,
             wait_until(lambda: c.get("/health").status_code == 200, 120, "the model loaded, over https")
             r = c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             assert r.status_code == 200, r.text
-        with pytest.raises(httpx.HTTPError):  # plain http on the TLS port gets no answer
+        with pytest.raises(httpx.HTTPError):  # plain http on the TLS port gets only a redirect (tls/listener.py)
             httpx.get(f"http://127.0.0.1:{live.port}/health", timeout=5, trust_env=False).raise_for_status()
     finally:
         assert live.stop() == 0

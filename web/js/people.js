@@ -24,6 +24,15 @@ async function inviteFor(token) {
 function plainHttpWarning() {
   const local = ['localhost', '127.0.0.1', '[::1]'].includes(location.hostname);
   els.signinPlain.hidden = location.protocol !== 'http:' || local;
+  if (location.protocol === 'https:') showFingerprint();
+}
+
+// The box's own CA (GET /trust; 404 with the operator's certificate): its fingerprint to compare.
+async function showFingerprint() {
+  const res = await fetch('trust', { cache: 'no-store' });
+  if (!res.ok) return;
+  els.signinFingerprint.textContent = (await res.json()).fingerprint;
+  els.signinTrust.hidden = false;
 }
 
 // Resolves once someone is signed in; the chat stays hidden until then.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from starlette.staticfiles import StaticFiles
 
-from appliance.http.api.appliance import admin, documents, library, operator
+from appliance.http.api.appliance import admin, documents, library, operator, trust
 from appliance.http.routing import POST, Access, Api, Body, DeclaredMount, Endpoint, Rule
 from appliance.http.wire import openai_error
 
@@ -37,6 +37,10 @@ def routes() -> list[Endpoint]:
         API.route("/admin", admin.page, access=ADMIN),
         API.route("/admin/status", admin.status, access=ADMIN),
         API.route("/admin/usage.csv", admin.usage_csv, access=ADMIN),
+        # The box's own CA (tls/): trusted once by each person's device.
+        API.route("/trust/ca.crt", trust.ca, access=OPEN),
+        API.route("/trust", trust.info, access=OPEN),
+        API.route("/admin/trust", trust.admin, access=ADMIN),
         API.route("/", operator.index, access=OPEN),
     ]
 
