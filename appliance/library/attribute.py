@@ -257,8 +257,12 @@ def attribute(answer: str, sources: Sequence[str], question: str = "") -> tuple[
     said = evidence(answer) - asked
     helds = [held(s) for s in sources]
     used = _used(said, helds)
+    judged = verdict(said, helds, used)
+    if not used and judged is Verdict.SUPPORTED and helds:  # held by phrases spread thin: the best one shows it
+        best = max(range(len(helds)), key=lambda i: (said.weight(helds[i]), -i))
+        used = {best + 1} if said.weight(helds[best]) > 0 else used
     uses = tuple(Use(n, n in used, support(s, said) if n in used else None) for n, s in enumerate(sources, 1))
     found = _found(said, helds)
     unsupported = tuple(dict.fromkeys(w for k, w in said.written if k not in found))
     text, dropped = checked_marks(answer, helds, asked)
-    return Attribution(uses, verdict(said, helds, used), unsupported, tuple(dropped)), text
+    return Attribution(uses, judged, unsupported, tuple(dropped)), text

@@ -121,3 +121,16 @@ def test_two_sources_used_when_each_adds_a_figure() -> None:
 def test_the_question_language_share() -> None:
     assert cjk_share("年假有几天？") == 1.0 and cjk_share("How many days?") == 0.0
     assert 0 < cjk_share("A4纸多少钱") < 1
+
+
+
+def test_an_answer_supported_by_phrases_shows_the_source_that_holds_most_of_them() -> None:
+    # Seen on the handbook: the answer was the section's heading, each phrase of it in a
+    # source yet none enough to count as used; supported must come with a sentence to show.
+    sources = ["4. Holidays and annual leave. Full-time employees receive 25 days of paid annual leave per year.",
+               "Part-time employees receive leave pro rata.", "Sick leave is paid for 10 days."]
+    got, _ = attribute("Holidays and annual leave", sources,
+                       "How many days of paid annual leave do full-time employees get?")
+    assert got.verdict is Verdict.SUPPORTED
+    assert [u.used for u in got.uses] == [True, False, False]
+    assert got.uses[0].support == "Holidays and annual leave."  # "4." is a sentence of its own
