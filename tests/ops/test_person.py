@@ -36,7 +36,8 @@ def test_add_prints_the_link_by_name_a_qr_code_and_a_line_to_copy(tmp_path: Path
     lines = text.splitlines()
     assert lines[0] == "added Ann (admin)"
     url = lines[-1]
-    assert url.startswith("http://office.local:8080/#invite=")  # never 127.0.0.1: a phone scans it
+    # Never 127.0.0.1 (a phone scans it), and https: people mode at the defaults serves it (tls/mode.py).
+    assert url.startswith("https://office.local:8080/#invite=")
     assert sum("█" in line for line in lines) >= 10  # the QR code, drawn in blocks
     accounts = person._open(cfg(tmp_path)).accounts
     assert accounts is not None

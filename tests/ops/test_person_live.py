@@ -13,13 +13,11 @@ from pathlib import Path
 import pytest
 from helpers.live import ROOT, Live
 
-from appliance.config import FIELDS
-
 pytestmark = pytest.mark.integration
 PASSWORD = "a long enough password"
-# Plain HTTP here (the live client speaks it): a box with its own certificate in people mode
-# is asked for none where the setting exists.
-PLAIN = {"tls": "off"} if "tls" in FIELDS else {}
+# Plain HTTP here (the live client speaks it): the box's own certificate in people mode is
+# tests/web/test_tls_browser.py's.
+PLAIN = {"tls": "off"}
 
 
 def person(state: Path, port: int, *args: str) -> str:
