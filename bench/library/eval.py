@@ -61,16 +61,35 @@ def as_text(doc: dict[str, Any]) -> bytes:
     return "\f".join(doc["pages"]).encode("utf-8")
 
 
-def builders() -> dict[str, Callable[[dict[str, Any]], bytes]]:
-    """The table documents' builders by format, from the tests' document helpers, when they
-    have them (a document's pages to PDF or DOCX bytes with real tables); none: text."""
-    sys.path.insert(0, str(ROOT / "tests"))
+def blocks(page: str) -> list[str | list[list[str]]]:
+    """A table document's page as the office_files builder takes it: runs of `a | b | c` lines
+    become a table (rows of cells, the first the header), the rest stays text."""
+    out: list[str | list[list[str]]] = []
+    for is_row, run in itertools.groupby(page.split("\n"), key=lambda line: " | " in line):
+        lines = list(run)
+        out.append([line.split(" | ") for line in lines] if is_row else "\n".join(lines))
+    return [b for b in out if b]
+
+
+def builders(helpers: Path) -> dict[str, Callable[[dict[str, Any]], bytes]]:
+    """The table documents' builders by format, from the tests folder `helpers` when its
+    helpers/documents.py has them (none: every document goes as text): a PDF laid out at x,y
+    with its tables' cells drawn column by column, as some writers do and as the PDF issue 49
+    reports lost its rows with (plain extraction gives a cell a line), and a DOCX with real
+    tables. The set's first page starts with the title, which the builders set apart."""
+    sys.path.insert(0, str(helpers))
     try:
-        from helpers import documents
+        from helpers.documents import laid_out_pdf, office_docx  # type: ignore[attr-defined]
     except ImportError:
         return {}
-    found = {fmt: getattr(documents, f"table_{fmt}", None) for fmt in ("pdf", "docx")}
-    return {fmt: f for fmt, f in found.items() if f is not None}
+
+    def parts(doc: dict[str, Any]) -> tuple[str, list[Any]]:
+        first, _, rest = doc["pages"][0].partition("\n")
+        pages = [rest if first.startswith(doc["title"]) else doc["pages"][0], *doc["pages"][1:]]
+        return first, [blocks(p) for p in pages]
+
+    return {"pdf": lambda doc: bytes(laid_out_pdf(*parts(doc), by_column=True)),
+            "docx": lambda doc: bytes(office_docx(*parts(doc)))}
 
 
 CONTENT_TYPES = {"pdf": "application/pdf",
@@ -161,12 +180,12 @@ def ask(client: httpx.Client, content: str, library: bool, max_tokens: int = 96)
     return {**out, "text": "".join(text), "ttft": first}
 
 
-def add_all(client: httpx.Client, data: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+def add_all(client: httpx.Client, data: dict[str, Any], helpers: Path) -> tuple[dict[str, str], dict[str, str]]:
     """The set's documents in the office library, added unless one of the same title is there
     (a run cut short goes on against the same server): server id -> set id, and how each was
     uploaded (its file name)."""
     there = {doc["title"]: doc for doc in client.get("/admin/library").json()["data"]}
-    ids, how, built = {}, {}, builders()
+    ids, how, built = {}, {}, builders(helpers)
     for d in data["documents"]:
         if d["title"] in there:
             ids[there[d["title"]]["id"]], how[d["id"]] = d["id"], there[d["title"]]["name"]
@@ -250,7 +269,7 @@ def answers(opts: argparse.Namespace, firsts: bool = False) -> dict[str, Any]:
     data = load()
     client = httpx.Client(base_url=opts.url, timeout=900, trust_env=False)
     n, phases = opts.max_tokens, opts.phases.split(",")
-    ids, uploaded = add_all(client, data) if "library" in phases else ({}, {})
+    ids, uploaded = add_all(client, data, opts.helpers) if "library" in phases else ({}, {})
     docs, qs, rows = {d["id"]: d for d in data["documents"]}, select(data["questions"], opts.only, firsts, opts.first), {}
     if "library" in phases:
         phase(rows, qs, lambda q: library_row(q, ask(client, q["question"], True, n), ids))
@@ -289,6 +308,8 @@ def main() -> int:
                          "baseline), bare (neither); phases run on two servers at once merge in `summary`")
     ap.add_argument("--first", type=int, help="answers: only the first N questions, the kinds and languages in turn")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--helpers", type=Path, default=ROOT / "tests",
+                    help="answers: the tests folder whose helpers/documents.py builds the table documents")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.mode == "retrieval":
