@@ -270,7 +270,8 @@ def answers(opts: argparse.Namespace, firsts: bool = False) -> dict[str, Any]:
     client = httpx.Client(base_url=opts.url, timeout=900, trust_env=False)
     n, phases = opts.max_tokens, opts.phases.split(",")
     ids, uploaded = add_all(client, data, opts.helpers) if "library" in phases else ({}, {})
-    docs, qs, rows = {d["id"]: d for d in data["documents"]}, select(data["questions"], opts.only, firsts, opts.first), {}
+    qs = select(data["questions"], opts.only, firsts, opts.first)[opts.start:]
+    docs, rows = {d["id"]: d for d in data["documents"]}, {}
     if "library" in phases:
         phase(rows, qs, lambda q: library_row(q, ask(client, q["question"], True, n), ids))
     answerable = sorted((q for q in qs if scoring.kind(q) != "unanswerable"), key=lambda q: list(docs).index(q["doc"]))
@@ -307,6 +308,7 @@ def main() -> int:
                     help="answers: what to ask, of library (with the library), attached (the whole document pasted: the "
                          "baseline), bare (neither); phases run on two servers at once merge in `summary`")
     ap.add_argument("--first", type=int, help="answers: only the first N questions, the kinds and languages in turn")
+    ap.add_argument("--start", type=int, default=0, help="answers: skip the first N of those (a run cut short goes on)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--helpers", type=Path, default=ROOT / "tests",
                     help="answers: the tests folder whose helpers/documents.py builds the table documents")
