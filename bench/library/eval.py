@@ -157,11 +157,12 @@ async def retrieval() -> dict[str, Any]:
 def ask(client: httpx.Client, content: str, library: bool, max_tokens: int = 96) -> dict[str, Any]:
     """One streamed chat at temperature 0: its text, first token's time, the `sources` of the
     first chunk that has them (the passages given) and of the last (the server's attribution,
-    with `used` flags, when it makes one), and the `grounding` verdict if sent."""
+    with `used` flags, when it makes one), the `grounding` verdict if sent, and the finish
+    reason ("length" short of max_tokens: the server's request_timeout_s cut it on a busy box)."""
     body = {"messages": [{"role": "user", "content": content}], "stream": True, "temperature": 0,
             "max_tokens": max_tokens, "library": library}
     t0, first, text = time.perf_counter(), None, []
-    out: dict[str, Any] = {"sources": None, "final_sources": None, "grounding": None}
+    out: dict[str, Any] = {"sources": None, "final_sources": None, "grounding": None, "finish": None}
     with client.stream("POST", "/v1/chat/completions", json=body, timeout=900) as r:
         r.raise_for_status()
         for raw in r.iter_lines():
@@ -173,6 +174,7 @@ def ask(client: httpx.Client, content: str, library: bool, max_tokens: int = 96)
                 out["final_sources"] = chunk["sources"]
             out["grounding"] = chunk.get("grounding", out["grounding"])
             for c in chunk.get("choices", []):
+                out["finish"] = c.get("finish_reason") or out.get("finish")
                 piece = (c.get("delta") or {}).get("content") or ""
                 if piece and first is None:
                     first = time.perf_counter() - t0
@@ -208,7 +210,8 @@ def whole(doc: dict[str, Any], q: dict[str, Any]) -> str:
 def library_row(q: dict[str, Any], got: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
     """The library's answer to q, scored."""
     row: dict[str, Any] = {"id": q["id"], "lang": q["lang"], "kind": scoring.kind(q), "ttft": got["ttft"],
-                           "refused": scoring.refused(got), "verdict": (got["grounding"] or {}).get("verdict")}
+                           "finish": got["finish"], "refused": scoring.refused(got),
+                           "verdict": (got["grounding"] or {}).get("verdict")}
     docs, row["cite_by"] = scoring.cited(got, ids)
     row["cited_any"] = bool(docs)
     if row["kind"] != "unanswerable":
@@ -246,7 +249,7 @@ def attach(client: httpx.Client, q: dict[str, Any], doc: dict[str, Any], max_tok
     """Answerable question q asked with its whole document pasted instead of the library."""
     got = ask(client, whole(doc, q), False, max_tokens)
     row = {"id": q["id"], "attached_has_fact": scoring.holds(q, got["text"]), "attached_ttft": got["ttft"],
-           "attached_answer": got["text"][:300]}
+           "attached_finish": got["finish"], "attached_answer": got["text"][:300]}
     if doc["id"] not in warm:
         row["attached_ttft_cold"] = got["ttft"]
     warm.add(doc["id"])
