@@ -114,6 +114,7 @@ def retrieval_row(q: dict[str, Any], got: dict[str, list[tuple[str, int | None]]
 
 
 async def retrieval() -> dict[str, Any]:
+    from appliance.documents.document import DocumentLimits
     from appliance.documents.reader import DocumentReader
     from appliance.library.embedder import EmbedService
     from appliance.library.library import Library, LibraryLimits
@@ -126,7 +127,8 @@ async def retrieval() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         weight = os.environ.get("MEANING_WEIGHT")  # the default's, unless asked to compare
         limits = LibraryLimits(meaning_weight=float(weight)) if weight else LibraryLimits()
-        lib = Library(LibraryStore(Path(tmp)), DocumentReader(), service.embed, service.embed_sync, limits,
+        reader = DocumentReader(DocumentLimits(wall_s=300))  # a busy shared box reads a text file in over 10 s
+        lib = Library(LibraryStore(Path(tmp)), reader, service.embed, service.embed_sync, limits,
                       unknown_share=service.unknown_share)
         lib.start()
         ids: dict[str, str] = {}
