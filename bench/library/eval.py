@@ -209,10 +209,14 @@ def whole(doc: dict[str, Any], q: dict[str, Any]) -> str:
     return f"{doc['title']}\n\n" + "\n\n".join(doc["pages"]) + f"\n\nQuestion: {q['question']}"
 
 
+def tag(q: dict[str, Any]) -> dict[str, Any]:
+    """What every row of q starts with."""
+    return {"id": q["id"], "lang": q["lang"], "kind": scoring.kind(q)}
+
+
 def library_row(q: dict[str, Any], got: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
     """The library's answer to q, scored."""
-    row: dict[str, Any] = {"id": q["id"], "lang": q["lang"], "kind": scoring.kind(q), "ttft": got["ttft"],
-                           "finish": got["finish"], "refused": scoring.refused(got),
+    row: dict[str, Any] = {**tag(q), "ttft": got["ttft"], "finish": got["finish"], "refused": scoring.refused(got),
                            "verdict": (got["grounding"] or {}).get("verdict")}
     docs, row["cite_by"] = scoring.cited(got, ids)
     row["cited_any"] = bool(docs)
@@ -250,7 +254,7 @@ def attach(client: httpx.Client, q: dict[str, Any], doc: dict[str, Any], max_tok
            warm: set[str]) -> dict[str, Any]:
     """Answerable question q asked with its whole document pasted instead of the library."""
     got = ask(client, whole(doc, q), False, max_tokens)
-    row = {"id": q["id"], "attached_has_fact": scoring.holds(q, got["text"]), "attached_ttft": got["ttft"],
+    row = {**tag(q), "attached_has_fact": scoring.holds(q, got["text"]), "attached_ttft": got["ttft"],
            "attached_finish": got["finish"], "attached_answer": got["text"][:300]}
     if doc["id"] not in warm:
         row["attached_ttft_cold"] = got["ttft"]
@@ -284,7 +288,7 @@ def answers(opts: argparse.Namespace, firsts: bool = False) -> dict[str, Any]:
     if "attached" in phases:
         phase(rows, answerable, lambda q: attach(client, q, docs[q["doc"]], n, warm))
     if "bare" in phases:
-        phase(rows, answerable, lambda q: {"id": q["id"], "bare_has_fact": scoring.holds(
+        phase(rows, answerable, lambda q: {**tag(q), "bare_has_fact": scoring.holds(
             q, ask(client, q["question"], False, n)["text"])})
     return {"questions": len(rows), "uploaded": uploaded, **summary(list(rows.values()))}
 
