@@ -50,8 +50,9 @@ def holds(q: dict[str, Any], text: str) -> bool:
 
 
 def hit(found: list[tuple[str, int | None]], q: dict[str, Any], k: int) -> bool:
-    """A passage of the question's page among the first k found."""
-    return any(title == q.get("doc") and page == q.get("page") for title, page in found[:k])
+    """A passage of the question's page among the first k found (a DOCX has no pages: any
+    passage of its document counts)."""
+    return any(title == q.get("doc") and (page == q.get("page") or page is None) for title, page in found[:k])
 
 
 def brackets(text: str) -> list[int]:
