@@ -23,7 +23,7 @@ def test_closeness_is_the_nearest_cosine_and_the_best_share_of_words() -> None:
     got = closeness(["Where is the spare key kept?"],
                     [found("The spare key is in the blue pot.", 0.3), found("Keys are kept at reception.", 0.6)])
     assert got.near == 0.6 and got.words == 2 / 3  # spare, key (the first); key, kept (the second: "keys" is "keys")
-    assert closeness(["年假有几天？"], [found("全职员工每年享有15天带薪年假。")]) == Closeness(None, 1.0)
+    assert closeness(["年假有几天？"], [found("全职员工每年享有15天带薪年假。")]) == Closeness(None, 1.0, read=False)
     # A form of the question searched besides it (a translation) counts as the question.
     assert closeness(["年假", "annual leave"], [found("Annual leave is 27 days.")]).words == 1.0
     assert closeness(["hello"], []) == Closeness(None, 0.0)
@@ -34,6 +34,16 @@ def test_close_by_meaning_or_by_words_and_by_fewer_words_unread() -> None:
     assert not Closeness(0.39, 0.54).close()
     assert Closeness(None, 0.15).close() and not Closeness(None, 0.14).close()
     assert Closeness(0.5, 0.0).close(near=0.6, words=0.7) is False
+
+
+def test_a_chinese_questions_words_keep_their_rule_when_its_translation_is_read() -> None:
+    # The translation brings a cosine; the Chinese question's own words are still judged by
+    # the rule for questions not read by meaning (0.15), not by English's 0.55.
+    got = closeness(["上班忘了打卡，一个月能补几次？", "How many times a month can I fix a missed clock-in?"],
+                    [found("员工忘记打卡的，每月可补卡2次，需在OA系统提交补卡申请。", 0.2)])
+    assert got.read is False and got.near == 0.2 and 0.15 <= got.words < 0.55
+    assert got.close()
+    assert not Closeness(0.2, 0.14, read=False).close() and Closeness(0.41, 0.0, read=False).close()
 
 
 def test_the_server_says_it_in_the_questions_language() -> None:
