@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.live import live_server
+from helpers.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,4 +62,6 @@ def test_the_box_is_found_by_its_name_on_its_own_network(tmp_path: Path, bundled
         assert got["port"] == live.port and got["server"] == "officebox.local." and got["txt"] == {"path": "/"}
         # Opened by its name: the host guard lets the announced name in (200 loaded, 503 still loading).
         assert got["health"] in (200, 503), got
-        assert "mDNS: announced officebox.local (127.0.0.1)" in live.log()
+        # The journal's line follows the announcement, which a resolver may see first: waited for.
+        wait_until(lambda: "mDNS: announced officebox.local (127.0.0.1)" in live.log(), 60,
+                   "the announcement's journal line", every=0.2, seen=lambda: live.log()[-1000:])
