@@ -136,9 +136,14 @@ class Indexer(Worker[str]):
         return BUSY_BATCH if self.busy_engine() else BATCH
 
     def _finish(self, doc: str, status: str, error: str) -> None:
+        # PostgreSQL first, as for a ready document: once this box shows it failed, every
+        # box's next sync does too (the other order left a window another box synced in).
         try:
-            self.store.finish(doc, status, error)
             if self.publish is not None:
                 self.publish.failed(doc, error)
+        except StoreError as e:
+            log.error("library: cannot mark %s %s for the other boxes: %s", doc, status, e)
+        try:
+            self.store.finish(doc, status, error)
         except StoreError as e:
             log.error("library: cannot mark %s %s: %s", doc, status, e)
