@@ -188,6 +188,11 @@ class Run:
         """merged(), followed: the first text and the last end mark the timing, and the
         last end feeds the queue notes' wait estimates."""
         async for got in merged(self.handles, notes):
+            if self.review is None:  # every token of every chat that is not a library's: no list made
+                if got is not None:
+                    self._follow(*got)
+                yield got
+                continue
             for each in self._reviewed(got):
                 if each is not None:
                     self._follow(*each)
