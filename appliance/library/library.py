@@ -24,7 +24,7 @@ from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
 from appliance.library.language import SAMPLE, Lang, Languages, crossing
-from appliance.library.passages import MAX_QUERY_TERMS, Passage, codes, estimate_tokens, html_text, split, terms
+from appliance.library.passages import MAX_QUERY_TERMS, Passage, characters, codes, estimate_tokens, html_text, split, terms
 from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.sync import Publish, Sync
@@ -63,6 +63,14 @@ class LibraryLimits:
     # 1/12 + 2/11 = 0.265. At 1 (its 2/11 = 0.182), a passage first by meaning alone (0.182)
     # or by meaning and second by words (0.265) would tie or beat it.
     code_weight: float = 2.0
+    # A question's CJK characters one by one (store.characters) as a ranking of their own,
+    # beside its pairs: Chinese words are of one or two characters and are written more than
+    # one way (薪水, 工资; 几号, 15日), so single characters with pairs search Chinese better
+    # than pairs alone (as Chinese retrieval has long found). The embedding model reads no
+    # Chinese, so this is the ranking a Chinese question's pairs meet. On the evaluation set,
+    # Chinese same-language hit@1 / hit@3 went from 0.667 / 0.917 to 0.875 / 0.958 at 0.75 to
+    # 1.5 (0.75 / 0.958 at 0.25; 0.833 at 0.5); English and the tables unchanged.
+    character_weight: float = 1.0
     most_unknown: float = 0.3  # a question with more of its word pieces unknown to the embedding model is searched by words only
     # A question is also searched in the other language, put into it by the chat model, when
     # the documents searched hold some in it (http/translate.py); every translated_every-th
@@ -201,6 +209,16 @@ class Library:
             weights += [self.limits.code_weight] * len(scopes)
         return lists, weights
 
+    def _written(self, scopes: list[str], question: str) -> tuple[list[list[int]], list[float]]:
+        """The rankings by what the question writes: its words (_words), then each scope's by
+        its CJK characters one by one (character_weight), when it has any."""
+        lists, weights = self._words(scopes, question)
+        chars = characters(question, MAX_QUERY_TERMS)
+        if chars:
+            lists += [self.store.characters(scope, chars, self.limits.candidates) for scope in scopes]
+            weights += [self.limits.character_weight] * len(scopes)
+        return lists, weights
+
     def _found(self, ids: list[int], scopes: list[str]) -> dict[int, Found]:
         return self.store.found(ids, scopes)
 
@@ -246,7 +264,7 @@ class Library:
                         ways: tuple[str, ...]) -> tuple[list[list[int]], list[float], np.ndarray | None]:
         """The question's rankings (by words, by meaning when the embedding model can read it)
         and their weights in the fusion."""
-        lists, weights = await asyncio.to_thread(self._words, scopes, question) if "words" in ways else ([], [])
+        lists, weights = await asyncio.to_thread(self._written, scopes, question) if "words" in ways else ([], [])
         query = None
         if len(self.vectors) and question.strip() and "meaning" in ways and self._readable(question, ways):
             try:

@@ -53,6 +53,13 @@ def terms(text: str, limit: int | None = None) -> list[str]:
     return out
 
 
+def characters(text: str, limit: int | None = None) -> list[str]:
+    """The text's CJK characters, each once, in order: searched as the first of a pair
+    (library/store.py's `characters`), they find a word the pairs miss, written with one
+    character the same and one not (发薪水 and 工资发放 share 发; 薪水 and 薪酬, 薪)."""
+    return list(dict.fromkeys(c for run in _CJK_RUN.findall(text) for c in run))[:limit]
+
+
 def codes(text: str) -> list[str]:
     """The question's codes, as `terms` writes them (lower-case): the words the library matches
     as written as well as by stem, since a stemmer reads AED as a plural-less "a"."""

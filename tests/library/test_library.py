@@ -59,17 +59,6 @@ def test_fusion_ranks_what_both_lists_agree_on_first() -> None:
     assert fuse([]) == []
 
 
-def test_fusion_keeps_what_a_list_is_surest_of_above_the_middle_of_both() -> None:
-    # Words (weight 1) and meaning (weight 2) of 20 candidates each: 99 is meaning's first and
-    # not among the words; 7 is eighth in both. The list's first place outranks the middle of
-    # both (at RRF_K 60 it did not: 2/61 against 3/68)...
-    words = [*range(100, 107), 7, *range(107, 119)]
-    meaning = [99, *range(200, 206), 7, *range(206, 218)]
-    ranked = fuse([words, meaning], [1.0, 2.0])
-    assert ranked.index(99) < ranked.index(7)
-    # ...and agreeing near the top still counts: second in both beats first in one alone.
-    assert fuse([[1, 2], [3, 2]], [1.0, 2.0])[0] == 2
-
 def test_sources_go_into_the_last_user_message_only() -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do we gather?"}]
     from appliance.library.store import Found
