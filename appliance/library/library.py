@@ -24,7 +24,17 @@ from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
 from appliance.library.language import SAMPLE, Lang, Languages, crossing
-from appliance.library.passages import MAX_QUERY_TERMS, Passage, characters, codes, estimate_tokens, html_text, split, terms
+from appliance.library.passages import (
+    MAX_QUERY_CHARACTERS,
+    MAX_QUERY_TERMS,
+    Passage,
+    characters,
+    codes,
+    estimate_tokens,
+    html_text,
+    split,
+    terms,
+)
 from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
 from appliance.library.sync import Publish, Sync
@@ -213,7 +223,7 @@ class Library:
         """The rankings by what the question writes: its words (_words), then each scope's by
         its CJK characters one by one (character_weight), when it has any."""
         lists, weights = self._words(scopes, question)
-        chars = characters(question, MAX_QUERY_TERMS)
+        chars = characters(question, MAX_QUERY_CHARACTERS)
         if chars:
             lists += [self.store.characters(scope, chars, self.limits.candidates) for scope in scopes]
             weights += [self.limits.character_weight] * len(scopes)
