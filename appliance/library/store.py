@@ -99,6 +99,11 @@ def _match(words: Sequence[str]) -> str:
     return " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
 
 
+def _prefixes(chars: Sequence[str]) -> str:
+    # A CJK character, never FTS5 syntax (passages.characters), as the first of any pair.
+    return " OR ".join(f'"{c}"*' for c in dict.fromkeys(chars))
+
+
 @dataclass(frozen=True, slots=True)
 class DocRow:
     id: str
@@ -363,6 +368,20 @@ class LibraryStore:
             return [int(r[0]) for r in tx.all(
                 f"SELECT rowid FROM ({union}) GROUP BY rowid ORDER BY sum(s), rowid LIMIT ?",
                 (*(_match(w) for _, w in asked), limit))]
+        return self.db.read(find)
+
+    def characters(self, scope: str, chars: Sequence[str], limit: int) -> list[int]:
+        """The scope's passages holding any of the CJK characters, best first (bm25): each
+        matched as the first of a pair (a prefix query on the stemmed table, whose CJK words
+        are the pairs as written), so the passages' single characters are searched with no
+        table of their own; a run's last character is found only where a pair starts with it."""
+        def find(tx: Tx) -> list[int]:
+            table = _table(scope)
+            if not chars or not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
+                return []
+            return [int(r[0]) for r in tx.all(
+                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank, rowid LIMIT ?",
+                (_prefixes(chars), limit))]
         return self.db.read(find)
 
     def found(self, ids: Sequence[int], scopes: Sequence[str]) -> dict[int, Found]:
