@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from appliance.library.rows import render
 from appliance.library.store import Found
 
 INSTRUCTION = ("Answer the question using the numbered sources from the office library below, in the language of "
@@ -28,8 +29,9 @@ def label(f: Found) -> str:
 
 
 def block(n: int, f: Found) -> str:
-    """Source n as the prompt shows it."""
-    return f"[{n}] {label(f)}:\n{f.text}"
+    """Source n as the prompt shows it, its tables a cell or a row a line, each cell named
+    (library/rows.py). What it costs is counted from this (http/retrieval.py)."""
+    return f"[{n}] {label(f)}:\n{render(f.text)}"
 
 
 # What the sources add to the question besides their blocks, each block followed by "\n\n".
