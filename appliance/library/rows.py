@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from appliance.library.passages import terms
+
 _ROW = " | "  # between a row's cells, as the PDF and DOCX readers write them (passages.py)
 # A figure: a number with at most a short currency before it or unit after it (€58, 40元,
 # DKK 470, US$74, 1,200, 3.5 h, 15%), what a table's body holds and a header seldom does. A
@@ -29,6 +31,10 @@ _FIGURE = re.compile(r"(?:[A-Za-z]{0,3}[^\w\s]|[A-Za-z]{1,3}\s)?\d[\d,.\s]*\D{0,
 # Value columns at most for a cell a line: wider, each cell's line would repeat the row's
 # label that many times; a row a line costs less and still names every cell.
 WIDE = 4
+# A grade in a question (E2, P5, M2) and a band of them in a table (E1–E3, P4–6); not \b:
+# in Chinese a code stands against characters that are word characters too (是P5职级).
+_CODE = re.compile(r"(?<![A-Za-z\d])([A-Za-z]{1,3})(\d+)(?![\d–—-])")
+_BAND = re.compile(r"(?<![A-Za-z\d])([A-Za-z]{1,3})(\d+)\s*[–—-]\s*([A-Za-z]{0,3})(\d+)(?!\d)")
 
 
 def is_figure(cell: str) -> bool:
@@ -93,11 +99,34 @@ def table(lines: list[str]) -> list[str]:
     return [_row_line(header, row) for row in rows]
 
 
-def render(text: str) -> str:
+def _words(text: str) -> set[str]:
+    """Its words as `terms` gives them, an English plural's s dropped (associate, associates)."""
+    return {w[:-1] if w.endswith("s") and len(w) > 3 and w.isascii() else w for w in terms(text)}
+
+
+def _in_range(codes: list[tuple[str, int]], line: str) -> int:
+    """How many of the question's codes (E2, P5) fall in a band the line names (E1–E3, P4–P6)."""
+    bands = [(a.lower(), int(lo), int(hi)) for a, lo, b, hi in _BAND.findall(line) if not b or b.lower() == a.lower()]
+    return sum(any(a == x and lo <= n <= hi for x, lo, hi in bands) for a, n in codes)
+
+
+def _first(lines: list[str], question: str) -> list[str]:
+    """The lines that name more of the question's words first, in their order otherwise (a
+    stable sort: nothing is dropped). Given a grid or every cell in the order of the table,
+    the 0.5B model answered with the first cell of the column asked (广东 中级 with 杭州
+    中级's figure): the cell the question names by its row and its column is read first."""
+    asked = _words(question)
+    codes = [(a.lower(), int(n)) for a, n in _CODE.findall(question)]
+    score = [len(asked & _words(line)) + _in_range(codes, line) for line in lines]
+    return [line for _, line in sorted(zip(score, lines), key=lambda p: -p[0])]
+
+
+def render(text: str, question: str = "") -> str:
     """A passage's text with each table in it (two lines or more that part cells by " | ",
-    as passages.py finds them) named cell by cell; its other lines as they stand."""
+    as passages.py finds them) named cell by cell, the cells the question names first; its
+    other lines as they stand."""
     out: list[str] = []
     for is_row, run in itertools.groupby(text.split("\n"), key=lambda line: _ROW in line):
         group = list(run)
-        out.extend(table(group) if is_row and len(group) > 1 else group)
+        out.extend(_first(table(group), question) if is_row and len(group) > 1 else group)
     return "\n".join(out)

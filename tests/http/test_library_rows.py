@@ -25,7 +25,7 @@ QUESTION = "What daily allowance does grade E4 get in Berlin abroad?"
 
 def cost(title: str, text: str) -> int:
     """A source's cost in the fake's tokens (a character each), as http/retrieval.py counts it."""
-    return len(block(1, Found(0, "", title, None, text)) + "\n\n")
+    return len(block(1, Found(0, "", title, None, text), QUESTION) + "\n\n")
 
 
 def asked(tmp_path: Path, budget: int) -> tuple[list[dict[str, object]], str]:
@@ -48,7 +48,9 @@ def asked(tmp_path: Path, budget: int) -> tuple[list[dict[str, object]], str]:
 def test_the_model_reads_the_table_a_cell_a_line_and_the_client_gets_it_as_stored(tmp_path: Path) -> None:
     sources, read = asked(tmp_path, 10_000)
     assert {s["title"] for s in sources} == {"rates", "rule"}
-    assert "Berlin, Grades E4–E5: €61\n" in read and "Paris, Grades E1–E3: €58\n" in read
+    # The cell the question names first (its row and column), then those naming one of them.
+    table = "Berlin, Grades E4–E5: €61\nParis, Grades E4–E5: €66\nBerlin, Grades E1–E3: €52\nParis, Grades E1–E3: €58"
+    assert f"Daily allowance abroad by city and grade.\n{table}\n" in read
     assert "Berlin | €52 | €61" not in read
     assert [s["text"] for s in sources if s["title"] == "rates"] == [TABLE]
 

@@ -71,6 +71,22 @@ def test_empty_cells_and_a_missing_header_cell_are_left_out_or_unnamed() -> None
     assert render(text).split("\n") == ["Ann, Weekday: 3 days", "Bob, Weekend: 2 days", "Bob: on call"]
 
 
+def test_the_cells_the_question_names_come_first_and_none_is_dropped() -> None:
+    shown = render(ZH, "中级顾问在广东驻场，每天补贴多少钱？").split("\n")
+    assert shown[1] == "广东, 中级顾问: 105元" and sorted(shown) == sorted(render(ZH).split("\n"))
+    assert shown[0] == "表1 项目驻场补贴（元/天）" and shown[-1] == "驻场补贴按月汇总，随次月工资发放。"
+
+
+def test_a_grade_asked_is_found_in_its_band_and_a_plural_matches() -> None:
+    text = "\n".join(["Period | Grades E1–E3 | Grades E4–E5 | Associates", "Saturday | £71 | £88 | £104",
+                      "Sunday | £79 | £97 | £116"])
+    assert render(text, "I'm grade E2 on standby on a Sunday.").split("\n")[0] == "Sunday, Grades E1–E3: £79"
+    assert render(text, "An associate on a Saturday?").split("\n")[0] == "Saturday, Associates: £104"
+    zh = "工龄 | P1–P3 | P4–P6\n满1年不满3年 | 60元 | 90元\n满3年不满5年 | 140元 | 190元"
+    assert render(zh, "我是P5职级，满3年不满5年").split("\n")[0] == "满3年不满5年, P4–P6: 190元"
+    assert render(zh, "P7呢？") == render(zh)  # out of every band: the table's own order
+
+
 @pytest.mark.parametrize("text", [
     "No table here.\nJust two lines of text.",
     "A lone row is text: a | b\nand the line after it.",
@@ -87,5 +103,6 @@ def test_figures_and_codes() -> None:
 
 def test_the_prompt_block_shows_the_rows_and_the_client_the_passage_as_stored() -> None:
     found = Found(7, "d", "补贴标准", 1, ZH)
-    assert block(2, found) == f"[2] 补贴标准, page 1:\n{render(ZH)}" and "广东, 中级顾问: 105元" in block(2, found)
+    assert block(2, found, "广东") == f"[2] 补贴标准, page 1:\n{render(ZH, '广东')}"
+    assert "\n广东, 初级顾问: 88元\n" in block(2, found, "广东") and "广东, 中级顾问: 105元" in block(2, found)
     assert found.text == ZH  # what attribution matches answers against, and the client shows
