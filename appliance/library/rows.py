@@ -1,12 +1,15 @@
-"""A passage's table rows as the prompt shows them: each row a line, or each cell a line,
-that names its cells by the header, so a small model reads a cell without counting columns.
+"""A passage's table rows as the prompt shows them: each cell (or each row) a line that names
+it by its row and its column's header, the cells the question names first, so a small model
+reads a cell without counting columns.
 
 The passage is stored as the readers write a table (a header row, then rows, cells parted by
-" | ": passages.py); on the evaluation set the 0.5B model, given that grid, took the wrong row
-or column in 6 of 8 table questions (广东 中级 answered with 江苏 初级's figure). Only the
-prompt changes: a cell's text is copied as it stands (the server's attribution matches an
-answer's figures against the stored text), and what the prompt shows is what its cost counts
-(http/retrieval.py tokenizes the rendered block).
+" | ": passages.py); on the evaluation set the 0.5B model, given that grid, answered 2 of 8
+table questions (广东 中级 with 江苏 初级's figure). A cell a line alone did no better (1 of
+8: it took the first line of the column asked, Paris's for Berlin); with the cells the
+question names first, 4 of 8. Only the prompt changes: a cell's text is copied as it stands
+and nothing is dropped (the server's attribution matches an answer's figures against the
+stored text), and what the prompt shows is what its cost counts (http/retrieval.py
+tokenizes the rendered block; a matrix shown a cell a line costs ~1.4 times its grid).
 
   Berlin, Grades E4–E5: €61        a matrix: the first column names the row, the header the
                                    columns (every cell a line, row and column named)
