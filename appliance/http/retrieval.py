@@ -73,7 +73,7 @@ async def cited(engine: Engine, cite: Cite, messages: list[dict[str, Any]], tool
     if not found or not closeness([question, *([also] if also else [])], found).close():
         return plain, Check(question, [], close=False)
     counts = await asyncio.gather(*(engine.tokenize(text) for text in
-                                    [FRAME, *(block(n, f) + "\n\n" for n, f in enumerate(found, 1))]))
+                                    [FRAME, *(block(n, f, question) + "\n\n" for n, f in enumerate(found, 1))]))
     frame, costs = len(counts[0]) + SLACK, [len(c) for c in counts[1:]]
     room = engine.prompt_limit(max_tokens) + plain.allowance - len(plain.tokens) - frame
     kept = keep(found, costs, limits.top_k, limits.budget_tokens, room)

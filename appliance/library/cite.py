@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from appliance.library.rows import render
 from appliance.library.store import Found
 
 INSTRUCTION = ("Answer the question using the numbered sources from the office library below, in the language of "
@@ -27,9 +28,11 @@ def label(f: Found) -> str:
     return f"{f.title}, page {f.page}" if f.page is not None else f.title
 
 
-def block(n: int, f: Found) -> str:
-    """Source n as the prompt shows it."""
-    return f"[{n}] {label(f)}:\n{f.text}"
+def block(n: int, f: Found, question: str = "") -> str:
+    """Source n as the prompt shows it for the question, its tables a cell or a row a line,
+    each cell named, those the question names first (library/rows.py). What it costs is
+    counted from this (http/retrieval.py)."""
+    return f"[{n}] {label(f)}:\n{render(f.text, question)}"
 
 
 # What the sources add to the question besides their blocks, each block followed by "\n\n".
@@ -41,7 +44,7 @@ def with_sources(messages: list[dict[str, Any]], found: list[Found]) -> list[dic
     if not found:
         return messages
     question = str(messages[-1]["content"])
-    blocks = "\n\n".join(block(n, f) for n, f in enumerate(found, 1))
+    blocks = "\n\n".join(block(n, f, question) for n, f in enumerate(found, 1))
     content = f"{INSTRUCTION}\n\n{blocks}\n\nQuestion: {question}"
     return [*messages[:-1], {**messages[-1], "content": content}]
 
