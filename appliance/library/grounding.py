@@ -91,6 +91,11 @@ def not_in_library(question: str) -> str:
     return "The library does not say: nothing in it is close to this question."
 
 
+def listed(items: Sequence[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def unsupported_note(question: str, got: Attribution) -> str:
     """What the answer gets at its end when none of its figures and names is in a source
     ("" otherwise)."""
@@ -98,7 +103,6 @@ def unsupported_note(question: str, got: Attribution) -> str:
         return ""
     if chinese(question):
         return f"\n\n（资料库中没有这一说法：{'、'.join(got.unsupported)} 不在任何来源中。）"
-    listed = got.unsupported[0] if len(got.unsupported) == 1 else \
-        ", ".join(got.unsupported[:-1]) + " and " + got.unsupported[-1]
     verb = "is" if len(got.unsupported) == 1 else "are"
-    return f"\n\n(The library does not say this: {listed} {verb} in none of its sources.)"
+    return f"\n\n(The library does not say this: {listed(got.unsupported)} {verb} in none of its sources.)"
+
