@@ -71,5 +71,6 @@ def test_the_note_says_it_in_the_questions_language() -> None:
         "\n\n(The library does not say this: the sources that give £45 do not mention Christmas.)"
     assert note("How much?", Astray(("28", "£5"), (), True)).endswith(
         "the sources that give 28 and £5 are about something other than what was asked.)")
-    assert note("每人保额是多少？", Astray(("28",), (), True)) == "\n\n（资料库中没有这一说法：给出 28 的来源说的不是所问的内容。）"
+    assert note("每人保额是多少？", Astray(("28",), (), True)) == \
+        "\n\n（资料库中没有这一说法：给出 28 的来源说的不是所问的内容。）"
     assert note("How much?", Astray(("28",))) == ""
