@@ -4,7 +4,7 @@ question than another source given, is astray; the note says so in the question'
 
 from __future__ import annotations
 
-from appliance.library.about import GAP, Astray, astray, names, note, share, weights
+from appliance.library.about import GAP, Astray, astray, moneys, names, note, share, weights
 
 SUMMER = "2. Summer party. Friday 3 July at the boathouse. Budget £45 per head; partners are not included."
 WINTER = "The office closes between Christmas and New Year; the closure does not count as annual leave."
@@ -65,6 +65,16 @@ def test_figures_in_no_source_or_in_most_are_left_to_attribution() -> None:
     assert astray("When is the Christmas party?", "In 2026.", everywhere) == Astray(())
 
 
+def test_a_figure_in_another_currency_than_its_sources_is_astray() -> None:
+    lunch = "Meals: breakfast £12, lunch £15, evening meal £32."
+    assert moneys("£15, 45元, 16.3万元, 20 pounds, € 150, 12 days") == \
+        {"15": {"GBP"}, "45": {"CNY"}, "16.3": {"CNY"}, "20": {"GBP"}, "150": {"EUR"}}
+    got = astray("食堂的午餐一份多少钱？", "午餐一份15元。", [lunch, "前台服务时间为8:30至18:00。"])
+    assert got.currency and got.figures == ("15",)
+    assert not astray("How much is lunch?", "Lunch is 15 pounds [1].", [lunch, "Opening hours 8:30 to 18:00."])
+    assert not astray("How much is lunch?", "Lunch is 15.", [lunch, "Opening hours 8:30 to 18:00."])
+
+
 def test_the_note_says_it_in_the_questions_language() -> None:
     named = Astray(("£45",), ("Christmas",))
     assert note("What is the Christmas budget?", named) == \
@@ -73,4 +83,6 @@ def test_the_note_says_it_in_the_questions_language() -> None:
         "the sources that give 28 and £5 are about something other than what was asked.)")
     assert note("每人保额是多少？", Astray(("28",), (), True)) == \
         "\n\n（资料库中没有这一说法：给出 28 的来源说的不是所问的内容。）"
+    assert note("How much?", Astray(("15",), currency=True)).endswith("its sources give 15 in another currency.)")
+    assert note("多少钱？", Astray(("15",), currency=True)).endswith("来源中的 15 是另一种货币。）")
     assert note("How much?", Astray(("28",))) == ""
