@@ -2,7 +2,7 @@
 Christmas party's budget asked, the summer party's passage found) is answered by the 0.5B
 model with the neighbouring passage's figure, which IS in a source: attribution by presence
 (attribute.py) calls it supported. So the passage a figure of the answer comes from is held
-to the question's subject, two ways:
+to the question's subject, three ways:
 
 - a name the question gives (a capitalised word: Christmas, Kestrel, Berlin) must be in a
   passage the figure comes from (or its document's title), when that passage is in the
