@@ -34,7 +34,8 @@ CHINESE = 0.3  # a question with more of its letters CJK is answered in Chinese
 # of its words: 2 of 33 refused (both without their page among the sources), 1 of 6
 # unanswerable. Stricter costs answers: at 0.45 and 0.6, 7 of 34 refused for 3 of 6. Near
 # misses ("the summer party" for the Christmas party's budget) are as close as answers; what
-# the model invents from them is caught after it writes (attribute.py, unsupported_note).
+# the model invents from them is caught after it writes (attribute.py, unsupported_note), and
+# what it quotes from them for the thing asked too (about.py).
 NEAR = 0.40  # the nearest passage's cosine at or above which a question is close
 WORDS = 0.55  # the share of the question's words one passage holds at or above which it is close
 WORDS_UNREAD = 0.15  # the same, for a question the embedding model does not read
