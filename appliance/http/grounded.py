@@ -1,14 +1,18 @@
 """A library chat's answer checked against its sources (library/attribute.py), for every chat
 API the same way: the server's own answer when nothing in the library was close enough to
 ask the model (library/grounding.py; no slot spent), a note at the end of an answer whose
-figures and names are in no source, and what the answer's last chunk (a whole answer's
-body) carries: the sources again, each with `used` and `support`, and `grounding`.
+figures and names are in no source, or come from passages about something other than the
+question (library/about.py: its verdict is then unsupported), and what the answer's last
+chunk (a whole answer's body) carries: the sources again, each with `used` and `support`,
+and `grounding`.
 The pipeline calls it per choice (pipeline.Review); the shapes put `wire(i)` on the wire."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from appliance.library import about
 from appliance.library.attribute import Attribution, Verdict, attribute
 from appliance.library.grounding import not_in_library, unsupported_note
 
@@ -22,9 +26,15 @@ class Check:
         # Nothing close enough: the server answers, in the question's language.
         self.answer = None if close else not_in_library(question)
         self._got: dict[int, tuple[Attribution, str, str]] = {}  # choice: (attribution, answer, without dropped [n])
+        self._astray: dict[int, about.Astray] = {}  # choice: its figures' passages not about the question
 
     def _attribute(self, i: int, text: str) -> Attribution:
-        got, cleaned = attribute(text, [s["text"] for s in self.sources], self.question)
+        texts = [s["text"] for s in self.sources]
+        got, cleaned = attribute(text, texts, self.question)
+        off = about.astray(self.question, text, texts, [s.get("title") or "" for s in self.sources])
+        if off:  # its figures are in a source, said there of something else: the library does not say
+            got = replace(got, verdict=Verdict.UNSUPPORTED)
+            self._astray[i] = off
         self._got[i] = (got, text, cleaned)
         return got
 
@@ -34,7 +44,9 @@ class Check:
         if self.answer is not None:
             return ""
         got = self._attribute(i, text)
-        return unsupported_note(self.question, got) if self.sources else ""
+        if not self.sources:
+            return ""
+        return about.note(self.question, self._astray[i]) if i in self._astray else unsupported_note(self.question, got)
 
     def clean(self, i: int, text: str) -> str:
         """A whole answer's text as sent: the [n] its passage does not support taken out (the

@@ -24,7 +24,7 @@ _FIGURE = re.compile(r"(?<![A-Za-z0-9.,])([£$€¥￥]?)(\d+(?:[,，]\d{3})*(?:
 _LIST = re.compile(r"^\s*\d{1,2}[.)、]\s", re.MULTILINE)
 _LATIN = re.compile(r"[A-Za-z][A-Za-z0-9&'’-]*")
 # A code: three capitals or more (AED, VPN), or letters and digits (A4, B2); as passages.py's.
-_CODE = re.compile(r"[A-Z]{2,}[A-Z0-9]*|[A-Za-z]+\d[A-Za-z0-9]*")
+CODE = re.compile(r"[A-Z]{2,}[A-Z0-9]*|[A-Za-z]+\d[A-Za-z0-9]*")
 # Sentences: after . ! ? with a space, after 。！？ at once, and at each line (passages keep lists).
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；])|\n+")
 _STARTS = set(".!?:;\n\"'(“‘-*•#。！？：；")
@@ -116,7 +116,7 @@ def _figures(text: str) -> list[tuple[str, str]]:
             for m in _FIGURE.finditer(text)]
 
 
-def _names(text: str) -> list[tuple[str, str]]:
+def names_in(text: str) -> list[tuple[str, str]]:
     """Codes anywhere, and capitalised words not first in their sentence (a sentence's first
     word is capitalised whatever it is)."""
     out = []
@@ -124,7 +124,7 @@ def _names(text: str) -> list[tuple[str, str]]:
         word = m.group(0).rstrip("'’-")
         before = text[:m.start()].rstrip()
         first = not before or before[-1] in _STARTS or MARK.search(before[-6:]) is not None and before.endswith("]")
-        if _CODE.fullmatch(word) or (word[0].isupper() and not first and word.lower() not in STOP and len(word) > 1):
+        if CODE.fullmatch(word) or (word[0].isupper() and not first and word.lower() not in STOP and len(word) > 1):
             out.append((word.lower(), word))
     return out
 
@@ -145,7 +145,7 @@ def _phrases(text: str) -> set[str]:
 def evidence(text: str) -> Evidence:
     """What `text` asserts (its [n] marks aside)."""
     text = MARK.sub(" ", text)
-    figures, names = _figures(text), _names(text)
+    figures, names = _figures(text), names_in(text)
     return Evidence(frozenset(k for k, _ in figures), frozenset(k for k, _ in names), frozenset(_phrases(text)),
                     tuple(dict.fromkeys([*figures, *names])))
 

@@ -34,7 +34,8 @@ CHINESE = 0.3  # a question with more of its letters CJK is answered in Chinese
 # of its words: 2 of 33 refused (both without their page among the sources), 1 of 6
 # unanswerable. Stricter costs answers: at 0.45 and 0.6, 7 of 34 refused for 3 of 6. Near
 # misses ("the summer party" for the Christmas party's budget) are as close as answers; what
-# the model invents from them is caught after it writes (attribute.py, unsupported_note).
+# the model invents from them is caught after it writes (attribute.py, unsupported_note), and
+# what it quotes from them for the thing asked too (about.py).
 NEAR = 0.40  # the nearest passage's cosine at or above which a question is close
 WORDS = 0.55  # the share of the question's words one passage holds at or above which it is close
 WORDS_UNREAD = 0.15  # the same, for a question the embedding model does not read
@@ -91,6 +92,11 @@ def not_in_library(question: str) -> str:
     return "The library does not say: nothing in it is close to this question."
 
 
+def listed(items: Sequence[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def unsupported_note(question: str, got: Attribution) -> str:
     """What the answer gets at its end when none of its figures and names is in a source
     ("" otherwise)."""
@@ -98,7 +104,6 @@ def unsupported_note(question: str, got: Attribution) -> str:
         return ""
     if chinese(question):
         return f"\n\n（资料库中没有这一说法：{'、'.join(got.unsupported)} 不在任何来源中。）"
-    listed = got.unsupported[0] if len(got.unsupported) == 1 else \
-        ", ".join(got.unsupported[:-1]) + " and " + got.unsupported[-1]
     verb = "is" if len(got.unsupported) == 1 else "are"
-    return f"\n\n(The library does not say this: {listed} {verb} in none of its sources.)"
+    return f"\n\n(The library does not say this: {listed(got.unsupported)} {verb} in none of its sources.)"
+

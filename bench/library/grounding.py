@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.library import grounding
+from appliance.library.about import astray
 from appliance.library.attribute import Verdict, attribute
 from appliance.library.grounding import Closeness, closeness
 
@@ -82,14 +83,14 @@ def errors(rows: list[dict[str, Any]], near: float, words: float, unread: float)
 
 def flagged(rows: list[dict[str, Any]]) -> list[str]:
     """Answerable questions whose gold page is given, answered with the fact, that the
-    attribution would call unsupported."""
+    attribution would call unsupported (or about.py astray: from passages not about the question)."""
     out = []
     for r in rows:
         if r["kind"] == "unanswerable" or not r["gold_given"]:
             continue
         answer = "It is " + " and ".join(r["facts"]) + " [1]."
         got, _ = attribute(answer, r["given"], r["question"])
-        if got.verdict is Verdict.UNSUPPORTED:
+        if got.verdict is Verdict.UNSUPPORTED or astray(r["question"], answer, r["given"]):
             out.append(r["id"])
     return out
 

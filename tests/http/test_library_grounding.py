@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 KEY = "The spare key is kept in the blue flowerpot by the back door."
 ROOM = "Room Kestrel seats 12 people and has a projector."
+PARTY = "Summer party: the budget is £45 per head, partners not included."
 QUESTION = "Where is the spare key kept?"
 FAR = "Mars weather tomorrow?"  # no word of it in the library, and by meaning far (checked below)
 ASK = [{"role": "user", "content": QUESTION}]
@@ -37,7 +38,7 @@ def apis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient,
     with serving(lambda: model, embedder=service, ctx=2048,
                  library=library_of(tmp_path_factory.mktemp("library"), service)) as c:
         docs = {name: upload(c, "/admin/library", f"{name}.txt", text.encode()).json()["id"]
-                for name, text in (("key", KEY), ("room", ROOM))}
+                for name, text in (("key", KEY), ("room", ROOM), ("party", PARTY))}
         ready(c, "/admin/library")
         yield c, model, docs
 
@@ -109,7 +110,7 @@ def test_nothing_close_is_answered_by_the_server_without_the_model(
     client, model, _ = apis
     service = FakeEmbedService()
     far = service.vectors([FAR])[0]
-    assert all(float(far @ service.vectors([t])[0]) < 0.4 for t in (KEY, ROOM))  # the premise
+    assert all(float(far @ service.vectors([t])[0]) < 0.4 for t in (KEY, ROOM, PARTY))  # the premise
     wait_health(client.get, is_idle)
     calls = len(model.calls)
     text, end = ask(client, api, stream, 2, FAR)
@@ -122,6 +123,25 @@ def test_nothing_close_is_answered_by_the_server_without_the_model(
     text, _ = ask(client, api, stream, 3, "火星明天的天气？")
     assert text == "资料库中没有与这个问题相关的内容，无法回答。"
     assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", APIS)
+def test_a_near_miss_answered_with_a_neighbours_figure_is_said_to_be_unsaid(
+        apis: tuple[TestClient, FakeModel, dict[str, str]], api: str, stream: bool) -> None:
+    # The Christmas party's budget asked; the summer party's passage is close enough to ask the
+    # model, which quotes its £45 (in a source, but said there of another party).
+    client, model, docs = apis
+    wait_health(client.get, is_idle)
+    model.reply = "The budget for the Christmas party is £45 per head [1]."
+    text, end = ask(client, api, stream, 4, "What is the budget per head for the Christmas party?")
+    assert any(s["document"] == docs["party"] for s in end["sources"])
+    assert end["grounding"]["verdict"] == "unsupported" and end["grounding"]["unsupported"] == []
+    assert text.endswith("\n\n(The library does not say this: the sources that give £45 do not mention Christmas.)")
+    # The summer party's budget asked, the same answer is the library's.
+    model.reply = "The budget for the summer party is £45 per head [1]."
+    text, end = ask(client, api, stream, 5, "What is the budget per head for the summer party?")
+    assert end["grounding"]["verdict"] == "supported" and "does not say" not in text
 
 
 def test_each_choice_is_checked_on_its_own(apis: tuple[TestClient, FakeModel, dict[str, str]]) -> None:
