@@ -21,6 +21,10 @@ _LETTER = re.compile(f"[^\\W\\d_{CJK}]")
 # person, "Ask 张伟 for the keys", 0.13. A Latin word has ~5 letters where a Chinese one has 1-2.
 CHINESE_FROM = 0.25
 SAMPLE = 8  # a document's first passages read for its language
+# A name as a question writes it: in English a capitalised word or a code (Qinghe, London,
+# VPN) that does not start a sentence; in Chinese any word in Latin letters (Owen Blake).
+_LATIN_WORD = re.compile(r"[^\W\d_" + CJK + r"]{2,}")
+_STARTS = re.compile(r"(?:^|[.!?;:。！？；：]\s*)$")
 MOST_KNOWN = 4096  # documents whose language is kept; beyond it the memory starts over
 
 
@@ -80,3 +84,30 @@ def crossing(question: str, holds: Callable[[Lang], bool]) -> Lang | None:
     if asked is None:
         return None
     return asked.other if holds(asked.other) else None
+
+
+def names(text: str) -> list[str]:
+    """The names the text writes in Latin letters (lower-case, each once): in Chinese every
+    Latin word; in English the capitalised ones but a sentence's first word and "I"."""
+    lang, out = language(text), []
+    for m in _LATIN_WORD.finditer(text):
+        word = m.group(0)
+        if lang is Lang.ZH or (word[0].isupper() and word != "I" and not _STARTS.search(text[:m.start()])):
+            out.append(word.lower())
+    return list(dict.fromkeys(out))
+
+
+def leads(question: str, translated: str, held: Callable[[str], set[Lang]]) -> bool:
+    """Whether the translated search should lead the question's own: a name the question
+    writes that no document in its language holds (Qinghe in English asked of 青禾's Chinese
+    papers), or one its translation writes that only the other language's hold (London, when
+    a Chinese question's 伦敦 is in no Chinese document). A name is what tells one office's,
+    city's or person's papers from another's; a question's other words are in both languages'
+    documents alike. `held`: the languages of the documents holding a name."""
+    asked = language(question)
+    if asked is None:
+        return False
+    if any(asked not in held(name) for name in names(question)):
+        return True
+    mine = set(names(question))
+    return any(held(name) == {asked.other} for name in names(translated) if name not in mine)

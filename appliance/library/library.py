@@ -23,7 +23,7 @@ from appliance.errors import Conflict, PayloadTooLarge, Unavailable, Unprocessab
 from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
-from appliance.library.language import SAMPLE, Lang, Languages, crossing
+from appliance.library.language import SAMPLE, Lang, Languages, crossing, leads
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, codes, estimate_tokens, html_text, split, terms
 from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
@@ -217,11 +217,22 @@ class Library:
         queries = [query]
         if also.strip():
             more, theirs, translated = await self._rankings(scopes, also[:MAX_QUESTION], ways)
-            ranked = interleave(ranked, fuse(more, theirs), self.limits.translated_every)
+            other = fuse(more, theirs)
+            if await asyncio.to_thread(leads, question[:MAX_QUESTION], also, lambda name: self._held(scopes, name)):
+                ranked, other = other, ranked  # the translated search's best first, the question's own every 3rd
+            ranked = interleave(ranked, other, self.limits.translated_every)
             queries.append(translated)
         found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
         best = [found[pid] for pid in ranked if pid in found]
         return self._near(keep(best, [estimate_tokens(f.text) for f in best], top_k, budget), queries)
+
+    def _held(self, scopes: list[str], name: str) -> set[Lang]:
+        """The languages of the documents whose passages hold the name (of its first
+        `candidates` passages in each scope, by words)."""
+        ids = [pid for scope in scopes for pid in self._keyword(scope, [name], [name])]
+        docs = {f.doc for f in self._found(ids, scopes).values()}
+        rows = [self.store.doc(doc) for doc in docs]
+        return {lang for row in rows if row is not None and (lang := self.languages.of(row)) is not None}
 
     def _near(self, kept: list[Found], queries: list[np.ndarray | None]) -> list[Found]:
         """The passages with their cosine to the question, or to its translation when closer
