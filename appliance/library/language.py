@@ -97,17 +97,29 @@ def names(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def leads(question: str, translated: str, held: Callable[[str], set[Lang]]) -> bool:
+def leads(question: str, translated: str, held: Callable[[str], dict[Lang, bool]]) -> bool:
     """Whether the translated search should lead the question's own: a name the question
     writes that no document in its language holds (Qinghe in English asked of 青禾's Chinese
-    papers), or one its translation writes that only the other language's hold (London, when
-    a Chinese question's 伦敦 is in no Chinese document). A name is what tells one office's,
-    city's or person's papers from another's; a question's other words are in both languages'
-    documents alike. `held`: the languages of the documents holding a name."""
+    papers), or one its translation writes that only the other language's hold, as a name
+    (London, when a Chinese question's 伦敦 is in no Chinese document). A name is what tells one
+    office's, city's or person's papers from another's; a question's other words are in both
+    languages' documents alike. `held`: the languages of the documents holding a word, each
+    with whether they write it as a name (capitalised mostly): the model capitalises words
+    that are none ("Where do the Spring Team meet?"), which the documents write "team"."""
     asked = language(question)
     if asked is None:
         return False
     if any(asked not in held(name) for name in names(question)):
         return True
     mine = set(names(question))
-    return any(held(name) == {asked.other} for name in names(translated) if name not in mine)
+    for name in names(translated):
+        where = held(name) if name not in mine else {}
+        if asked not in where and where.get(asked.other, False):
+            return True
+    return False
+
+
+def written_as_name(word: str, texts: Iterable[str]) -> bool:
+    """Whether the texts write the word (and words it starts) capitalised in most places."""
+    found = [m.group(0) for text in texts for m in re.finditer(rf"\b{re.escape(word)}\w*", text, re.IGNORECASE)]
+    return sum(w[0].isupper() for w in found) * 2 > len(found)

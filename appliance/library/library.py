@@ -23,7 +23,7 @@ from appliance.errors import Conflict, PayloadTooLarge, Unavailable, Unprocessab
 from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
-from appliance.library.language import SAMPLE, Lang, Languages, crossing, leads
+from appliance.library.language import SAMPLE, Lang, Languages, crossing, leads, written_as_name
 from appliance.library.passages import MAX_QUERY_TERMS, Passage, codes, estimate_tokens, html_text, split, terms
 from appliance.library.shared import SharedLibrary
 from appliance.library.store import OFFICE, DocRow, Found, LibraryStore, NoRoom
@@ -226,13 +226,17 @@ class Library:
         best = [found[pid] for pid in ranked if pid in found]
         return self._near(keep(best, [estimate_tokens(f.text) for f in best], top_k, budget), queries)
 
-    def _held(self, scopes: list[str], name: str) -> set[Lang]:
-        """The languages of the documents whose passages hold the name (of its first
-        `candidates` passages in each scope, by words)."""
+    def _held(self, scopes: list[str], name: str) -> dict[Lang, bool]:
+        """The languages of the documents whose passages hold the word (of its first
+        `candidates` passages in each scope, by words), each with whether they write it as a
+        name (language.leads)."""
         ids = [pid for scope in scopes for pid in self._keyword(scope, [name], [name])]
-        docs = {f.doc for f in self._found(ids, scopes).values()}
-        rows = [self.store.doc(doc) for doc in docs]
-        return {lang for row in rows if row is not None and (lang := self.languages.of(row)) is not None}
+        texts: dict[Lang, list[str]] = {}
+        for f in self._found(ids, scopes).values():
+            row = self.store.doc(f.doc)
+            if row is not None and (lang := self.languages.of(row)) is not None:
+                texts.setdefault(lang, []).append(f.text)
+        return {lang: written_as_name(name, held) for lang, held in texts.items()}
 
     def _near(self, kept: list[Found], queries: list[np.ndarray | None]) -> list[Found]:
         """The passages with their cosine to the question, or to its translation when closer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from helpers.library import indexed, open_library
 
-from appliance.library.language import Lang, Languages, crossing, language, leads, names
+from appliance.library.language import Lang, Languages, crossing, language, leads, names, written_as_name
 from appliance.library.library import Library, LibraryLimits, interleave
 from appliance.library.store import OFFICE, DocRow, person_scope
 
@@ -139,14 +139,24 @@ def test_a_name_is_a_capitalised_word_within_an_english_sentence_or_any_latin_wo
 
 
 def test_the_translation_leads_for_a_name_its_own_languages_documents_lack() -> None:
-    where = {"london": {Lang.EN}, "qinghe": set(), "teams": {Lang.EN, Lang.ZH}, "owen": {Lang.EN}, "blake": {Lang.EN}}
+    where: dict[str, dict[Lang, bool]] = {
+        "london": {Lang.EN: True}, "qinghe": {}, "teams": {Lang.EN: True, Lang.ZH: True},
+        "owen": {Lang.EN: True}, "blake": {Lang.EN: True}, "spring": {Lang.EN: False}, "team": {Lang.EN: False}}
     held = where.__getitem__
     assert leads("How much is Qinghe's meal allowance?", "青禾的餐费补贴是多少？", held)  # in no English document
     assert leads("在伦敦住酒店每晚多少？", "How much is a hotel in London a night?", held)  # only English ones
     assert leads("Owen Blake 签批的上限？", "Up to what does Owen Blake sign?", held)
     assert not leads("请问 Teams 会议怎么预约？", "How do I book a Teams meeting?", held)  # both hold it
     assert not leads("停车证在哪里办？", "Where do I get a parking permit?", held)  # no name
-    assert not leads("Where does Qinghe park?", "", {"qinghe": {Lang.EN}}.__getitem__)  # its own hold it
+    assert not leads("Where does Qinghe park?", "", {"qinghe": {Lang.EN: False}}.__getitem__)  # its own hold it
+    # Capitalised by the model only: the English documents write "spring" and "team" as words.
+    assert not leads("春季团建去哪儿玩？", "Where do the Spring Team meet?", held)
+
+
+def test_a_word_is_written_as_a_name_where_most_of_its_places_capitalise_it() -> None:
+    assert written_as_name("london", ["Hotels in London.", "london.example is our site; London office"])
+    assert not written_as_name("team", ["Management Team Minutes", "the team met", "each team lead"])
+    assert not written_as_name("owen", ["no such word here"])
 
 
 def test_a_name_only_the_other_languages_documents_hold_puts_their_passage_first(tmp_path: Path) -> None:
