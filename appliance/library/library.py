@@ -209,7 +209,8 @@ class Library:
         """The passages that best answer `question` among the scopes' documents, best first,
         at most top_k and budget_tokens of them (ways: the rankings fused; the evaluation
         compares each alone). `also`: the question in the other language (crossing), its
-        ranking interleaved with the question's own."""
+        ranking interleaved with the question's own, or leading it when the question names
+        what only the other language's documents hold (language.leads)."""
         top_k = top_k or self.limits.top_k
         budget = budget if budget is not None else self.limits.budget_tokens
         lists, weights, query = await self._rankings(scopes, question[:MAX_QUESTION], ways)
