@@ -32,8 +32,9 @@ DEADLINE_S = 15.0  # behind a full queue, the chat is searched in its own langua
 # coder model answered 4 of 10 questions instead (inventing the figure); shown one
 # translation first, none (bench/library/crossing.py's questions). The example names a place
 # and asks of an office, as questions of a library do: with a name-less one ("How many days of
-# annual leave..."), the model dropped the question's own names (a city, a region) in 3 of 10
-# cross-language questions, with it in none; the names are what finds their documents
+# annual leave..."), the model dropped the places the evaluation set's cross-language questions
+# name (a city; two regions) in 2 of 10, with it in none (it dropped a company's name once,
+# which the question itself still holds); names are what find their documents
 # (library/language.py's `leads`). No figure in it: one there was copied into the translations.
 EXAMPLE = {Lang.EN: ("柏林办公室的新供应商由谁审批？", "Who approves a new supplier for the Berlin office?"),
            Lang.ZH: ("Who approves a new supplier for the Berlin office?", "柏林办公室的新供应商由谁审批？")}
