@@ -2,7 +2,9 @@
 English, by its share of CJK characters; each document's, kept in memory; and the language a
 question should also be searched in. Words match only words of their own language and the
 embedding model reads English only, so a Chinese question finds no English passage unless
-the chat model puts it into English (http/translate.py), and the other way round."""
+the chat model puts it into English (http/translate.py), and the other way round; and whether
+the translated search should come first: when the question names what only the other
+language's documents hold (`leads`)."""
 
 from __future__ import annotations
 
