@@ -30,9 +30,14 @@ MOST_CHARS = 400  # of the question translated, so its prompt is bounded too
 DEADLINE_S = 15.0  # behind a full queue, the chat is searched in its own language rather than wait
 # One example before the question: asked plainly ("Translate ... into English"), the 0.5B
 # coder model answered 4 of 10 questions instead (inventing the figure); shown one
-# translation first, none (bench/library/crossing.py's questions).
-EXAMPLE = {Lang.EN: ("我每年有几天年假？", "How many days of annual leave do I get each year?"),
-           Lang.ZH: ("How many days of annual leave do I get each year?", "我每年有几天年假？")}
+# translation first, none (bench/library/crossing.py's questions). The example names a place
+# and asks of an office, as questions of a library do: with a name-less one ("How many days of
+# annual leave..."), the model dropped the places the evaluation set's cross-language questions
+# name (a city; two regions) in 2 of 10, with it in none (it dropped a company's name once,
+# which the question itself still holds); names are what find their documents
+# (library/language.py's `leads`). No figure in it: one there was copied into the translations.
+EXAMPLE = {Lang.EN: ("柏林办公室的新供应商由谁审批？", "Who approves a new supplier for the Berlin office?"),
+           Lang.ZH: ("Who approves a new supplier for the Berlin office?", "柏林办公室的新供应商由谁审批？")}
 NAME = {Lang.EN: "English", Lang.ZH: "Chinese"}
 SAMPLING = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, stop=("\n",))
 
@@ -59,7 +64,7 @@ async def translate(engine: Engine, caller: Caller, lane: Lane, question: str, i
 def messages(question: str, into: Lang) -> list[dict[str, str]]:
     """The chat the model translates in: what it is for, one example, the question."""
     asked, answered = EXAMPLE[into]
-    ask = f"Translate into {NAME[into]}: "
+    ask = f"Translate this question into {NAME[into]}: "
     return [{"role": "system", "content": "You translate questions between Chinese and English. You never answer them."},
             {"role": "user", "content": ask + asked}, {"role": "assistant", "content": answered},
             {"role": "user", "content": ask + question}]

@@ -2,7 +2,9 @@
 English, by its share of CJK characters; each document's, kept in memory; and the language a
 question should also be searched in. Words match only words of their own language and the
 embedding model reads English only, so a Chinese question finds no English passage unless
-the chat model puts it into English (http/translate.py), and the other way round."""
+the chat model puts it into English (http/translate.py), and the other way round; and whether
+the translated search should come first: when the question names what only the other
+language's documents hold (`leads`)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ _LETTER = re.compile(f"[^\\W\\d_{CJK}]")
 # person, "Ask 张伟 for the keys", 0.13. A Latin word has ~5 letters where a Chinese one has 1-2.
 CHINESE_FROM = 0.25
 SAMPLE = 8  # a document's first passages read for its language
+# A name as a question writes it: in English a capitalised word or a code (Qinghe, London,
+# VPN) that does not start a sentence; in Chinese any word in Latin letters (Owen Blake).
+_LATIN_WORD = re.compile(r"[^\W\d_" + CJK + r"]{2,}")
+_STARTS = re.compile(r"(?:^|[.!?;:。！？；：]\s*)$")
 MOST_KNOWN = 4096  # documents whose language is kept; beyond it the memory starts over
 
 
@@ -80,3 +86,42 @@ def crossing(question: str, holds: Callable[[Lang], bool]) -> Lang | None:
     if asked is None:
         return None
     return asked.other if holds(asked.other) else None
+
+
+def names(text: str) -> list[str]:
+    """The names the text writes in Latin letters (lower-case, each once): in Chinese every
+    Latin word; in English the capitalised ones but a sentence's first word and "I"."""
+    lang, out = language(text), []
+    for m in _LATIN_WORD.finditer(text):
+        word = m.group(0)
+        if lang is Lang.ZH or (word[0].isupper() and word != "I" and not _STARTS.search(text[:m.start()])):
+            out.append(word.lower())
+    return list(dict.fromkeys(out))
+
+
+def leads(question: str, translated: str, held: Callable[[str], dict[Lang, bool]]) -> bool:
+    """Whether the translated search should lead the question's own: a name the question
+    writes that no document in its language holds (Qinghe in English asked of 青禾's Chinese
+    papers), or one its translation writes that only the other language's hold, as a name
+    (London, when a Chinese question's 伦敦 is in no Chinese document). A name is what tells one
+    office's, city's or person's papers from another's; a question's other words are in both
+    languages' documents alike. `held`: the languages of the documents holding a word, each
+    with whether they write it as a name (capitalised mostly): the model capitalises words
+    that are none ("Where do the Spring Team meet?"), which the documents write "team"."""
+    asked = language(question)
+    if asked is None:
+        return False
+    if any(asked not in held(name) for name in names(question)):
+        return True
+    mine = set(names(question))
+    for name in names(translated):
+        where = held(name) if name not in mine else {}
+        if asked not in where and where.get(asked.other, False):
+            return True
+    return False
+
+
+def written_as_name(word: str, texts: Iterable[str]) -> bool:
+    """Whether the texts write the word (and words it starts) capitalised in most places."""
+    found = [m.group(0) for text in texts for m in re.finditer(rf"\b{re.escape(word)}\w*", text, re.IGNORECASE)]
+    return sum(w[0].isupper() for w in found) * 2 > len(found)

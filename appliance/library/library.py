@@ -23,7 +23,7 @@ from appliance.errors import Conflict, PayloadTooLarge, Unavailable, Unprocessab
 from appliance.library.cite import keep
 from appliance.library.errors import EmbedBusy, EmbedStopped
 from appliance.library.indexer import Indexer
-from appliance.library.language import SAMPLE, Lang, Languages, crossing
+from appliance.library.language import SAMPLE, Lang, Languages, crossing, leads, written_as_name
 from appliance.library.passages import (
     MAX_QUERY_CHARACTERS,
     MAX_QUERY_TERMS,
@@ -248,7 +248,8 @@ class Library:
         """The passages that best answer `question` among the scopes' documents, best first,
         at most top_k and budget_tokens of them (ways: the rankings fused; the evaluation
         compares each alone). `also`: the question in the other language (crossing), its
-        ranking interleaved with the question's own."""
+        ranking interleaved with the question's own, or leading it when the question names
+        what only the other language's documents hold (language.leads)."""
         top_k = top_k or self.limits.top_k
         budget = budget if budget is not None else self.limits.budget_tokens
         lists, weights, query = await self._rankings(scopes, question[:MAX_QUESTION], ways)
@@ -256,11 +257,26 @@ class Library:
         queries = [query]
         if also.strip():
             more, theirs, translated = await self._rankings(scopes, also[:MAX_QUESTION], ways)
-            ranked = interleave(ranked, fuse(more, theirs), self.limits.translated_every)
+            other = fuse(more, theirs)
+            if await asyncio.to_thread(leads, question[:MAX_QUESTION], also, lambda name: self._held(scopes, name)):
+                ranked, other = other, ranked  # the translated search's best first, the question's own every 3rd
+            ranked = interleave(ranked, other, self.limits.translated_every)
             queries.append(translated)
         found = await asyncio.to_thread(self._found, ranked[: top_k * 3], scopes)
         best = [found[pid] for pid in ranked if pid in found]
         return self._near(keep(best, [estimate_tokens(f.text) for f in best], top_k, budget), queries)
+
+    def _held(self, scopes: list[str], name: str) -> dict[Lang, bool]:
+        """The languages of the documents whose passages hold the word (of its first
+        `candidates` passages in each scope, by words), each with whether they write it as a
+        name (language.leads)."""
+        ids = [pid for scope in scopes for pid in self._keyword(scope, [name], [name])]
+        texts: dict[Lang, list[str]] = {}
+        for f in self._found(ids, scopes).values():
+            row = self.store.doc(f.doc)
+            if row is not None and (lang := self.languages.of(row)) is not None:
+                texts.setdefault(lang, []).append(f.text)
+        return {lang: written_as_name(name, held) for lang, held in texts.items()}
 
     def _near(self, kept: list[Found], queries: list[np.ndarray | None]) -> list[Found]:
         """The passages with their cosine to the question, or to its translation when closer

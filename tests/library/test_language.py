@@ -1,7 +1,8 @@
 """A question in the other language than the library's documents (issue 49): a text's language
 by its CJK share, each document's read once and kept in memory, the decision to search in the
 other language too (only when the scopes hold documents in it, and not when it is turned
-off), and the translated question's rankings fused with the question's own."""
+off), and the translated question's rankings fused with the question's own, the translated
+first when the question names what only the other language's documents hold."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from helpers.library import indexed, open_library
 
-from appliance.library.language import Lang, Languages, crossing, language
+from appliance.library.language import Lang, Languages, crossing, language, leads, names, written_as_name
 from appliance.library.library import Library, LibraryLimits, interleave
 from appliance.library.store import OFFICE, DocRow, person_scope
 
@@ -127,4 +128,45 @@ def test_the_translated_search_can_neither_push_out_nor_be_pushed_out(tmp_path: 
     chinese = add(lib, "停车证由前台办理，每年二十英镑。")
     found = asyncio.run(lib.search([OFFICE], QUESTION_ZH, also="parking permits"))
     assert [f.doc for f in found][:2] == [chinese.id, english.id]  # the question's own best, then the other's
+    lib.stop()
+
+
+def test_a_name_is_a_capitalised_word_within_an_english_sentence_or_any_latin_word_in_chinese() -> None:
+    assert names("What does Qinghe pay for a trip to Tibet? Where is the AED, I ask.") == ["qinghe", "tibet", "aed"]
+    assert names("How much is it? London hotels are dear.") == []  # a sentence's first word
+    assert names("报销超过多少英镑需要 Owen Blake 签批？") == ["owen", "blake"]
+    assert names("停车证在哪里办？") == [] and names("how much is it") == []
+
+
+def test_the_translation_leads_for_a_name_its_own_languages_documents_lack() -> None:
+    where: dict[str, dict[Lang, bool]] = {
+        "london": {Lang.EN: True}, "qinghe": {}, "teams": {Lang.EN: True, Lang.ZH: True},
+        "owen": {Lang.EN: True}, "blake": {Lang.EN: True}, "spring": {Lang.EN: False}, "team": {Lang.EN: False}}
+    held = where.__getitem__
+    assert leads("How much is Qinghe's meal allowance?", "青禾的餐费补贴是多少？", held)  # in no English document
+    assert leads("在伦敦住酒店每晚多少？", "How much is a hotel in London a night?", held)  # only English ones
+    assert leads("Owen Blake 签批的上限？", "Up to what does Owen Blake sign?", held)
+    assert not leads("请问 Teams 会议怎么预约？", "How do I book a Teams meeting?", held)  # both hold it
+    assert not leads("停车证在哪里办？", "Where do I get a parking permit?", held)  # no name
+    assert not leads("Where does Qinghe park?", "", {"qinghe": {Lang.EN: False}}.__getitem__)  # its own hold it
+    # Capitalised by the model only: the English documents write "spring" and "team" as words.
+    assert not leads("春季团建去哪儿玩？", "Where do the Spring Team meet?", held)
+
+
+def test_a_word_is_written_as_a_name_where_most_of_its_places_capitalise_it() -> None:
+    assert written_as_name("london", ["Hotels in London.", "london.example is our site; London office"])
+    assert not written_as_name("team", ["Management Team Minutes", "the team met", "each team lead"])
+    assert not written_as_name("owen", ["no such word here"])
+
+
+def test_a_name_only_the_other_languages_documents_hold_puts_their_passage_first(tmp_path: Path) -> None:
+    lib = make(tmp_path)
+    chinese = add(lib, "出差住宿标准：一般员工每晚四百元。")
+    english = add(lib, "Hotels in London: up to 160 pounds a night.")
+    question = "在伦敦出差住酒店，每晚最多报销多少？"
+    found = asyncio.run(lib.search([OFFICE], question, also="How much is a hotel in London a night?"))
+    assert [f.doc for f in found][:2] == [english.id, chinese.id]
+    # Named nowhere in the other language's documents: the question's own best stays first.
+    found = asyncio.run(lib.search([OFFICE], question, also="How much is a hotel in Paris a night?"))
+    assert found[0].doc == chinese.id
     lib.stop()
