@@ -115,9 +115,14 @@ def astray(question: str, answer: str, sources: Sequence[str], titles: Sequence[
         lacking = [n for n in names(question) if on and not any(n.lower() in h.names for h in on)]
         off += [k] if lacking else []
         missing += lacking
-    weight = weights(question, sources)
-    shares = [share(weight, s) for s in sources]
-    closer = max(shares) - max(shares[i] for i, h in enumerate(helds) if h.figures & set(telling)) >= GAP
+    # Only the question's language's sources are compared: its words are in no passage of the
+    # other (a Chinese passage holds none of "yearly fee"), so an English source would always
+    # look closer than the right Chinese one (x08 of the evaluation set, its fact held, refused).
+    same = [i for i, s in enumerate(sources) if chinese(s) == chinese(question)]
+    weight = weights(question, [sources[i] for i in same])
+    shares = {i: share(weight, sources[i]) for i in same}
+    using = [shares[i] for i in same if helds[i].figures & set(telling)]
+    closer = bool(using) and max(shares.values()) - max(using) >= GAP
     foreign = _foreign(answer, sources, telling)
     shown = off if missing else foreign or telling
     return Astray(tuple(w for k, w in said.written if k in shown), tuple(dict.fromkeys(missing)), closer,

@@ -59,6 +59,14 @@ def test_a_figure_from_a_passage_far_less_about_the_question_is_astray() -> None
     assert not astray("工作日午餐补贴每人每天多少钱？", "每人每天28元。", [INSURANCE, MEALS])
 
 
+def test_a_figure_from_a_passage_in_the_other_language_is_not_held_to_the_questions_words() -> None:
+    # The English question's words are in no Chinese passage: the English source beside it
+    # holds more of them, and that says nothing of which passage answers.
+    english = "Staff receive a meal allowance when travelling on business; the daily rates are set by the policy."
+    question = "How much is the daily meal allowance at work?"
+    assert not astray(question, "It is 28 yuan a day [2].", [english, MEALS]).closer
+
+
 def test_figures_in_no_source_or_in_most_are_left_to_attribution() -> None:
     assert not astray("What is the Christmas budget?", "It is £99.", [SUMMER, WINTER])  # in none: attribute.py's
     everywhere = ["The 2026 rota.", "Plans for 2026.", "The 2026 party is in July."]
