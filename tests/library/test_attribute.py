@@ -64,7 +64,7 @@ def test_an_invented_figure_is_unsupported() -> None:
 
 def test_an_answer_whose_figures_are_all_invented_is_unsupported_whatever_names_it_shares() -> None:
     # The name is the sources' (the question's too), the figure, the claim asked for, is nobody's.
-    got, _ = attribute("Reception keeps 81 spare keys.", [AED, LEAVE], "How many spare keys are there?")
+    got, _ = attribute("There are 81 spare keys at Reception.", [AED, LEAVE], "How many spare keys are there?")
     assert got.verdict is Verdict.UNSUPPORTED and got.unsupported == ("81",)
 
 
