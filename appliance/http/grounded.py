@@ -21,8 +21,8 @@ class Check:
     """One library chat: its question, the sources its prompt numbered, and each choice's
     answer attributed to them once it is written."""
 
-    def __init__(self, question: str, sources: list[dict[str, Any]], close: bool = True) -> None:
-        self.question, self.sources = question, sources
+    def __init__(self, question: str, sources: list[dict[str, Any]], close: bool = True, also: str = "") -> None:
+        self.question, self.sources, self.also = question, sources, also  # also: its translation, if searched
         # Nothing close enough: the server answers, in the question's language.
         self.answer = None if close else not_in_library(question)
         self._got: dict[int, tuple[Attribution, str, str]] = {}  # choice: (attribution, answer, without dropped [n])
@@ -31,7 +31,7 @@ class Check:
     def _attribute(self, i: int, text: str) -> Attribution:
         texts = [s["text"] for s in self.sources]
         got, cleaned = attribute(text, texts, self.question)
-        off = about.astray(self.question, text, texts, [s.get("title") or "" for s in self.sources])
+        off = about.astray(self.question, text, texts, [s.get("title") or "" for s in self.sources], self.also)
         if off:  # its figures are in a source, said there of something else: the library does not say
             got = replace(got, verdict=Verdict.UNSUPPORTED)
             self._astray[i] = off

@@ -99,9 +99,25 @@ def names(question: str) -> list[str]:
             if w.isalpha() and not CODE.fullmatch(w) and len(w) > 2 and k not in STOP]
 
 
-def astray(question: str, answer: str, sources: Sequence[str], titles: Sequence[str] = ()) -> Astray:
+def _shares(question: str, also: str, sources: Sequence[str]) -> dict[int, float]:
+    """Each source's share of the question, read in the source's own language: the question's
+    words for a source in its language, its translation's for one in the other. A question's
+    words are in no passage of the other language (a Chinese passage holds none of "yearly fee"),
+    so compared as written an English source would always look closer than the right Chinese one
+    (x08 of the evaluation set, its fact held, was refused); without a translation a source in the
+    other language is not compared. Rarity is over all the sources, so a lone source of one
+    language does not make its own words weigh nothing."""
+    out: dict[int, float] = {}
+    for text in (t for t in (question, also) if t):
+        weight = weights(text, sources)
+        out.update({i: share(weight, s) for i, s in enumerate(sources) if i not in out and chinese(s) == chinese(text)})
+    return out
+
+
+def astray(question: str, answer: str, sources: Sequence[str], titles: Sequence[str] = (), also: str = "") -> Astray:
     """Whether the answer's figures come from passages that are not about what was asked
-    (`titles`: each source's document title, which names what the passage is about too)."""
+    (`titles`: each source's document title, which names what the passage is about too;
+    `also`: the question's translation, when the library was searched with one)."""
     said = evidence(answer) - evidence(question)
     helds = [held(f"{titles[i] if i < len(titles) else ''}\n{s}") for i, s in enumerate(sources)]
     # A figure most sources hold (the year, in every title) tells no passage apart.
@@ -115,13 +131,8 @@ def astray(question: str, answer: str, sources: Sequence[str], titles: Sequence[
         lacking = [n for n in names(question) if on and not any(n.lower() in h.names for h in on)]
         off += [k] if lacking else []
         missing += lacking
-    # Only the question's language's sources are compared: its words are in no passage of the
-    # other (a Chinese passage holds none of "yearly fee"), so an English source would always
-    # look closer than the right Chinese one (x08 of the evaluation set, its fact held, refused).
-    same = [i for i, s in enumerate(sources) if chinese(s) == chinese(question)]
-    weight = weights(question, [sources[i] for i in same])
-    shares = {i: share(weight, sources[i]) for i in same}
-    using = [shares[i] for i in same if helds[i].figures & set(telling)]
+    shares = _shares(question, also, sources)
+    using = [v for i, v in shares.items() if helds[i].figures & set(telling)]
     closer = bool(using) and max(shares.values()) - max(using) >= GAP
     foreign = _foreign(answer, sources, telling)
     shown = off if missing else foreign or telling

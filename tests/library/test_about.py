@@ -67,6 +67,20 @@ def test_a_figure_from_a_passage_in_the_other_language_is_not_held_to_the_questi
     assert not astray(question, "It is 28 yuan a day [2].", [english, MEALS]).closer
 
 
+def test_a_source_in_the_other_language_is_read_by_the_questions_translation() -> None:
+    # A Chinese question answered with an English passage's figure: its translation says what
+    # the English passages would have to be about, and the travel policy's £65 is not that.
+    hotel = "Hotels. The most you may claim for a night's hotel outside London is £65."
+    party = "今年年会设抽奖环节，一等奖、二等奖的奖品名单另行公布。"
+    question, also = "今年年会抽奖的一等奖是什么？", "What is the first prize in this year's annual party lottery?"
+    assert astray(question, "根据[2]，一等奖是 £65。", [party, hotel], also=also).closer
+    # And an English question answered right from a Chinese passage is not refused for it.
+    fee = "会议决定：新云服务器合同年费46.8万元，由信息部负责签约。"
+    other = "Cloud services. Every new contract with a cloud provider is reviewed by IT before signing."
+    assert not astray("What is the yearly fee of the new cloud server contract?", "It is 46.8万元 a year [1].",
+                      [fee, other], also="新云服务器合同的年费是多少？")
+
+
 def test_figures_in_no_source_or_in_most_are_left_to_attribution() -> None:
     assert not astray("What is the Christmas budget?", "It is £99.", [SUMMER, WINTER])  # in none: attribute.py's
     everywhere = ["The 2026 rota.", "Plans for 2026.", "The 2026 party is in July."]
