@@ -198,12 +198,8 @@ def support(source: str, said: Evidence) -> str | None:
 
 def verdict(said: Evidence, helds: Sequence[Evidence], used: set[int]) -> Verdict:
     if said.claims:
-        got = _found(said, helds)
-        # Figures given and none of them in a source: the answer's claim is the model's, whatever
-        # names it shares with the sources ("Room Kestrel seats 81", the minutes named, no 81 in them).
-        if said.figures and not got & said.figures:
-            return Verdict.UNSUPPORTED
-        return Verdict.SUPPORTED if len(got) == len(said.claims) else Verdict.PARTLY if got else Verdict.UNSUPPORTED
+        found = len(_found(said, helds))
+        return Verdict.SUPPORTED if found == len(said.claims) else Verdict.PARTLY if found else Verdict.UNSUPPORTED
     if not said.phrases:
         return Verdict.SUPPORTED if used else Verdict.UNSUPPORTED
     share = len(said.phrases & frozenset().union(*(h.phrases for h in helds))) / len(said.phrases)
