@@ -26,7 +26,7 @@ _PARAGRAPH = re.compile(r"\n\s*\n|\n(?=\s*(?:[-*•]|\d+[.)]) )")
 _CODE = re.compile(r"[A-Z]{3,}|[^\W_\d]+\d[^\W_]*", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+|(?<=[。！？；：])")  # "at 11:00" stays whole
 
-_ROW = " | "  # between a table row's cells, as the PDF and DOCX readers write them
+ROW = " | "  # between a table row's cells, as the PDF and DOCX readers write them
 TARGET_TOKENS = 160  # a passage's size: the embedding model reads 256 word pieces at most
 MOST_TOKENS = 220
 MAX_QUERY_TERMS = 64  # a question's words searched, the rest dropped: bounded before it starts
@@ -114,7 +114,7 @@ def _continued(units: list[_Unit]) -> list[_Unit]:
         if unit.table is not None and unit.table in going_on:
             unit = replace(unit, table=going_on[unit.table].table, header=going_on[unit.table].header)
         elif (unit.table == unit.start and before is not None and before.table is not None
-              and unit.text.count(_ROW) == before.text.count(_ROW) and unit.text != before.header):
+              and unit.text.count(ROW) == before.text.count(ROW) and unit.text != before.header):
             going_on[unit.start] = before
             unit = replace(unit, table=before.table, header=before.header)
         out.append(unit)
@@ -126,7 +126,7 @@ def _segments(part: str, start: int) -> list[tuple[int, str, list[_Unit]]]:
     as the readers write a row), in order: (start, text, []) or (start, "", the table's rows)."""
     lines, at = [], start
     for line in part.split("\n"):
-        lines.append((at, line, _ROW in line))
+        lines.append((at, line, ROW in line))
         at += len(line) + 1
     out: list[tuple[int, str, list[_Unit]]] = []
     for is_row, run in itertools.groupby(lines, key=lambda line: line[2]):

@@ -23,9 +23,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from appliance.library.passages import terms
+from appliance.library.passages import ROW, terms
 
-_ROW = " | "  # between a row's cells, as the PDF and DOCX readers write them (passages.py)
 # A figure: a number with at most a short currency before it or unit after it (€58, 40元,
 # DKK 470, US$74, 1,200, 3.5 h, 15%), what a table's body holds and a header seldom does. A
 # label with digits in it is none: a code (E4, P5: letters against the digits) or text that
@@ -45,7 +44,7 @@ def is_figure(cell: str) -> bool:
 
 
 def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.split(_ROW.strip())]
+    return [c.strip() for c in line.split(ROW.strip())]
 
 
 def _headed(header: list[str]) -> bool:
@@ -129,7 +128,7 @@ def render(text: str, question: str = "") -> str:
     as passages.py finds them) named cell by cell, the cells the question names first; its
     other lines as they stand."""
     out: list[str] = []
-    for is_row, run in itertools.groupby(text.split("\n"), key=lambda line: _ROW in line):
+    for is_row, run in itertools.groupby(text.split("\n"), key=lambda line: ROW in line):
         group = list(run)
         out.extend(_first(table(group), question) if is_row and len(group) > 1 else group)
     return "\n".join(out)
