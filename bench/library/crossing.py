@@ -117,8 +117,10 @@ async def measure(data: dict[str, Any], url: str, known: dict[str, dict[str, Any
             into = await lib.crossing([OFFICE], q["question"])
             row: dict[str, Any] = {"id": q["id"], "lang": q["lang"], "cross": bool(q.get("cross")),
                                    "decide_ms": round((time.perf_counter() - t0) * 1000, 2)}
-            got = [(ids[f.doc], f.page) for f in await lib.search([OFFICE], q["question"], 4, 10**9)]
+            got = [(ids[f.doc], f.page) for f in await lib.search([OFFICE], q["question"], 4, 10**9, gloss=False)]
             row.update({f"before@{k}": hit(got, q, k) for k in KS})
+            got = [(ids[f.doc], f.page) for f in await lib.search([OFFICE], q["question"], 4, 10**9)]
+            row.update({f"gloss@{k}": hit(got, q, k) for k in KS})  # the dictionary alone: no translation came
             tr = known.get(q["id"]) or (translate(client, q["question"], into) if into is not None else {"text": ""})
             row["translation"] = tr
             for every in EVERY:
@@ -139,7 +141,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
               for kind in ("cross", "same") for lang in ("en", "zh")}
     groups |= {"cross": [r for r in rows if r["cross"]], "same": [r for r in rows if not r["cross"]]}
     for name, sel in groups.items():
-        keys = [f"before@{k}" for k in KS] + [f"every{every}@{k}" for every in EVERY for k in KS]
+        keys = [f"{name}@{k}" for name in ("before", "gloss") for k in KS] + [f"every{every}@{k}" for every in EVERY for k in KS]
         out[name] = {"n": len(sel), **{k: round(sum(r[k] for r in sel) / len(sel), 3) for k in keys}} if sel else {}
     done = [r["translation"] for r in rows if r["translation"].get("wall_s") is not None]
     out["translation"] = {
