@@ -2,7 +2,8 @@
 API the same way: the server's own answer when nothing in the library was close enough to
 ask the model (library/grounding.py; no slot spent), a note at the end of an answer whose
 figures and names are in no source, or come from passages about something other than the
-question (library/about.py: its verdict is then unsupported), and what the answer's last
+question (library/about.py), or whose question names a thing no document mentions
+(Library.unmentioned): its verdict is then unsupported; and what the answer's last
 chunk (a whole answer's body) carries: the sources again, each with `used` and `support`,
 and `grounding`.
 The pipeline calls it per choice (pipeline.Review); the shapes put `wire(i)` on the wire."""
@@ -14,15 +15,19 @@ from typing import Any
 
 from appliance.library import about
 from appliance.library.attribute import Attribution, Verdict, attribute
-from appliance.library.grounding import not_in_library, unsupported_note
+from appliance.library.grounding import not_in_library, unmentioned_note, unsupported_note
 
 
 class Check:
     """One library chat: its question, the sources its prompt numbered, and each choice's
     answer attributed to them once it is written."""
 
-    def __init__(self, question: str, sources: list[dict[str, Any]], close: bool = True, also: str = "") -> None:
+    def __init__(self, question: str, sources: list[dict[str, Any]], close: bool = True, also: str = "",
+                 unknown: list[str] | None = None) -> None:
         self.question, self.sources, self.also = question, sources, also  # also: its translation, if searched
+        # The things the question names that no document mentions (Library.unmentioned): an
+        # answer is then of something else, whatever its sources hold.
+        self.unknown = unknown or []
         # Nothing close enough: the server answers, in the question's language.
         self.answer = None if close else not_in_library(question)
         self._got: dict[int, tuple[Attribution, str, str]] = {}  # choice: (attribution, answer, without dropped [n])
@@ -35,6 +40,8 @@ class Check:
         if off:  # its figures are in a source, said there of something else: the library does not say
             got = replace(got, verdict=Verdict.UNSUPPORTED)
             self._astray[i] = off
+        if self.unknown and self.sources:  # asked of what no document mentions: the library does not say
+            got = replace(got, verdict=Verdict.UNSUPPORTED)
         self._got[i] = (got, text, cleaned)
         return got
 
@@ -46,7 +53,9 @@ class Check:
         got = self._attribute(i, text)
         if not self.sources:
             return ""
-        return about.note(self.question, self._astray[i]) if i in self._astray else unsupported_note(self.question, got)
+        if i in self._astray:  # the more telling: which figure, from a passage about what
+            return about.note(self.question, self._astray[i])
+        return unmentioned_note(self.question, self.unknown) if self.unknown else unsupported_note(self.question, got)
 
     def clean(self, i: int, text: str) -> str:
         """A whole answer's text as sent: the [n] its passage does not support taken out (the
@@ -61,8 +70,8 @@ class Check:
         and `grounding` (its verdict, the figures and names in no source, the [n] dropped)."""
         if self.answer is not None:
             return {"sources": [], "grounding": {"verdict": Verdict.NOT_IN_LIBRARY.value, "unsupported": [],
-                                                 "dropped": []}}
+                                                 "dropped": [], "unmentioned": []}}
         got = self._got[i][0] if i in self._got else self._attribute(i, "")
         sources = [{**s, "used": u.used, "support": u.support} for s, u in zip(self.sources, got.uses)]
         return {"sources": sources, "grounding": {"verdict": got.verdict.value, "unsupported": list(got.unsupported),
-                                                  "dropped": list(got.dropped)}}
+                                                  "dropped": list(got.dropped), "unmentioned": list(self.unknown)}}

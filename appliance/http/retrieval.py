@@ -85,4 +85,5 @@ async def cited(engine: Engine, cite: Cite, messages: list[dict[str, Any]], tool
         return plain, Check(question, [])
     if prompt.dropped_messages > plain.dropped_messages:
         return plain, Check(question, [])
-    return prompt, Check(question, sources(kept), also=also)
+    unknown = await cite.library.unmentioned(cite.scopes, question)
+    return prompt, Check(question, sources(kept), also=also, unknown=unknown)

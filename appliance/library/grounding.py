@@ -97,6 +97,13 @@ def listed(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def unmentioned_note(question: str, things: Sequence[str]) -> str:
+    """What the answer gets at its end when its question names things no document mentions."""
+    if chinese(question):
+        return f"\n\n（资料库中没有这一说法：没有任何文件提到{'、'.join(f'“{t}”' for t in things)}。）"
+    return f"\n\n(The library does not say this: no document mentions {listed([f'“{t}”' for t in things])}.)"
+
+
 def unsupported_note(question: str, got: Attribution) -> str:
     """What the answer gets at its end when none of its figures and names is in a source
     ("" otherwise)."""

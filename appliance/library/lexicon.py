@@ -41,6 +41,16 @@ SENSES = 3  # of an entry's senses read: the later ones are rarer uses (补贴's
 LONGEST = 4  # characters of a Chinese word looked up: 4 holds idioms and most compounds
 PER_WORD = 6  # Chinese words an English word or phrase becomes, its usual renderings first
 MOST_WORDS = 32  # of a gloss, bounded before the search (a question of 10 words glosses to about 30)
+KIN = 16  # words looked up for one a question names, so the check is bounded before it starts
+# A question's frame around what it asks (how far ahead, how long), and the units of an amount:
+# words a library may well never write as such (it writes 14 characters, £750).
+FRAME_EN = frozenset("far long soon often late early ahead big small high low first last next new old".split())
+UNITS_EN = frozenset("pound pounds sterling euro euros dollar dollars yuan rmb percent".split())
+# When, not what: a question's 去年 ("last year") is a date its page writes otherwise (2025年).
+TIMES = frozenset("""year years month months week weeks day days today tomorrow yesterday morning afternoon
+evening night hour hours time times period season date moment now ago before after""".split())
+UNITS_ZH = frozenset("英镑 欧元 美元 人民币 元钱 块钱 百分".split())
+_FRAME_ZH = frozenset("的了是在吗呢要能可以几多少么什哪怎我你他她们每个一这那有和与或及就都也还把被给让从到对为最请该得会想")
 # English words that say nothing a document's words would match on (a question's frame).
 STOP = frozenset("""a an the of to in on at for from by with and or but not no is are was were be been
 being do does did doing have has had i me my we our you your he she it its they them their this that these
@@ -52,9 +62,14 @@ other into over under up down out off again one""".split())
 @dataclass(slots=True)
 class _Tables:
     # Values are space-joined strings, not tuples: 40 MiB of RSS for the whole dictionary, not 61.
-    to_en: dict[str, str] = field(default_factory=dict)  # 补贴 -> "subsidize subsidy allowance"
+    to_en: dict[str, str] = field(default_factory=dict)  # 补贴 -> "subsidize/subsidy/allowance": its senses' words
     to_zh: dict[str, str] = field(default_factory=dict)  # "allowance" -> "津贴 裕度 零用钱 零花钱 补助 补贴"
     names: dict[str, str] = field(default_factory=dict)  # the words that are names, by their first sense: 伦敦 -> "london"
+    # Which words name things (a noun's sense, "jury"; 食堂 "dining hall") and which are said of
+    # doing ("to quit"; 辞职 "to resign"): kin() and things() below.
+    things: set[str] = field(default_factory=set)  # English words some entry gives as a whole sense, not "to ..."
+    acts: set[str] = field(default_factory=set)  # English words some entry gives as "to ...", and Chinese
+    # words whose first sense is "to ..."
 
 
 def _clean(sense: str) -> str:
@@ -80,18 +95,25 @@ def _read(lines: Iterable[str]) -> _Tables:
             continue
         read: list[str] = []
         first = ""
-        for i, sense in enumerate([s for s in senses if not s.lower().startswith(_SKIP)][:SENSES]):
+        kept = [s for s in senses if not s.lower().startswith(_SKIP)][:SENSES]
+        # "dining hall; cafeteria": two ways of saying one sense, each a phrase of its own.
+        for i, sense in ((i, part) for i, whole in enumerate(kept) for part in whole.split(";")):
             phrase = _clean(sense)
-            if phrase.startswith("to "):
+            act = phrase.startswith("to ")
+            if act:
                 phrase = phrase[3:]
             if not phrase:
                 continue
+            if " " not in phrase:
+                (tables.acts if act else tables.things).add(phrase)
+            if act and not read:
+                tables.acts.add(word)
             first = first or _clean(sense.split(",")[0])  # "London, capital of United Kingdom": london
-            read += [w for w in phrase.split() if w not in STOP]
+            read.append(" ".join(w for w in phrase.split() if w not in STOP))
             if len(word) > 1 and len(phrase.split()) <= 2:
                 to_zh.setdefault(phrase, []).append((i, word))
         if read and word not in tables.to_en:  # the first entry of a word is its commonest reading
-            tables.to_en[word] = " ".join(dict.fromkeys(read))
+            tables.to_en[word] = "/".join(dict.fromkeys(r for r in read if r))
             if m.group(2)[:1].isupper():  # pinyin capitalised: a name (伦敦 Lun2 dun1, 西藏 Xi1 zang4)
                 tables.names[word] = first
     # A phrase's words, those giving it as their first sense first, the file's order within.
@@ -136,6 +158,38 @@ class Lexicon:
         return Gloss(" ".join(words), " ".join(dict.fromkeys(w for w, name in pairs if name)))
 
 
+    def things(self, question: str) -> list[str]:
+        """The words of the question that name a thing, as the dictionary reads them: an
+        English word given as a sense of its own and never as "to ..." (jury, gym, broadband;
+        not quit, save, present), a Chinese word whose first sense is no "to ..." (食堂, 健身房;
+        not 辞职). Not: a question's frame (how far, how long), an amount's unit (英镑, pounds:
+        a document writes £), a word the dictionary does not know (a name, a code, a typo)."""
+        tables = self._load()
+        if language(question) is Lang.ZH:
+            return [w for w in dict.fromkeys(_segments(question, tables)) if w not in tables.acts and not _FRAME_ZH & set(w)
+                    and w not in UNITS_ZH and not all(TIMES & set(p.split()) for p in _senses(tables, w))]
+        written = {w.lower(): w for w in reversed(re.findall(r"[A-Za-z]+", question))}  # as the question writes it
+        words = [w for w in _EN_WORD.findall(question.lower()) if w not in STOP and w not in FRAME_EN]
+        return [written.get(w, w) for w in dict.fromkeys(words) if len(w) > 2 and not w.endswith("ly") and w not in UNITS_EN
+                and w not in TIMES and w[:-1] not in TIMES
+                and (w in tables.things or (w.endswith("s") and w[:-1] in tables.things))
+                and w not in tables.acts and w[:-1] not in tables.acts]
+
+    def kin(self, word: str, most: int = KIN) -> list[str]:
+        """What a library may write for `word` instead: its renderings in the other language
+        and, through each, its synonyms in its own (present: 礼物, and 礼物's "gift"; 食堂:
+        "dining hall", "cafeteria"), each a word or a phrase whose words must all be found
+        together. At most `most`, the renderings first."""
+        tables = self._load()
+        if _RUN.fullmatch(word):
+            across = [*tables.names.get(word, "").split()[:1], *_senses(tables, word)]  # 伦敦: "london"
+            back = [z for phrase in across if " " not in phrase for z in tables.to_zh.get(phrase, "").split()]
+        else:
+            across = (tables.to_zh.get(word) or tables.to_zh.get(word[:-1], "")).split()
+            back = [e for z in across for e in _senses(tables, z)]
+        return [w for w in dict.fromkeys(across + back) if w != word and len(w) > 1][:most]
+
+
 @dataclass(frozen=True, slots=True)
 class Gloss:
     words: str  # every known word's renderings, space-separated
@@ -145,11 +199,21 @@ class Gloss:
 NO_GLOSS = Gloss("", "")
 
 
-def _to_english(question: str, tables: _Tables) -> list[tuple[str, bool]]:
+def _senses(tables: _Tables, word: str) -> list[str]:
+    """A Chinese word's senses, each as its words (stop words out)."""
+    return [p for p in tables.to_en.get(word, "").split("/") if p]
+
+
+def _words(tables: _Tables, word: str) -> list[str]:
+    """A Chinese word's senses' words, each once."""
+    return list(dict.fromkeys(w for p in _senses(tables, word) for w in p.split()))
+
+
+def _segments(question: str, tables: _Tables) -> list[str]:
     """Each Chinese run cut into the longest words the dictionary knows (forward maximum
-    matching), each word of two characters or more given by its senses' words; a single
-    character is too ambiguous to gloss (的, 多, 少)."""
-    out: list[tuple[str, bool]] = []
+    matching), the words of two characters or more; a single character is too ambiguous to
+    gloss (的, 多, 少)."""
+    out: list[str] = []
     for run in _RUN.findall(question):
         i = 0
         while i < len(run):
@@ -157,10 +221,19 @@ def _to_english(question: str, tables: _Tables) -> list[tuple[str, bool]]:
                 piece = run[i:i + n]
                 if n == 1 or piece in tables.to_en:
                     if n > 1:
-                        out += [(w, False) for w in tables.to_en[piece].split()]
-                        out += [(w, True) for w in tables.names.get(piece, "").split() if w not in STOP]
+                        out.append(piece)
                     i += n
                     break
+    return out
+
+
+def _to_english(question: str, tables: _Tables) -> list[tuple[str, bool]]:
+    """Each of the question's Chinese words (_segments) as its senses' words, and a name's
+    first sense's as a name."""
+    out: list[tuple[str, bool]] = []
+    for piece in _segments(question, tables):
+        out += [(w, False) for w in _words(tables, piece)]
+        out += [(w, True) for w in tables.names.get(piece, "").split() if w not in STOP]
     return out
 
 

@@ -57,6 +57,10 @@ RRF_K = 10
 MAX_QUESTION = 2000  # characters of a question searched for
 
 
+MOST_THINGS = 8  # of a question's things looked for (lexicon.things): bounded before it starts
+MENTIONS = 50  # passages read for each word looked for: those holding any of its words, best first
+
+
 @dataclass(frozen=True, slots=True)
 class LibraryLimits:
     office_documents: int = 500
@@ -291,6 +295,31 @@ class Library:
         if into is None or self.limits.gloss_weight <= 0:
             return NO_GLOSS
         return await asyncio.to_thread(LEXICON.gloss, question, into)
+
+    async def unmentioned(self, scopes: list[str], question: str) -> list[str]:
+        """The things the question names (lexicon.things) that no document of the scopes
+        mentions, in either language, by any word the dictionary gives for them (lexicon.kin):
+        what the library cannot say, whatever its nearest passage is about ("jury service"
+        asked, the holiday page found). Empty when the dictionary is off (library_translate)."""
+        if not self.limits.translate or self.limits.gloss_weight <= 0:
+            return []
+        return await asyncio.to_thread(self._unmentioned, scopes, question[:MAX_QUESTION])
+
+    def _unmentioned(self, scopes: list[str], question: str) -> list[str]:
+        return [w for w in LEXICON.things(question)[:MOST_THINGS]
+                if not self._mentions(scopes, w) and not any(self._mentions(scopes, k) for k in LEXICON.kin(w.lower()))]
+
+    def _mentions(self, scopes: list[str], phrase: str) -> bool:
+        """Whether a passage of the scopes holds all the phrase's words (as the words ranking
+        finds them: an English word by its stem, Chinese by its pairs); a phrase of none is."""
+        common: set[tuple[str, int]] | None = None
+        for word in terms(phrase, MAX_QUERY_TERMS):
+            stemmed, written = self.store.forms([word], [])
+            found = {(scope, pid) for scope in scopes for pid in self.store.keyword(scope, stemmed, MENTIONS, written)}
+            common = found if common is None else common & found
+            if not common:
+                return False
+        return True
 
     def _held(self, scopes: list[str], name: str) -> dict[Lang, bool]:
         """The languages of the documents whose passages hold the word (of its first

@@ -280,6 +280,8 @@ def answers(opts: argparse.Namespace, firsts: bool = False) -> dict[str, Any]:
     n, phases = opts.max_tokens, opts.phases.split(",")
     ids, uploaded = add_all(client, data, opts.helpers) if "library" in phases else ({}, {})
     qs = select(data["questions"], opts.only, firsts, opts.first)[opts.start:]
+    if opts.ids:
+        qs = [q for q in qs if q["id"] in opts.ids.split(",")]
     docs, rows = {d["id"]: d for d in data["documents"]}, {}
     if "library" in phases:
         phase(rows, qs, lambda q: library_row(q, ask(client, q["question"], True, n), ids))
@@ -318,6 +320,7 @@ def main() -> int:
                          "baseline), bare (neither); phases run on two servers at once merge in `summary`")
     ap.add_argument("--first", type=int, help="answers: only the first N questions, the kinds and languages in turn")
     ap.add_argument("--start", type=int, default=0, help="answers: skip the first N of those (a run cut short goes on)")
+    ap.add_argument("--ids", help="answers: only these questions (comma-separated ids), e.g. a change's suspects")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--helpers", type=Path, default=ROOT / "tests",
                     help="answers: the tests folder whose helpers/documents.py builds the table documents")

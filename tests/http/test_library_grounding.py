@@ -1,8 +1,9 @@
 """A library chat's answer checked against its sources, on every chat API the same way
 (in-process: the fake chat model, a fake embedding model of hashed words): at the end of
 the answer, `sources` again with `used` and `support`, and `grounding`; a note after an
-answer whose figures are in no source; the [n] a source does not support out of a whole
-answer; and, when nothing in the library is close, the server's own answer, no slot spent."""
+answer whose figures are in no source, or whose question names a thing no document
+mentions; the [n] a source does not support out of a whole answer; and, when nothing in the
+library is close, the server's own answer, no slot spent."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_a_supported_answer_names_its_source_and_sentence(apis: tuple[TestClient
     model.reply = "It is in the blue flowerpot [1]."
     text, end = ask(client, api, stream, 0)
     key = n_of(end, docs["key"])
-    assert end["grounding"] == {"verdict": "supported", "unsupported": [], "dropped": [] if key == 1 else [1]}
+    assert end["grounding"] == {"verdict": "supported", "unsupported": [], "dropped": [] if key == 1 else [1], "unmentioned": []}
     by_n = {s["n"]: s for s in end["sources"]}
     assert by_n[key]["used"] is True and by_n[key]["support"] == KEY and by_n[key]["text"] == KEY
     assert all(s["used"] is False and s["support"] is None for n, s in by_n.items() if n != key)
@@ -115,7 +116,8 @@ def test_nothing_close_is_answered_by_the_server_without_the_model(
     calls = len(model.calls)
     text, end = ask(client, api, stream, 2, FAR)
     assert text == "The library does not say: nothing in it is close to this question."
-    assert end["sources"] == [] and end["grounding"] == {"verdict": "not_in_library", "unsupported": [], "dropped": []}
+    assert end["sources"] == []
+    assert end["grounding"] == {"verdict": "not_in_library", "unsupported": [], "dropped": [], "unmentioned": []}
     assert len(model.calls) == calls  # nothing was decoded
     # A Chinese question is translated first (the library holds English documents: translate.py),
     # and its answer, too, is the server's own when the translation is far as well.
@@ -142,6 +144,26 @@ def test_a_near_miss_answered_with_a_neighbours_figure_is_said_to_be_unsaid(
     model.reply = "The budget for the summer party is £45 per head [1]."
     text, end = ask(client, api, stream, 5, "What is the budget per head for the summer party?")
     assert end["grounding"]["verdict"] == "supported" and "does not say" not in text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", APIS)
+def test_an_answer_about_a_thing_no_document_mentions_is_said_to_be_unsaid(
+        apis: tuple[TestClient, FakeModel, dict[str, str]], api: str, stream: bool) -> None:
+    # Room Kestrel's passage is close to the question, and holds the answer's 12; but no
+    # document, in either language, mentions a jury (nor 陪审团, nor a panel of judges).
+    client, model, docs = apis
+    wait_health(client.get, is_idle)
+    model.reply = "Room Kestrel seats 12 people of the jury [1]."
+    text, end = ask(client, api, stream, 6, "How many people of the jury can Room Kestrel seat?")
+    assert any(s["document"] == docs["room"] and s["used"] for s in end["sources"]), (text, end)
+    assert end["grounding"]["verdict"] == "unsupported" and end["grounding"]["unmentioned"] == ["jury"]
+    assert text.endswith("\n\n(The library does not say this: no document mentions “jury”.)")
+    # Asked of what the library holds, the same figure is the library's, nothing unmentioned.
+    model.reply = "Room Kestrel seats 12 people [1]."
+    text, end = ask(client, api, stream, 7, "How many people can Room Kestrel seat?")
+    assert end["grounding"] == {**end["grounding"], "verdict": "supported", "unmentioned": []}
+    assert "does not say" not in text
 
 
 def test_each_choice_is_checked_on_its_own(apis: tuple[TestClient, FakeModel, dict[str, str]]) -> None:

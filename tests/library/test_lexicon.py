@@ -27,6 +27,12 @@ ENTRIES = [
     "出差 出差 [chu1 chai1] /to go on an official or business trip/",
     "出 出 [chu1] /to go out/to come out/",
     "年費 年费 [nian2 fei4] /annual fee/",
+    "陪審團 陪审团 [pei2 shen3 tuan2] /jury/",
+    "辭職 辞职 [ci2 zhi2] /to resign/",
+    "食堂 食堂 [shi2 tang2] /dining hall; cafeteria/CL:個|个[ge4]/",
+    "禮物 礼物 [li3 wu4] /gift/present/CL:件[jian4],個|个[ge4],份[fen4]/",
+    "呈交 呈交 [cheng2 jiao1] /to present/to submit/",
+    "去年 去年 [qu4 nian2] /last year/",
     "的 的 [de5] /of/~'s (possessive particle)/",
     "# a comment line, and a malformed one:",
     "nonsense",
@@ -71,6 +77,22 @@ def test_an_unreadable_dictionary_leaves_the_translation_to_cross_alone(caplog: 
     assert Lexicon([]).gloss("What allowance is paid?", Lang.ZH) == NO_GLOSS  # nothing known, nothing raised
 
 
+def test_a_thing_is_a_word_given_as_a_sense_of_its_own_and_never_as_a_doing() -> None:
+    lex = lexicon()
+    # jury is only ever a thing; present is also "to present"; pounds are an amount's unit,
+    # how far a question's frame, days a time.
+    assert lex.things("How many days of leave for jury service, or for a present, how far, in pounds?") == ["jury"]
+    assert lex.things("辞职前要在食堂退还去年的礼物吗？") == ["食堂", "礼物"]  # 辞职 is "to resign", 去年 a time
+
+
+def test_a_things_kin_are_its_renderings_and_through_them_its_synonyms() -> None:
+    lex = lexicon()
+    assert lex.kin("jury") == ["陪审团"]
+    assert lex.kin("present") == ["呈交", "礼物", "submit", "gift"]  # renderings first, then what they also mean
+    assert lex.kin("食堂") == ["dining hall", "cafeteria"]  # a phrase is found when all its words are
+    assert lex.kin("伦敦") == ["london", "london capital united kingdom"]  # a name's first sense up to its comma
+
+
 def test_the_real_dictionary_gives_the_words_office_papers_use() -> None:
     got = LEXICON.gloss("What daily travel allowance is paid for a trip to Tibet or Xinjiang?", Lang.ZH)
     assert {"补贴", "补助", "津贴"} <= set(got.words.split())
@@ -105,4 +127,22 @@ def test_an_english_question_finds_the_chinese_passage_by_the_dictionary_without
     off.start()
     add(off, "赴西藏、新疆出差的，每天补助提高至一百八十元。")
     assert asyncio.run(off.search([OFFICE], question, ways=words)) == []  # crossing turned off: no dictionary either
+    off.stop()
+
+
+def test_a_thing_no_document_mentions_in_either_language_or_by_a_synonym_is_unmentioned(tmp_path: Path) -> None:
+    lib = open_library(tmp_path)
+    lib.start()
+    add(lib, "Annual leave: full-time staff receive 27 days a year. Gifts from a customer above £50 are recorded.")
+    add(lib, "员工食堂位于三楼，午餐每份十五元。")
+    ask = lambda question: asyncio.run(lib.unmentioned([OFFICE], question))  # noqa: E731
+    assert ask("How many days of leave do I get for jury service?") == ["jury"]
+    assert ask("Above what value must I record a present from a client?") == []  # client: customer
+    assert ask("How much is lunch in the cafeteria?") == []  # the Chinese page's 食堂
+    assert ask("健身房几点开门？") == ["健身房"]
+    assert ask("How many days of leave do I get?") == []
+    lib.stop()
+    off = open_library(tmp_path / "off", LibraryLimits(translate=False))
+    off.start()
+    assert asyncio.run(off.unmentioned([OFFICE], "How many days of leave for jury service?")) == []  # dictionary off
     off.stop()

@@ -153,7 +153,7 @@ def test_a_figure_in_no_source_is_marked(live: Live, page_of: Any,
     # The premise: the server's check of the scripted reply, as the page received it.
     end = [json.loads(x[6:]) for x in answers[0]["text"].splitlines() if x.startswith("data: {")]
     grounding = next(e["grounding"] for e in end if "grounding" in e)
-    assert grounding == {"verdict": "partly", "unsupported": ["41"], "dropped": [2]}, answers
+    assert grounding == {"verdict": "partly", "unsupported": ["41"], "dropped": [2], "unmentioned": []}, answers
 
     marks = answer.locator("mark.unsupported")
     marks.first.wait_for()
@@ -200,7 +200,7 @@ def shown(p: Any, content: str, sources: list[dict[str, Any]], grounding: dict[s
 
 def test_marks_dropped_citations_and_old_messages_render_from_text(live: Live, page_of: Any) -> None:
     p = opened(page_of, live)
-    doubt = {"verdict": "partly", "unsupported": ["14", "Kestrel"], "dropped": []}
+    doubt = {"verdict": "partly", "unsupported": ["14", "Kestrel"], "dropped": [], "unmentioned": []}
     got = shown(p, "We have **14** spaces, `14` in code, [see 14](https://example.com/14), and 14 again in Kestrel; "
                    "not 140, 2014, 1,014 or 14.5.\n\n停车位共14个，Kestrel楼。", [source(1, True, "Passage 1.")], doubt)
     assert got["marks"] == [["STRONG", "14"], ["CODE", "14"], ["A", "14"], ["P", "14"], ["P", "Kestrel"],
@@ -211,14 +211,14 @@ def test_marks_dropped_citations_and_old_messages_render_from_text(live: Live, p
     got = shown(p, "It is in the blue flowerpot [1][2], see [3] and [4].",
                 [source(1, True, "The key is <b>in</b> the <img src=x onerror=window.__pwned=1> flowerpot."),
                  source(3, False), source(2, False), source(4, False)],
-                {"verdict": "supported", "unsupported": [], "dropped": [2, 4]})
+                {"verdict": "supported", "unsupported": [], "dropped": [2, 4], "unmentioned": []})
     assert got["text"] == "It is in the blue flowerpot [1], see [3] and." and got["cites"] == [1], got
     assert got["used"] == ["[1] The key is <b>in</b> the <img src=x onerror=window.__pwned=1> flowerpot. — Doc 1, p. 1"]
     assert got["unused"] == ["[3] Doc 3, p. 3", "[2] Doc 2, p. 2", "[4] Doc 4, p. 4"]
     assert got["imgs"] == 0 and got["pwned"] is None and got["marks"] == [] and NOTICE not in got["notes"]
 
     got = shown(p, "The library does not say: nothing in it is close to this question.", [],
-                {"verdict": "not_in_library", "unsupported": [], "dropped": []})
+                {"verdict": "not_in_library", "unsupported": [], "dropped": [], "unmentioned": []})
     assert not got["sources"] and got["marks"] == [] and got["notes"] == ""
 
     # Kept before the check (no `used`, no grounding): every [n] a source's button, all listed.
