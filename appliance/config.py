@@ -188,8 +188,9 @@ class Config:
     library_translate: bool = field(default=True, metadata=_opt(
         "a chat's question is also searched in the library's other language (English, Chinese), put into it by the "
         "chat model first, when the documents it may cite hold some in that language: a short generation before the "
-        "first token (median 2.9 s measured on a busy 2-core VM; an estimated 3-4 s on a Pi 4), and its words looked up "
-        "in a Chinese-English dictionary (~40 MiB of RAM once a library holds both languages)"))
+        "first token (median 2.9 s measured on a busy 2-core VM; an estimated 3-4 s on a Pi 4); and its words looked up "
+        "in a Chinese-English dictionary, for that search and to tell when it names a thing no document mentions "
+        "(~40 MiB of RAM once the library holds a document)"))
     library_sync_s: float = field(default=2.0, metadata=_opt(
         "with database_url: how often a box takes the documents added or deleted on the others, s", _positive))
     request_deadline_s: float = field(default=30.0, metadata=_opt(

@@ -10,9 +10,12 @@ apart (Library.search). It needs no model and answers in well under a millisecon
 searches even when the translation could not be had in time. What no dictionary bridges
 stays missed: 调薪 is in none, "summer heat allowance" is 高温补贴 only by custom.
 
-Read once, in a thread of its own, when a question is first searched in the other language
-(Library.crossing, while the question is translated): 1.4-1.8 s and 40 MiB of RSS on this
-machine (122,000 entries; the file is 3.8 MB gzipped). A library of one language never reads it."""
+It also tells which words name things, and what else a library may call them (`things`,
+`kin`): Library.unmentioned finds what a question asks about that no document mentions.
+
+Read once, in a thread of its own, when the library first holds a document (Library._warm),
+or by the first question that needs it: 1.4-1.8 s and 40 MiB of RSS on this machine
+(122,000 entries; the file is 3.8 MB gzipped)."""
 
 from __future__ import annotations
 

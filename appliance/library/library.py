@@ -134,6 +134,8 @@ class Library:
 
     def start(self) -> None:
         self.vectors.load(self.store.vectors())
+        if len(self.vectors):
+            self._warm()
         self.indexer.start(resume=self.sync is None)
         if self.sync is not None:
             self.sync.start()  # its first round compares the cache with PostgreSQL, in the background
@@ -201,7 +203,14 @@ class Library:
             raise Conflict(f"the library has room for no more {e.what} here ({e.have:,} of {e.most:,})",
                            code="library_full") from None
         self.indexer.submit(row.id)
+        self._warm()
         return row
+
+    def _warm(self) -> None:
+        """Read the dictionary (lexicon.py) in a thread of its own once the library holds a
+        document, so that the first chat that needs it does not wait the 1.5 s."""
+        if self.limits.translate and self.limits.gloss_weight > 0 and not LEXICON.ready:
+            threading.Thread(target=LEXICON.warm, name="lexicon", daemon=True).start()
 
     def _store(self, row: DocRow, passages: list[Passage], replace: bool) -> None:
         """Into this box's file, and first into PostgreSQL's (database_url), which checks the
@@ -366,10 +375,7 @@ class Library:
 
         def holds(lang: Lang) -> bool:
             return self.languages.holds(self.store.docs(scopes), lang)
-        into = await asyncio.to_thread(crossing, question[:MAX_QUESTION], holds)
-        if into is not None and not LEXICON.ready:  # read while the question is translated, not after
-            threading.Thread(target=LEXICON.warm, name="lexicon", daemon=True).start()
-        return into
+        return await asyncio.to_thread(crossing, question[:MAX_QUESTION], holds)
 
     def _sample(self, row: DocRow) -> list[str]:
         """A document's first passages: of its embeddings in memory, else of those not yet made."""
