@@ -64,9 +64,11 @@ def moneys(text: str) -> dict[str, set[str]]:
     """The text's amounts with a currency: each figure (by value) and the currencies it is in."""
     out: dict[str, set[str]] = {}
     for m in _MONEY.finditer(text):
-        unit = (m.group(1) or (m.group(3) or "").lower().rstrip("s"))
-        if unit:
-            out.setdefault(figure_key(m.group(2)), set()).add(_CURRENCY.get(unit, unit))
+        # Both marks are read when an amount has two ("£46.8万元", the model's pound sign on the
+        # minutes' yuan): it is in either, so neither is judged another currency.
+        for unit in (m.group(1), (m.group(3) or "").lower().rstrip("s")):
+            if unit:
+                out.setdefault(figure_key(m.group(2)), set()).add(_CURRENCY.get(unit, unit))
     return out
 
 

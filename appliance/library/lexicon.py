@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 
+from appliance.library.grounding import FRAME
 from appliance.library.language import Lang, language, names
 from appliance.library.passages import CJK
 
@@ -53,7 +54,6 @@ UNITS_EN = frozenset("pound pounds sterling euro euros dollar dollars yuan rmb p
 TIMES = frozenset("""year years month months week weeks day days today tomorrow yesterday morning afternoon
 evening night hour hours time times period season date moment now ago before after""".split())
 UNITS_ZH = frozenset("英镑 欧元 美元 人民币 元钱 块钱 百分".split())
-_FRAME_ZH = frozenset("的了是在吗呢要能可以几多少么什哪怎我你他她们每个一这那有和与或及就都也还把被给让从到对为最请该得会想")
 # English words that say nothing a document's words would match on (a question's frame).
 STOP = frozenset("""a an the of to in on at for from by with and or but not no is are was were be been
 being do does did doing have has had i me my we our you your he she it its they them their this that these
@@ -160,7 +160,6 @@ class Lexicon:
         words = list(dict.fromkeys(w for w, _ in pairs))[:MOST_WORDS]
         return Gloss(" ".join(words), " ".join(dict.fromkeys(w for w, name in pairs if name)))
 
-
     def things(self, question: str) -> list[str]:
         """The words of the question that name a thing, as the dictionary reads them: an
         English word given as a sense of its own and never as "to ..." (jury, gym, broadband;
@@ -169,14 +168,10 @@ class Lexicon:
         a document writes £), a word the dictionary does not know (a name, a code, a typo)."""
         tables = self._load()
         if language(question) is Lang.ZH:
-            return [w for w in dict.fromkeys(_segments(question, tables)) if w not in tables.acts and not _FRAME_ZH & set(w)
-                    and w not in UNITS_ZH and not all(TIMES & set(p.split()) for p in _senses(tables, w))]
+            return [w for w in dict.fromkeys(_segments(question, tables)) if _chinese_thing(w, tables)]
         written = {w.lower(): w for w in reversed(re.findall(r"[A-Za-z]+", question))}  # as the question writes it
         words = [w for w in _EN_WORD.findall(question.lower()) if w not in STOP and w not in FRAME_EN]
-        return [written.get(w, w) for w in dict.fromkeys(words) if len(w) > 2 and not w.endswith("ly") and w not in UNITS_EN
-                and w not in TIMES and w[:-1] not in TIMES
-                and (w in tables.things or (w.endswith("s") and w[:-1] in tables.things))
-                and w not in tables.acts and w[:-1] not in tables.acts]
+        return [written.get(w, w) for w in dict.fromkeys(words) if _english_thing(w, tables)]
 
     def kin(self, word: str, most: int = KIN) -> list[str]:
         """What a library may write for `word` instead: its renderings in the other language
@@ -200,6 +195,21 @@ class Gloss:
 
 
 NO_GLOSS = Gloss("", "")
+
+
+def _english_thing(w: str, tables: _Tables) -> bool:
+    """A word of 3 letters or more that some entry gives as a sense of its own and none as
+    "to ..." (nor its singular), and no adverb, unit or time."""
+    one = w[:-1] if w.endswith("s") else w
+    return (len(w) > 2 and not w.endswith("ly") and w not in UNITS_EN and not {w, one} & TIMES
+            and (w in tables.things or one in tables.things) and not {w, one} & tables.acts)
+
+
+def _chinese_thing(w: str, tables: _Tables) -> bool:
+    """A word whose first sense is no "to ...", without a character of asking or grammar, and
+    no unit or time (every sense of it saying when)."""
+    return (w not in tables.acts and not FRAME & set(w) and w not in UNITS_ZH
+            and not all(TIMES & set(p.split()) for p in _senses(tables, w)))
 
 
 def _senses(tables: _Tables, word: str) -> list[str]:

@@ -10,7 +10,9 @@ retrieval does; the chat model in a server this script starts (library off: it o
 translates). Every question of the set is measured: the cross-language ones (`"cross": true`)
 for the gain, the others for what translating costs them (the set's library holds both
 languages, so every question is translated). The translated search's best takes every 2nd,
-3rd or 4th place (LibraryLimits.translated_every), each measured.
+3rd or 4th place (LibraryLimits.translated_every), each measured. Columns: `before`, the
+question alone; `gloss`, the question and its words by the dictionary (library/lexicon.py),
+no translation; `everyN`, both and the translation.
 
     .venv/bin/python bench/library/crossing.py --json out/crossing.json [--set path/to/set.json]
     .venv/bin/python bench/library/crossing.py --translations out/crossing.json   # the searches again, no model

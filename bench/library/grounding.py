@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
 SEARCHED = 12  # passages a chat searches (top_k 4 x retrieval.CANDIDATES 3)
 GIVEN = 4  # passages a chat is given at most (top_k)
-NEARS = (0.0, 0.35, 0.4, 0.45, 0.5, 0.55, 2.0)
+NEARS = (0.0, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 2.0)
 WORDS = (0.0, 0.3, 0.4, 0.5, 0.55, 0.6, 2.0)
 UNREAD = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
 

@@ -21,7 +21,7 @@ KEY = "The spare key is kept in the blue flowerpot by the back door."
 ROOM = "Room Kestrel seats 12 people and has a projector."
 PARTY = "Summer party: the budget is £45 per head, partners not included."
 QUESTION = "Where is the spare key kept?"
-FAR = "Mars weather tomorrow?"  # no word of it in the library, and by meaning far (checked below)
+FAR = "Volcano eruption forecast?"  # no word of it in the library, and by meaning far (checked below)
 ASK = [{"role": "user", "content": QUESTION}]
 APIS = {  # each chat API's path and a body that asks QUESTION in it, room for a long answer
     "openai": (CHAT, {"messages": ASK, "max_tokens": 200}),
@@ -111,7 +111,7 @@ def test_nothing_close_is_answered_by_the_server_without_the_model(
     client, model, _ = apis
     service = FakeEmbedService()
     far = service.vectors([FAR])[0]
-    assert all(float(far @ service.vectors([t])[0]) < 0.4 for t in (KEY, ROOM, PARTY))  # the premise
+    assert all(float(far @ service.vectors([t])[0]) < 0.3 for t in (KEY, ROOM, PARTY))  # the premise
     wait_health(client.get, is_idle)
     calls = len(model.calls)
     text, end = ask(client, api, stream, 2, FAR)
@@ -122,7 +122,7 @@ def test_nothing_close_is_answered_by_the_server_without_the_model(
     # A Chinese question is translated first (the library holds English documents: translate.py),
     # and its answer, too, is the server's own when the translation is far as well.
     model.reply = FAR
-    text, _ = ask(client, api, stream, 3, "火星明天的天气？")
+    text, _ = ask(client, api, stream, 3, "月球上有水吗？")
     assert text == "资料库中没有与这个问题相关的内容，无法回答。"
     assert client.get("/metrics").status_code == 200
 

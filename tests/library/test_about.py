@@ -95,6 +95,11 @@ def test_a_figure_in_another_currency_than_its_sources_is_astray() -> None:
     assert got.currency and got.figures == ("15",)
     assert not astray("How much is lunch?", "Lunch is 15 pounds [1].", [lunch, "Opening hours 8:30 to 18:00."])
     assert not astray("How much is lunch?", "Lunch is 15.", [lunch, "Opening hours 8:30 to 18:00."])
+    # An amount with two marks is in either: the model's pound sign on the minutes' 46.8万元.
+    assert moneys("£46.8万元") == {"46.8": {"GBP", "CNY"}}
+    fee = "新的云服务器合同年费46.8万元，由赵磊负责。"
+    assert not astray("What is the cloud contract's yearly fee?", "The yearly fee is £46.8万元.",
+                      [fee, "Hotels in London: up to £160 a night."]).currency
 
 
 def test_the_note_says_it_in_the_questions_language() -> None:
