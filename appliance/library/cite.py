@@ -11,13 +11,9 @@ from typing import Any
 from appliance.library.rows import render
 from appliance.library.store import Found
 
-# No "if the sources do not hold the answer, say the library does not say": the 0.5B model
-# took it for an answer with its page before it (q16, q21 of the evaluation set: "The library
-# does not say."), while the server's checks after the answer (attribute.py, about.py,
-# Library.unmentioned) say it of near misses. On 27 questions of the set, dropping it gave 3
-# more answers the fact and 1 more the right citation, and every unanswerable one stayed caught.
 INSTRUCTION = ("Answer the question using the numbered sources from the office library below, in the language of "
-               "the question. Cite the sources you use as [1], [2].")
+               "the question. Cite the sources you use as [1], [2]. If the sources do not hold the answer, say that "
+               "the library does not say.")
 
 
 def question_of(messages: list[dict[str, Any]]) -> str | None:
