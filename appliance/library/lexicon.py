@@ -47,13 +47,13 @@ PER_WORD = 6  # Chinese words an English word or phrase becomes, its usual rende
 MOST_WORDS = 32  # of a gloss, bounded before the search (a question of 10 words glosses to about 30)
 KIN = 16  # words looked up for one a question names, so the check is bounded before it starts
 # A question's frame around what it asks (how far ahead, how long), and the units of an amount:
-# words a library may well never write as such (it writes 14 characters, £750).
+# words a library may well never write as such (it writes 14 characters, £750, 6%).
 FRAME_EN = frozenset("far long soon often late early ahead big small high low first last next new old".split())
-UNITS_EN = frozenset("pound pounds sterling euro euros dollar dollars yuan rmb percent".split())
+UNITS_EN = frozenset("pound pounds sterling euro euros dollar dollars yuan rmb percent percentage cent".split())
 # When, not what: a question's 去年 ("last year") is a date its page writes otherwise (2025年).
 TIMES = frozenset("""year years month months week weeks day days today tomorrow yesterday morning afternoon
 evening night hour hours time times period season date moment now ago before after""".split())
-UNITS_ZH = frozenset("英镑 欧元 美元 人民币 元钱 块钱 百分".split())
+UNITS_ZH = frozenset("英镑 欧元 美元 人民币 元钱 块钱 百分 百分比 比例 比率".split())
 # English words that say nothing a document's words would match on (a question's frame).
 STOP = frozenset("""a an the of to in on at for from by with and or but not no is are was were be been
 being do does did doing have has had i me my we our you your he she it its they them their this that these

@@ -141,6 +141,7 @@ def test_a_thing_no_document_mentions_in_either_language_or_by_a_synonym_is_unme
     assert ask("How much is lunch in the cafeteria?") == []  # the Chinese page's 食堂
     assert ask("健身房几点开门？") == ["健身房"]
     assert ask("How many days of leave do I get?") == []
+    assert ask("What percentage of the lunch is it?") == []  # a page writes 6%, not "percentage"
     lib.stop()
     off = open_library(tmp_path / "off", LibraryLimits(translate=False))
     off.start()
