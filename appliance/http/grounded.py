@@ -3,7 +3,8 @@ API the same way: the server's own answer when nothing in the library was close 
 ask the model (library/grounding.py; no slot spent), a note at the end of an answer whose
 figures and names are in no source, or come from passages about something other than the
 question (library/about.py), or whose question names a thing no document mentions
-(Library.unmentioned): its verdict is then unsupported; and what the answer's last
+(Library.unmentioned): its verdict is then unsupported; after an answer that does not stand,
+the sentence of its sources closest to the question, quoted (library/closest.py); and what the answer's last
 chunk (a whole answer's body) carries: the sources again, each with `used` and `support`,
 and `grounding`.
 The pipeline calls it per choice (pipeline.Review); the shapes put `wire(i)` on the wire."""
@@ -14,8 +15,9 @@ from dataclasses import replace
 from typing import Any
 
 from appliance.library import about
-from appliance.library.attribute import Attribution, Verdict, attribute
-from appliance.library.grounding import not_in_library, unmentioned_note, unsupported_note
+from appliance.library.attribute import Attribution, Use, Verdict, attribute
+from appliance.library.closest import closest
+from appliance.library.grounding import closest_note, not_in_library, unmentioned_note, unsupported_note
 
 
 class Check:
@@ -54,8 +56,25 @@ class Check:
         if not self.sources:
             return ""
         if i in self._astray:  # the more telling: which figure, from a passage about what
-            return about.note(self.question, self._astray[i])
-        return unmentioned_note(self.question, self.unknown) if self.unknown else unsupported_note(self.question, got)
+            said = about.note(self.question, self._astray[i])
+        else:
+            said = unmentioned_note(self.question, self.unknown) if self.unknown else unsupported_note(self.question, got)
+        return said + self._closest(i, got)
+
+    def _closest(self, i: int, got: Attribution) -> str:
+        """An answer that does not stand (unsupported, or from no source) gets the sentence of
+        its sources closest to the question, quoted, and that source counts as used: unless
+        the question names what no document mentions (any sentence would be of something else)."""
+        if self.unknown or (got.verdict is not Verdict.UNSUPPORTED and any(u.used for u in got.uses)):
+            return ""
+        near = closest([self.question, self.also], [s["text"] for s in self.sources])
+        if near is None:
+            return ""
+        source = self.sources[near.n - 1]
+        uses = tuple(Use(u.n, True, near.sentence) if u.n == near.n else u for u in got.uses)
+        _, text, cleaned = self._got[i]
+        self._got[i] = (replace(got, uses=uses), text, cleaned)
+        return closest_note(self.question, near.n, source.get("title") or "", source.get("page"), near.sentence)
 
     def clean(self, i: int, text: str) -> str:
         """A whole answer's text as sent: the [n] its passage does not support taken out (the

@@ -115,3 +115,13 @@ def unsupported_note(question: str, got: Attribution) -> str:
     verb = "is" if len(got.unsupported) == 1 else "are"
     return f"\n\n(The library does not say this: {listed(got.unsupported)} {verb} in none of its sources.)"
 
+
+
+def closest_note(question: str, n: int, title: str, page: int | None, sentence: str) -> str:
+    """What an answer that does not stand gets at its end: the sentence of its sources closest
+    to the question (library/closest.py), with its source's number, title and page."""
+    if chinese(question):
+        where = f"《{title}》" + (f"第{page}页" if page is not None else "")
+        return f"\n\n（资料库中最接近的是 [{n}] {where}：“{sentence}”）"
+    where = title + (f", page {page}" if page is not None else "")
+    return f"\n\n(The closest the library comes is [{n}] {where}: “{sentence}”)"

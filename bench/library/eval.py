@@ -48,8 +48,8 @@ import scoring
 ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
 WAYS = {"words": ("words",), "meaning": ("meaning",), "fused": ("words", "meaning")}
-RATES = ("hit@1", "hit@3", "has_fact", "attached_has_fact", "bare_has_fact", "cite_right", "cite_wrong",
-         "cited_any", "refused")
+RATES = ("hit@1", "hit@3", "has_fact", "model_has_fact", "quoted", "attached_has_fact", "bare_has_fact",
+         "cite_right", "cite_wrong", "cited_any", "refused")
 TIMES = ("ttft", "attached_ttft", "attached_ttft_cold")
 
 
@@ -219,11 +219,12 @@ def library_row(q: dict[str, Any], got: dict[str, Any], ids: dict[str, str]) -> 
     row: dict[str, Any] = {**tag(q), "ttft": got["ttft"], "finish": got["finish"], "refused": scoring.refused(got),
                            "verdict": (got["grounding"] or {}).get("verdict")}
     docs, row["cite_by"] = scoring.cited(got, ids)
-    row["cited_any"] = bool(docs)
+    row["cited_any"], row["quoted"] = bool(docs), scoring.quoted(got["text"])
     if row["kind"] != "unanswerable":
         found = [(ids.get(s["document"], ""), s["page"]) for s in got["sources"] or []]
         row.update({"hit@1": scoring.hit(found, q, 1), "hit@3": scoring.hit(found, q, 3),
                     "has_fact": scoring.holds(q, got["text"]), "cite_right": q["doc"] in docs,
+                    "model_has_fact": scoring.holds(q, scoring.model_words(got["text"])),
                     "cite_wrong": bool(docs - {q["doc"]})})
     row["cited"], row["answer"] = sorted(docs), got["text"][:300]
     return row

@@ -33,6 +33,11 @@ REFUSALS = (
     "未找到", "找不到", "无法找到", "无法回答", "无法确定", "没有提供", "未提供", "不包含", "没有包含",
     "没有明确", "未明确", "没有具体", "未给出", "没有给出", "没有记载", "未记载",
 )
+# The server's notes at an answer's end (library/grounding.py): that the library does not say
+# it, and the sentence of the sources closest to the question (library/closest.py). What is
+# before them is the model's own words.
+NOTES = re.compile(r"\n\n[(（](?:The library does not say this|The closest the library comes|资料库中).*\Z", re.S)
+QUOTED = ("The closest the library comes", "资料库中最接近的是")
 BRACKETS = re.compile(r"[\[【]\s*(\d+(?:\s*[,，、]\s*\d+)*)\s*[\]】]")
 
 
@@ -47,6 +52,16 @@ def kind(q: dict[str, Any]) -> str:
 def holds(q: dict[str, Any], text: str) -> bool:
     """The answer holds the fact: every answer_contains string, case aside."""
     return all(a.lower() in text.lower() for a in q["answer_contains"])
+
+
+def model_words(text: str) -> str:
+    """The answer without the server's notes at its end."""
+    return NOTES.sub("", text)
+
+
+def quoted(text: str) -> bool:
+    """The server quoted the sentence of the sources closest to the question."""
+    return any(q in text for q in QUOTED)
 
 
 def hit(found: list[tuple[str, int | None]], q: dict[str, Any], k: int) -> bool:
@@ -112,7 +127,8 @@ def summarize(rows: list[dict[str, Any]], rates: Iterable[str], times: Iterable[
             for name, sel in groups(rows).items()}
 
 
-COLUMNS = (("has_fact", "holds the fact"), ("attached_has_fact", "whole document attached"),
+COLUMNS = (("has_fact", "holds the fact"), ("model_has_fact", "in the model's words"),
+           ("attached_has_fact", "whole document attached"),
            ("cite_right", "cites the right document"), ("refused", "says the library does not say"),
            ("hit@3", "hit@3"), ("ttft", "first token (s)"), ("attached_ttft_cold", "attached, cold (s)"))
 

@@ -68,3 +68,16 @@ def test_summary_by_kind_and_language() -> None:
     assert got["all/all"]["ttft"] == {"median": 2.0, "p95": 2.9, "of": 3}
     table = scoring.markdown(got)
     assert "| cross/zh | 1 | 0.00 (0/1) |" in table and "| all/all | 3 |" in table
+
+
+def test_the_model_words_are_the_answer_without_the_servers_notes() -> None:
+    answer_ = "The library does not say."
+    note = "\n\n(The library does not say this: 14 is in none of its sources.)"
+    quote = "\n\n(The closest the library comes is [2] IT Policy, page 5: “Report it within one hour.”)"
+    assert scoring.model_words(answer_ + note + quote) == answer_
+    assert scoring.model_words(answer_ + quote) == answer_ and scoring.quoted(answer_ + quote)
+    zh = "根据[2]，要提前多久？\n\n（资料库中最接近的是 [1] 《员工手册》第3页：“转正后员工须提前30天以书面形式提出。”）"
+    assert scoring.model_words(zh) == "根据[2]，要提前多久？" and scoring.quoted(zh)
+    assert scoring.model_words("30 days (see [1]).") == "30 days (see [1])." and not scoring.quoted("30 days.")
+    q = {"answer_contains": ["30天"]}
+    assert scoring.holds(q, zh) and not scoring.holds(q, scoring.model_words(zh))

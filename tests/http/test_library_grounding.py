@@ -100,8 +100,15 @@ def test_an_invented_figure_is_said_to_be_in_no_source(apis: tuple[TestClient, F
     model.reply = "It is under flowerpot 14 [1]."
     text, end = ask(client, api, stream, 1)
     assert end["grounding"]["verdict"] == "unsupported" and end["grounding"]["unsupported"] == ["14"]
-    assert end["grounding"]["dropped"] == [1] and not any(s["used"] for s in end["sources"])
-    assert text == ("It is under flowerpot 14 [1]." if stream else "It is under flowerpot 14.") + NOTE
+    # The answer does not stand: the sentence closest to the question is quoted after the note,
+    # and its source is the one used (library/closest.py).
+    key = n_of(end, docs["key"])
+    assert end["grounding"]["dropped"] == [1]
+    assert [(s["n"], s["support"]) for s in end["sources"] if s["used"]] == [(key, KEY)]
+    title = next(s["title"] for s in end["sources"] if s["n"] == key)
+    closest = f"\n\n(The closest the library comes is [{key}] {title}: “{KEY}”)"
+    answer = "It is under flowerpot 14 [1]." if stream else "It is under flowerpot 14."
+    assert text == answer + NOTE + closest
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -139,7 +146,9 @@ def test_a_near_miss_answered_with_a_neighbours_figure_is_said_to_be_unsaid(
     text, end = ask(client, api, stream, 4, "What is the budget per head for the Christmas party?")
     assert any(s["document"] == docs["party"] for s in end["sources"])
     assert end["grounding"]["verdict"] == "unsupported" and end["grounding"]["unsupported"] == []
+    # No document mentions Christmas: no sentence is quoted as the closest the library comes.
     assert text.endswith("\n\n(The library does not say this: the sources that give £45 do not mention Christmas.)")
+    assert end["grounding"]["unmentioned"] == ["Christmas"] and "closest" not in text
     # The summer party's budget asked, the same answer is the library's.
     model.reply = "The budget for the summer party is £45 per head [1]."
     text, end = ask(client, api, stream, 5, "What is the budget per head for the summer party?")
@@ -167,12 +176,14 @@ def test_an_answer_about_a_thing_no_document_mentions_is_said_to_be_unsaid(
 
 
 def test_each_choice_is_checked_on_its_own(apis: tuple[TestClient, FakeModel, dict[str, str]]) -> None:
-    client, model, _ = apis
+    client, model, docs = apis
     model.reply = "It is under flowerpot 14."
     r = client.post(CHAT, json={"messages": ASK, "library": True, "n": 2, "max_tokens": 200, "stream": True})
     ends = [e for e in dicts(events_of(r)) if e["choices"] and e["choices"][0].get("finish_reason")]
     assert sorted(e["choices"][0]["index"] for e in ends) == [0, 1]
     assert all(e["grounding"]["unsupported"] == ["14"] for e in ends)
     whole = client.post(CHAT, json={"messages": ASK, "library": True, "n": 2, "max_tokens": 200}).json()
-    assert [c["message"]["content"] for c in whole["choices"]] == ["It is under flowerpot 14." + NOTE] * 2
+    key = n_of(whole, docs["key"])
+    closest = f"\n\n(The closest the library comes is [{key}] key: “{KEY}”)"
+    assert [c["message"]["content"] for c in whole["choices"]] == ["It is under flowerpot 14." + NOTE + closest] * 2
     assert whole["grounding"]["verdict"] == "unsupported"
