@@ -130,15 +130,23 @@ class Lexicon:
     def __init__(self, lines: Iterable[str] | None = None) -> None:
         self._lines = lines
         self._tables: _Tables | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the dictionary is read
+        self._warming = False  # a thread reads it already (warm): each upload would start one
+        self._flag = threading.Lock()
 
     @property
     def ready(self) -> bool:
         return self._tables is not None
 
-    def warm(self) -> None:
-        """Read the dictionary now (a worker thread's job: about 1.5 s)."""
-        self._load()
+    def warm(self) -> bool:
+        """Read the dictionary in a thread of its own (about 1.5 s), unless it is read or being
+        read: whether this call started the thread."""
+        with self._flag:
+            if self._warming or self._tables is not None:
+                return False
+            self._warming = True
+        threading.Thread(target=self._load, name="lexicon", daemon=True).start()
+        return True
 
     def _load(self) -> _Tables:
         with self._lock:

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,7 +57,6 @@ MAX_QUESTION = 2000  # characters of a question searched for
 
 
 MOST_THINGS = 8  # of a question's things looked for (lexicon.things): bounded before it starts
-MENTIONS = 50  # passages read for each word looked for: those holding any of its words, best first
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +208,7 @@ class Library:
         """Read the dictionary (lexicon.py) in a thread of its own once the library holds a
         document, so that the first chat that needs it does not wait the 1.5 s."""
         if self.limits.translate and self.limits.gloss_weight > 0 and not LEXICON.ready:
-            threading.Thread(target=LEXICON.warm, name="lexicon", daemon=True).start()
+            LEXICON.warm()
 
     def _store(self, row: DocRow, passages: list[Passage], replace: bool) -> None:
         """Into this box's file, and first into PostgreSQL's (database_url), which checks the
@@ -321,14 +319,11 @@ class Library:
     def _mentions(self, scopes: list[str], phrase: str) -> bool:
         """Whether a passage of the scopes holds all the phrase's words (as the words ranking
         finds them: an English word by its stem, Chinese by its pairs); a phrase of none is."""
-        common: set[tuple[str, int]] | None = None
-        for word in terms(phrase, MAX_QUERY_TERMS):
-            stemmed, written = self.store.forms([word], [])
-            found = {(scope, pid) for scope in scopes for pid in self.store.keyword(scope, stemmed, MENTIONS, written)}
-            common = found if common is None else common & found
-            if not common:
-                return False
-        return True
+        words = terms(phrase, MAX_QUERY_TERMS)
+        if not words:
+            return True
+        stemmed, written = self.store.forms(words, [])
+        return any(self.store.holds_all(scope, stemmed, written) for scope in scopes)
 
     def _held(self, scopes: list[str], name: str) -> dict[Lang, bool]:
         """The languages of the documents whose passages hold the word (of its first

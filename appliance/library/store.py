@@ -99,6 +99,11 @@ def _match(words: Sequence[str]) -> str:
     return " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
 
 
+def _every(words: Sequence[str]) -> str:
+    # As _match's, each word quoted; every one of them, not any.
+    return " AND ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
+
+
 def _prefixes(chars: Sequence[str]) -> str:
     # A CJK character, never FTS5 syntax (passages.characters), as the first of any pair.
     return " OR ".join(f'"{c}"*' for c in dict.fromkeys(chars))
@@ -369,6 +374,23 @@ class LibraryStore:
                 f"SELECT rowid FROM ({union}) GROUP BY rowid ORDER BY sum(s), rowid LIMIT ?",
                 (*(_match(w) for _, w in asked), limit))]
         return self.db.read(find)
+
+    def holds_all(self, scope: str, words: Sequence[str], written: Sequence[str] = ()) -> bool:
+        """Whether one of the scope's passages holds every word (by stem) and every word of
+        `written` (as written): one FTS5 AND query a table, their rowids intersected."""
+        def find(tx: Tx) -> bool:
+            table, exact = _table(scope), _table(scope, written=True)
+            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
+                return False
+            asked = [(table, list(words)), (exact, list(written))]
+            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (exact,)):
+                asked = [(table, [*words, *written])]  # not built: opened read-only since migrated
+            asked = [(t, w) for t, w in asked if w]
+            if not asked:
+                return False
+            both = " INTERSECT ".join(f"SELECT rowid FROM {t} WHERE {t} MATCH ?" for t, _ in asked)
+            return tx.one(f"{both} LIMIT 1", tuple(_every(w) for _, w in asked)) is not None
+        return bool(self.db.read(find))
 
     def characters(self, scope: str, chars: Sequence[str], limit: int) -> list[int]:
         """The scope's passages holding any of the CJK characters, best first (bm25): each

@@ -6,6 +6,7 @@ translation from the chat model."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +76,23 @@ def test_an_unreadable_dictionary_leaves_the_translation_to_cross_alone(caplog: 
     assert lex.gloss("What allowance is paid?", Lang.ZH) == NO_GLOSS
     assert "could not be read (the file is gone)" in caplog.text
     assert Lexicon([]).gloss("What allowance is paid?", Lang.ZH) == NO_GLOSS  # nothing known, nothing raised
+
+
+def test_the_dictionary_is_read_in_one_thread_however_many_uploads_ask() -> None:
+    gate, reading = threading.Event(), threading.Event()
+
+    def slow() -> Iterator[str]:  # read as the real file is, held until the test lets it go
+        reading.set()
+        gate.wait(30)
+        yield from ENTRIES
+
+    lex = Lexicon(slow())
+    assert lex.warm() is True
+    reading.wait(30)
+    assert [lex.warm() for _ in range(5)] == [False] * 5  # being read: no second thread
+    gate.set()
+    assert lex.gloss("What allowance is paid?", Lang.ZH).words  # read once, whole
+    assert lex.ready and lex.warm() is False
 
 
 def test_a_thing_is_a_word_given_as_a_sense_of_its_own_and_never_as_a_doing() -> None:
@@ -147,3 +165,22 @@ def test_a_thing_no_document_mentions_in_either_language_or_by_a_synonym_is_unme
     off.start()
     assert asyncio.run(off.unmentioned([OFFICE], "How many days of leave for jury service?")) == []  # dictionary off
     off.stop()
+
+
+def test_a_phrase_is_mentioned_only_by_a_passage_holding_all_its_words_however_many_hold_each(
+        tmp_path: Path) -> None:
+    # 60 short passages say "dining" again and again, 60 "hall": each word's best passages by
+    # bm25. The one passage holding both is long and says each once, so it ranks below all of
+    # them for either word alone; it is still found (one FTS5 AND query, not the intersection
+    # of each word's first passages).
+    lib = open_library(tmp_path)
+    lib.start()
+    filler = " ".join(f"filler{i}" for i in range(150))
+    pages = [f"Dining dining dining {i}." for i in range(60)] + [f"Hall hall hall {i}." for i in range(60)]
+    add(lib, "\f".join(pages))
+    assert not lib._mentions([OFFICE], "dining hall")
+    assert lib._mentions([OFFICE], "dining") and lib._mentions([OFFICE], "hall")
+    add(lib, f"{filler} The dining hall is on the third floor. {filler}")
+    assert lib._mentions([OFFICE], "dining hall")
+    assert not lib._mentions([OFFICE], "dining room") and not lib._mentions(["someone-else"], "dining hall")
+    lib.stop()
