@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from appliance.library import about
-from appliance.library.attribute import Attribution, Use, Verdict, attribute
-from appliance.library.closest import closest
+from appliance.library.attribute import Attribution, Verdict, attribute
+from appliance.library.closest import Closest, closest, shown
 from appliance.library.grounding import closest_note, not_in_library, unmentioned_note, unsupported_note
 
 
@@ -34,6 +34,7 @@ class Check:
         self.answer = None if close else not_in_library(question)
         self._got: dict[int, tuple[Attribution, str, str]] = {}  # choice: (attribution, answer, without dropped [n])
         self._astray: dict[int, about.Astray] = {}  # choice: its figures' passages not about the question
+        self._quoted: dict[int, Closest] = {}  # choice: the sentence quoted after it (library/closest.py)
 
     def _attribute(self, i: int, text: str) -> Attribution:
         texts = [s["text"] for s in self.sources]
@@ -63,18 +64,19 @@ class Check:
 
     def _closest(self, i: int, got: Attribution) -> str:
         """An answer that does not stand (unsupported, or from no source) gets the sentence of
-        its sources closest to the question, quoted, and that source counts as used: unless
-        the question names what no document mentions (any sentence would be of something else)."""
+        its sources closest to the question, quoted, from a source it did not use (those are
+        shown with their own sentence already; after an answer astray, they are what the note
+        has just said is about something else): unless the question names what no document
+        mentions (any sentence would be of something else)."""
         if self.unknown or (got.verdict is not Verdict.UNSUPPORTED and any(u.used for u in got.uses)):
             return ""
-        near = closest([self.question, self.also], [s["text"] for s in self.sources])
+        used = frozenset(u.n for u in got.uses if u.used)
+        near = closest([self.question, self.also], [s["text"] for s in self.sources], skip=used)
         if near is None:
             return ""
+        self._quoted[i] = near
         source = self.sources[near.n - 1]
-        uses = tuple(Use(u.n, True, near.sentence) if u.n == near.n else u for u in got.uses)
-        _, text, cleaned = self._got[i]
-        self._got[i] = (replace(got, uses=uses), text, cleaned)
-        return closest_note(self.question, near.n, source.get("title") or "", source.get("page"), near.sentence)
+        return closest_note(self.question, near.n, source.get("title") or "", source.get("page"), shown(near.sentence))
 
     def clean(self, i: int, text: str) -> str:
         """A whole answer's text as sent: the [n] its passage does not support taken out (the
@@ -85,12 +87,15 @@ class Check:
         return got[2] + text[len(got[1]):]
 
     def wire(self, i: int) -> dict[str, Any]:
-        """What choice i's last chunk carries: the sources, each `used` and its `support`,
+        """What choice i's last chunk carries: the sources, each `used` (by the answer) and its
+        `support`, and `quoted` (by the server after it: its support is the sentence quoted),
         and `grounding` (its verdict, the figures and names in no source, the [n] dropped)."""
         if self.answer is not None:
             return {"sources": [], "grounding": {"verdict": Verdict.NOT_IN_LIBRARY.value, "unsupported": [],
                                                  "dropped": [], "unmentioned": []}}
         got = self._got[i][0] if i in self._got else self._attribute(i, "")
-        sources = [{**s, "used": u.used, "support": u.support} for s, u in zip(self.sources, got.uses)]
+        q = self._quoted.get(i)
+        sources = [{**s, "used": u.used, "support": q.sentence if q is not None and q.n == u.n else u.support,
+                    "quoted": q is not None and q.n == u.n} for s, u in zip(self.sources, got.uses)]
         return {"sources": sources, "grounding": {"verdict": got.verdict.value, "unsupported": list(got.unsupported),
                                                   "dropped": list(got.dropped), "unmentioned": list(self.unknown)}}

@@ -121,7 +121,7 @@ def closest_note(question: str, n: int, title: str, page: int | None, sentence: 
     """What an answer that does not stand gets at its end: the sentence of its sources closest
     to the question (library/closest.py), with its source's number, title and page."""
     if chinese(question):
-        where = f"《{title}》" + (f"第{page}页" if page is not None else "")
-        return f"\n\n（资料库中最接近的是 [{n}] {where}：“{sentence}”）"
-    where = title + (f", page {page}" if page is not None else "")
-    return f"\n\n(The closest the library comes is [{n}] {where}: “{sentence}”)"
+        where = (f"《{title}》" if title else "") + (f"第{page}页" if page is not None else "")
+        return f"\n\n（来源中最接近的是 [{n}] {where}：“{sentence}”）".replace(" ：", "：")
+    where = ", ".join(w for w in (title, f"page {page}" if page is not None else "") if w)
+    return f"\n\n(The closest the sources come is [{n}] {where}: “{sentence}”)".replace(" :", ":")

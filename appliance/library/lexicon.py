@@ -145,8 +145,15 @@ class Lexicon:
             if self._warming or self._tables is not None:
                 return False
             self._warming = True
-        threading.Thread(target=self._load, name="lexicon", daemon=True).start()
+        threading.Thread(target=self._warm, name="lexicon", daemon=True).start()
         return True
+
+    def _warm(self) -> None:
+        try:
+            self._load()
+        finally:  # read, or failed unforeseen: a later upload may try again
+            with self._flag:
+                self._warming = False
 
     def _load(self) -> _Tables:
         with self._lock:

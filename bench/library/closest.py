@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--set", type=Path, default=SET)
     ap.add_argument("--translations", type=Path, help="a crossing.py --json run: its translations")
     args = ap.parse_args()
-    translations = {r["id"]: r["translation"].get("text", "") for r in
+    translations = {r["id"]: (r.get("translation") or {}).get("text", "") for r in
                     json.loads(args.translations.read_text())["rows"]} if args.translations else {}
     rows = asyncio.run(measure(json.loads(args.set.read_text(encoding="utf-8")), translations))
     print(file=sys.stderr)

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
 WAYS = {"words": ("words",), "meaning": ("meaning",), "fused": ("words", "meaning")}
 RATES = ("hit@1", "hit@3", "has_fact", "model_has_fact", "quoted", "attached_has_fact", "bare_has_fact",
-         "cite_right", "cite_wrong", "cited_any", "refused")
+         "cite_right", "answer_cite_right", "cite_wrong", "cited_any", "refused")
 TIMES = ("ttft", "attached_ttft", "attached_ttft_cold")
 
 
@@ -225,6 +225,7 @@ def library_row(q: dict[str, Any], got: dict[str, Any], ids: dict[str, str]) -> 
         row.update({"hit@1": scoring.hit(found, q, 1), "hit@3": scoring.hit(found, q, 3),
                     "has_fact": scoring.holds(q, got["text"]), "cite_right": q["doc"] in docs,
                     "model_has_fact": scoring.holds(q, scoring.model_words(got["text"])),
+                    "answer_cite_right": q["doc"] in scoring.cited(got, ids, quotes=False)[0],
                     "cite_wrong": bool(docs - {q["doc"]})})
     row["cited"], row["answer"] = sorted(docs), got["text"][:300]
     return row

@@ -34,10 +34,11 @@ REFUSALS = (
     "没有明确", "未明确", "没有具体", "未给出", "没有给出", "没有记载", "未记载",
 )
 # The server's notes at an answer's end (library/grounding.py): that the library does not say
-# it, and the sentence of the sources closest to the question (library/closest.py). What is
-# before them is the model's own words.
-NOTES = re.compile(r"\n\n[(（](?:The library does not say this|The closest the library comes|资料库中).*\Z", re.S)
-QUOTED = ("The closest the library comes", "资料库中最接近的是")
+# it, and the sentence of the sources closest to the question (library/closest.py), each a
+# paragraph of its own. What is before them is the model's own words.
+NOTES = re.compile(r"(?:\n\n[(（](?:The library does not say this|The closest the sources come|资料库中没有这一说法|"
+                   r"来源中最接近的是)[^\n]*)+\Z")
+QUOTED = ("The closest the sources come", "来源中最接近的是")
 BRACKETS = re.compile(r"[\[【]\s*(\d+(?:\s*[,，、]\s*\d+)*)\s*[\]】]")
 
 
@@ -75,12 +76,14 @@ def brackets(text: str) -> list[int]:
     return [int(n) for group in BRACKETS.findall(text) for n in re.split(r"\D+", group) if n]
 
 
-def cited(answer: dict[str, Any], ids: dict[str, str]) -> tuple[set[str], str]:
+def cited(answer: dict[str, Any], ids: dict[str, str], quotes: bool = True) -> tuple[set[str], str]:
     """The set's documents the answer is attributed to, and by whom: "server" when the final
-    `sources` carry `used` flags (the appliance's attribution), else "model" (its [n])."""
+    `sources` carry `used` flags (the appliance's attribution, and with `quotes` the source
+    it quoted after an answer that does not stand), else "model" (its [n])."""
     final = answer.get("final_sources") or []
     if any("used" in s for s in final):
-        return {ids.get(s.get("document", ""), "") for s in final if s.get("used")} - {""}, "server"
+        return {ids.get(s.get("document", ""), "") for s in final
+                if s.get("used") or (quotes and s.get("quoted"))} - {""}, "server"
     given = answer.get("sources") or []
     docs = {ids.get(given[n - 1].get("document", ""), "") for n in brackets(answer["text"]) if 0 < n <= len(given)}
     return docs - {""}, "model"
@@ -129,7 +132,8 @@ def summarize(rows: list[dict[str, Any]], rates: Iterable[str], times: Iterable[
 
 COLUMNS = (("has_fact", "holds the fact"), ("model_has_fact", "in the model's words"),
            ("attached_has_fact", "whole document attached"),
-           ("cite_right", "cites the right document"), ("refused", "says the library does not say"),
+           ("cite_right", "cites the right document"), ("answer_cite_right", "... by the answer alone"),
+           ("refused", "says the library does not say"),
            ("hit@3", "hit@3"), ("ttft", "first token (s)"), ("attached_ttft_cold", "attached, cold (s)"))
 
 

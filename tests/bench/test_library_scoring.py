@@ -73,11 +73,21 @@ def test_summary_by_kind_and_language() -> None:
 def test_the_model_words_are_the_answer_without_the_servers_notes() -> None:
     answer_ = "The library does not say."
     note = "\n\n(The library does not say this: 14 is in none of its sources.)"
-    quote = "\n\n(The closest the library comes is [2] IT Policy, page 5: “Report it within one hour.”)"
+    quote = "\n\n(The closest the sources come is [2] IT Policy, page 5: “Report it within one hour.”)"
     assert scoring.model_words(answer_ + note + quote) == answer_
     assert scoring.model_words(answer_ + quote) == answer_ and scoring.quoted(answer_ + quote)
-    zh = "根据[2]，要提前多久？\n\n（资料库中最接近的是 [1] 《员工手册》第3页：“转正后员工须提前30天以书面形式提出。”）"
+    zh = "根据[2]，要提前多久？\n\n（来源中最接近的是 [1] 《员工手册》第3页：“转正后员工须提前30天以书面形式提出。”）"
     assert scoring.model_words(zh) == "根据[2]，要提前多久？" and scoring.quoted(zh)
     assert scoring.model_words("30 days (see [1]).") == "30 days (see [1])." and not scoring.quoted("30 days.")
+    # The model's own paragraph that happens to start as a note does is its own, when its words follow.
+    own = "\n\n(The library does not say this: it is not stated.)\nBut see the handbook."
+    assert scoring.model_words("No." + own) == "No." + own
     q = {"answer_contains": ["30天"]}
     assert scoring.holds(q, zh) and not scoring.holds(q, scoring.model_words(zh))
+
+
+def test_a_quoted_source_is_the_servers_citation_and_not_the_answers() -> None:
+    final = [{**GIVEN[0], "used": False, "quoted": True}, {**GIVEN[1], "used": False, "quoted": False}]
+    got = answer("The library does not say.", final_sources=final)
+    assert scoring.cited(got, IDS) == ({"travel-en"}, "server")
+    assert scoring.cited(got, IDS, quotes=False) == (set(), "server")

@@ -101,12 +101,12 @@ def test_an_invented_figure_is_said_to_be_in_no_source(apis: tuple[TestClient, F
     text, end = ask(client, api, stream, 1)
     assert end["grounding"]["verdict"] == "unsupported" and end["grounding"]["unsupported"] == ["14"]
     # The answer does not stand: the sentence closest to the question is quoted after the note,
-    # and its source is the one used (library/closest.py).
+    # its source `quoted` with that sentence as its support, none used (library/closest.py).
     key = n_of(end, docs["key"])
-    assert end["grounding"]["dropped"] == [1]
-    assert [(s["n"], s["support"]) for s in end["sources"] if s["used"]] == [(key, KEY)]
+    assert end["grounding"]["dropped"] == [1] and not any(s["used"] for s in end["sources"])
+    assert [(s["n"], s["support"]) for s in end["sources"] if s["quoted"]] == [(key, KEY)]
     title = next(s["title"] for s in end["sources"] if s["n"] == key)
-    closest = f"\n\n(The closest the library comes is [{key}] {title}: “{KEY}”)"
+    closest = f"\n\n(The closest the sources come is [{key}] {title}: “{KEY}”)"
     answer = "It is under flowerpot 14 [1]." if stream else "It is under flowerpot 14."
     assert text == answer + NOTE + closest
 
@@ -184,6 +184,8 @@ def test_each_choice_is_checked_on_its_own(apis: tuple[TestClient, FakeModel, di
     assert all(e["grounding"]["unsupported"] == ["14"] for e in ends)
     whole = client.post(CHAT, json={"messages": ASK, "library": True, "n": 2, "max_tokens": 200}).json()
     key = n_of(whole, docs["key"])
-    closest = f"\n\n(The closest the library comes is [{key}] key: “{KEY}”)"
+    closest = f"\n\n(The closest the sources come is [{key}] key: “{KEY}”)"
     assert [c["message"]["content"] for c in whole["choices"]] == ["It is under flowerpot 14." + NOTE + closest] * 2
     assert whole["grounding"]["verdict"] == "unsupported"
+    # Each streamed choice was quoted after, too, and says so at its end.
+    assert all([s["n"] for s in e["sources"] if s["quoted"]] == [n_of(e, docs["key"])] for e in ends)

@@ -112,7 +112,7 @@ def test_office_and_own_documents_and_who_sees_what(people_client: TestClient) -
                                             "library": True, "stream": False}, headers=ann).json()
     # "See [1]." says nothing a source holds: the server quotes the closest sentence after it.
     assert ollama["sources"][0]["page"] == 3 and ollama["message"]["content"] == (
-        "See [1].\n\n(The closest the library comes is [1] Staff Handbook, page 3: "
+        "See [1].\n\n(The closest the sources come is [1] Staff Handbook, page 3: "
         "“The assembly point is the Linden bakery car park.”)")
 
     assert client.delete(f"/v1/library/{oid}", headers=ben).status_code == 204
@@ -209,8 +209,8 @@ def streamed_sources(api: str, r: Any) -> Any:
 
 def given(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sources as the prompt gave them: without what the answer's check adds at its end
-    (`used`, `support`: test_library_grounding.py)."""
-    return [{k: v for k, v in s.items() if k not in ("used", "support")} for s in sources]
+    (`used`, `support`, `quoted`: test_library_grounding.py)."""
+    return [{k: v for k, v in s.items() if k not in ("used", "support", "quoted")} for s in sources]
 
 
 def decoded_since(model: FakeModel, since: int) -> str:

@@ -12,7 +12,8 @@ source supports (issue 49's browser test).
   does not support, passed to the page by Playwright's page.route. The marks, the dropped [n]
   and the notice come from the server's check, not from a response written by hand.
 - The rendering on fixed messages: marks inside bold, code and a link, a figure twice, next to
-  CJK, not inside a longer number; a dropped [n] left out, an unused source apart; the server's
+  CJK, not inside a longer number; a dropped [n] left out, an unused source apart, a source the
+  server quoted after an answer that does not stand apart with its sentence; the server's
   own answer plain; a message kept before the check rendered as before; a source's sentence
   shown as text, never markup.
 """
@@ -179,6 +180,7 @@ SNAPSHOT = f"""() => {{
     used: [...a.querySelectorAll('.sources details:not(.unused) summary')].map((s) => s.textContent),
     unused: [...a.querySelectorAll('.sources details.unused summary')].map((s) => s.textContent),
     sources: !!a.querySelector('.sources'), notes: a.querySelector('.notes').textContent,
+    groups: [...a.querySelectorAll('.sources > p')].map((x) => x.textContent),
     imgs: a.querySelectorAll('img').length, pwned: window.__pwned || null }};
 }}"""
 
@@ -220,6 +222,14 @@ def test_marks_dropped_citations_and_old_messages_render_from_text(live: Live, p
     got = shown(p, "The library does not say: nothing in it is close to this question.", [],
                 {"verdict": "not_in_library", "unsupported": [], "dropped": [], "unmentioned": []})
     assert not got["sources"] and got["marks"] == [] and got["notes"] == ""
+
+    # An answer that does not stand, the server's quote after it: its source apart, with its sentence.
+    got = shown(p, "The library does not say.\n\n(The closest the sources come is [2] Doc 2, page 2: “Passage 2.”)",
+                [{**source(2, False, "Passage 2."), "quoted": True}, source(1, False)],  # as sourcesOf sorts them
+                {"verdict": "unsupported", "unsupported": [], "dropped": [], "unmentioned": []})
+    assert got["groups"] == ["The closest the sources come:", "Also given, not used:"], got
+    assert got["used"] == ["[2] Passage 2. — Doc 2, p. 2"] and got["unused"] == ["[1] Doc 1, p. 1"]
+    assert got["cites"] == [2] and "The closest the sources come is [2] Doc 2" in got["text"], got["html"]
 
     # Kept before the check (no `used`, no grounding): every [n] a source's button, all listed.
     got = shown(p, "See [1] and [2, 3].", [source(1), source(2), source(3)], None)

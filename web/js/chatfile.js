@@ -24,7 +24,8 @@ export function toJSON(chat) {
 // A source as the Markdown export lists it: with the sentence that supports the answer, or
 // said to be given and not used (an answer checked by the server; older ones: title and page).
 const source = (s) => `[${s.n}] ${s.title}${s.page != null ? `, p. ${s.page}` : ''}`
-  + (s.support ? `: “${s.support}”` : s.used === false ? ' (also given, not used)' : '');
+  + (s.support ? `: “${s.support}”` : s.used === false ? ' (also given, not used)' : '')
+  + (s.quoted && s.used === false ? ' (the closest the sources come)' : '');
 
 export function toMarkdown(chat) {
   const parts = [`# ${chat.title}`, ''];

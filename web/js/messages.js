@@ -70,13 +70,16 @@ export function update(m, final) {
 }
 
 // The library's passages an answer was given (the stream's `sources`), as kept with it.
-// Checked at the answer's end (each `used`, its `support`): kept in the order shown, used first.
+// Checked at the answer's end (each `used`, its `support`; `quoted`: the server quoted its
+// sentence after an answer that does not stand): kept in the order shown, used first, then quoted.
+const rank = (s) => (s.used === false ? (s.quoted ? 1 : 2) : 0);
 export const sourcesOf = (list) => (Array.isArray(list) ? list : [])
   .filter((s) => s && Number.isInteger(s.n) && typeof s.title === 'string')
   .map((s) => ({ n: s.n, document: String(s.document || ''), title: s.title.slice(0, 300),
     page: Number.isInteger(s.page) ? s.page : null, text: String(s.text || '').slice(0, 8000),
-    ...(typeof s.used === 'boolean' ? { used: s.used, support: s.support ? String(s.support).slice(0, 2000) : null } : {}) }))
-  .sort((a, b) => (a.used === false) - (b.used === false));
+    ...(typeof s.used === 'boolean' ? { used: s.used, support: s.support ? String(s.support).slice(0, 2000) : null } : {}),
+    ...(s.quoted === true ? { quoted: true } : {}) }))
+  .sort((a, b) => rank(a) - rank(b));
 // The stream's `grounding` (the answer checked against its sources) as kept with it; null: not one.
 export function groundingOf(g) {
   if (!g || !['supported', 'partly', 'unsupported', 'not_in_library'].includes(g.verdict)) return null;
@@ -93,10 +96,11 @@ function sourceList(list) {
   box.setAttribute('role', 'group');
   box.setAttribute('aria-label', 'Sources');
   if (list.some((s) => s.used !== false)) box.append(el('p', 'small muted', 'Sources:'));
-  let apart = false;
+  let apart = false, closest = false;
   for (const s of list) {
-    if (s.used === false && !apart) { apart = true; box.append(el('p', 'small muted', 'Also given, not used:')); }
-    const d = el('details', s.used === false ? 'unused' : null);
+    if (s.used === false && s.quoted && !closest) { closest = true; box.append(el('p', 'small muted', 'The closest the sources come:')); }
+    if (s.used === false && !s.quoted && !apart) { apart = true; box.append(el('p', 'small muted', 'Also given, not used:')); }
+    const d = el('details', s.used === false && !s.quoted ? 'unused' : null);
     d.dataset.n = s.n;
     const sum = el('summary', null, `[${s.n}] `);
     if (s.support) sum.append(el('q', 'support', s.support), ' — ');
@@ -108,7 +112,7 @@ function sourceList(list) {
 }
 
 // [n] (or [1, 2]) in the rendered answer, outside code and links, becomes a button per
-// source the answer used that opens it; a [n] the server dropped (its passage does not
+// source the answer used (or the server quoted) that opens it; a [n] the server dropped (its passage does not
 // support the sentence) is left out; a number no source has stays text. Runs after sanitizing.
 function cite(root, list, dropped) {
   const byN = new Map(list.map((s) => [s.n, s]));
@@ -126,7 +130,7 @@ function cite(root, list, dropped) {
   }
 }
 function citeButton(s) {
-  if (s.used === false) return `[${s.n}]`;
+  if (s.used === false && !s.quoted) return `[${s.n}]`;
   const b = button(`[${s.n}]`, 'cite', `Source ${s.n}: ${where(s)}`);
   b.className = 'cite';
   b.dataset.cite = s.n;
