@@ -18,38 +18,22 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import scoring
+from inprocess import set_library
 
 ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
 
 
 async def measure(data: dict[str, Any], translations: dict[str, str]) -> list[dict[str, Any]]:
-    from appliance.documents.reader import DocumentReader
     from appliance.library.closest import closest
-    from appliance.library.embedder import EmbedService
-    from appliance.library.library import Library, LibraryLimits
-    from appliance.library.store import OFFICE, LibraryStore
-    from appliance.model.embedding import embedding_model_path
+    from appliance.library.store import OFFICE
 
-    service = EmbedService(embedding_model_path(fetch=False))
-    service.start()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lib = Library(LibraryStore(Path(tmp)), DocumentReader(), service.embed, service.embed_sync, LibraryLimits(),
-                      unknown_share=service.unknown_share)
-        lib.start()
-        ids = {}
-        for d in data["documents"]:
-            doc = await lib.add(OFFICE, "bench", d["id"] + ".txt", "text/plain", "\f".join(d["pages"]).encode(),
-                                d["title"])
-            ids[doc.id] = d["id"]
-        while any(r.status == "indexing" for r in lib.documents([OFFICE])):
-            await asyncio.sleep(0.05)
+    async with set_library(data) as (lib, ids):
         for q in data["questions"]:
             also = translations.get(q["id"], "")
             found = await lib.search([OFFICE], q["question"], 4, 10**9, also=also)
@@ -63,8 +47,6 @@ async def measure(data: dict[str, Any], translations: dict[str, str]) -> list[di
                             "sentence": near.sentence})
             rows.append(row)
             print(json.dumps(row, ensure_ascii=False), flush=True)
-        lib.stop()
-    service.stop()
     return rows
 
 

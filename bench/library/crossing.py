@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from inprocess import set_library
 
 ROOT = Path(__file__).resolve().parents[2]
 SET = ROOT / "bench" / "library" / "eval" / "set.json"
@@ -91,26 +93,12 @@ def hit(found: list[tuple[str, int | None]], q: dict[str, Any], k: int) -> bool:
 
 
 async def measure(data: dict[str, Any], url: str, known: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    from appliance.documents.reader import DocumentReader
-    from appliance.library.embedder import EmbedService
-    from appliance.library.library import Library, LibraryLimits
-    from appliance.library.store import OFFICE, LibraryStore
-    from appliance.model.embedding import embedding_model_path
+    from appliance.library.store import OFFICE
 
-    service = EmbedService(embedding_model_path(fetch=False))
-    service.start()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, httpx.Client(base_url=url, trust_env=False) as client:
-        lib = Library(LibraryStore(Path(tmp)), DocumentReader(), service.embed, service.embed_sync, LibraryLimits(),
-                      unknown_share=service.unknown_share)
-        lib.start()
-        ids = {}
-        for d in data["documents"]:
-            doc = await lib.add(OFFICE, "bench", d["id"] + ".txt", "text/plain", "\f".join(d["pages"]).encode(),
-                                d["title"])
-            ids[doc.id] = d["id"]
-        while any(r.status == "indexing" for r in lib.documents([OFFICE])):
-            await asyncio.sleep(0.05)
+    async with contextlib.AsyncExitStack() as stack:
+        lib, ids = await stack.enter_async_context(set_library(data))
+        client = stack.enter_context(httpx.Client(base_url=url, trust_env=False))
         questions = [q for q in data["questions"] if q.get("doc")]  # the unanswerable have no page to hit
         if not known:  # the model's first answer reads its weights from disk: not counted
             translate(client, questions[0]["question"], (await lib.crossing([OFFICE], questions[0]["question"])))
@@ -132,8 +120,6 @@ async def measure(data: dict[str, Any], url: str, known: dict[str, dict[str, Any
                 row.update({f"every{every}@{k}": hit(got, q, k) for k in KS})
             rows.append(row)
             print(json.dumps(row, ensure_ascii=False), flush=True)
-        lib.stop()
-    service.stop()
     return rows
 
 
