@@ -116,7 +116,6 @@ def unsupported_note(question: str, got: Attribution) -> str:
     return f"\n\n(The library does not say this: {listed(got.unsupported)} {verb} in none of its sources.)"
 
 
-
 def closest_note(question: str, n: int, title: str, page: int | None, sentence: str) -> str:
     """What an answer that does not stand gets at its end: the sentence of its sources closest
     to the question (library/closest.py), with its source's number, title and page."""

@@ -94,14 +94,22 @@ def _build_written(tx: Tx) -> None:
     tx.run("DROP TABLE build_written")
 
 
-def _match(words: Sequence[str]) -> str:
-    # Each word quoted: only letters and digits reach here (passages.terms), never FTS5 syntax.
-    return " OR ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
+def _match(words: Sequence[str], op: str) -> str:
+    # Each word quoted: only letters and digits reach here (passages.terms), never FTS5 syntax;
+    # any of them (OR) or every one (AND).
+    return f" {op} ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
 
 
-def _every(words: Sequence[str]) -> str:
-    # As _match's, each word quoted; every one of them, not any.
-    return " AND ".join('"' + w.replace('"', "") + '"' for w in dict.fromkeys(words))
+def _asked(tx: Tx, scope: str, words: Sequence[str], written: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The scope's tables to match and the words for each: by stem in the stemmed table, as
+    written in the other; none when the scope has no table yet."""
+    table, exact = _table(scope), _table(scope, written=True)
+    if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
+        return []
+    asked = [(table, list(words)), (exact, list(written))]
+    if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (exact,)):
+        asked = [(table, [*words, *written])]  # not built: opened read-only since migrated
+    return [(t, w) for t, w in asked if w]
 
 
 def _prefixes(chars: Sequence[str]) -> str:
@@ -360,36 +368,24 @@ class LibraryStore:
         best first: the two bm25 summed, which is one query's bm25 over both (bm25 adds each
         word's share, and both tables hold the same words, so the same lengths)."""
         def find(tx: Tx) -> list[int]:
-            table, exact = _table(scope), _table(scope, written=True)
-            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
-                return []
-            asked = [(table, list(words)), (exact, list(written))]
-            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (exact,)):
-                asked = [(table, [*words, *written])]  # not built: opened read-only since migrated
-            asked = [(t, w) for t, w in asked if w]
+            asked = _asked(tx, scope, words, written)
             if not asked:
                 return []
             union = " UNION ALL ".join(f"SELECT rowid, rank AS s FROM {t} WHERE {t} MATCH ?" for t, _ in asked)
             return [int(r[0]) for r in tx.all(
                 f"SELECT rowid FROM ({union}) GROUP BY rowid ORDER BY sum(s), rowid LIMIT ?",
-                (*(_match(w) for _, w in asked), limit))]
+                (*(_match(w, "OR") for _, w in asked), limit))]
         return self.db.read(find)
 
     def holds_all(self, scope: str, words: Sequence[str], written: Sequence[str] = ()) -> bool:
         """Whether one of the scope's passages holds every word (by stem) and every word of
         `written` (as written): one FTS5 AND query a table, their rowids intersected."""
         def find(tx: Tx) -> bool:
-            table, exact = _table(scope), _table(scope, written=True)
-            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)):
-                return False
-            asked = [(table, list(words)), (exact, list(written))]
-            if not tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (exact,)):
-                asked = [(table, [*words, *written])]  # not built: opened read-only since migrated
-            asked = [(t, w) for t, w in asked if w]
+            asked = _asked(tx, scope, words, written)
             if not asked:
                 return False
             both = " INTERSECT ".join(f"SELECT rowid FROM {t} WHERE {t} MATCH ?" for t, _ in asked)
-            return tx.one(f"{both} LIMIT 1", tuple(_every(w) for _, w in asked)) is not None
+            return tx.one(f"{both} LIMIT 1", tuple(_match(w, "AND") for _, w in asked)) is not None
         return bool(self.db.read(find))
 
     def characters(self, scope: str, chars: Sequence[str], limit: int) -> list[int]:
